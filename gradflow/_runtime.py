@@ -1,0 +1,155 @@
+"""Process-wide runtime control: init/shutdown, rank and size queries, the
+submit helper every binding uses, and fail-fast hooks (an uncaught exception
+on one rank makes every rank's pending collectives raise).
+"""
+from __future__ import annotations
+
+import atexit
+import itertools
+import sys
+import threading
+from typing import Any, Callable, Dict, Optional, Sequence
+
+import mpi4py
+
+mpi4py.rc.thread_level = "multiple"  # the background thread calls MPI
+from mpi4py import MPI  # noqa: E402  (initializes MPI and loads libmpi before _native)
+
+from . import _native  # noqa: E402
+from ._handles import Handle  # noqa: E402
+
+GradflowError = _native.GradflowError
+
+# Collective kinds: enum class OpKind in native/common.h.
+ALLREDUCE, ALLGATHER, BROADCAST, REDUCESCATTER, ALLTOALL, BARRIER, JOIN = range(7)
+_KIND_NAMES = ["allreduce", "allgather", "broadcast", "reducescatter", "alltoall", "barrier", "join"]
+
+_lock = threading.Lock()
+_counters: Dict[str, itertools.count] = {}
+_hooks_installed = False
+_comm: Optional[MPI.Comm] = None
+
+
+def init(comm: Optional[MPI.Comm] = None) -> None:
+    """Start gradflow on `comm` (default: MPI.COMM_WORLD; any mpi4py
+    intracommunicator, sub-communicators included). Reads GRADFLOW_* settings
+    and rejects invalid ones. Calling it again while initialized does nothing."""
+    global _comm, _hooks_installed
+    if _native.is_initialized():
+        return
+    if comm is None:
+        comm = MPI.COMM_WORLD
+    if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
+        raise ValueError(f"gradflow.init: comm must be an mpi4py communicator, got {comm!r}")
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        raise GradflowError(
+            "gradflow needs MPI initialized with MPI_THREAD_MULTIPLE; import gradflow before "
+            "initializing MPI elsewhere, or initialize it with that level")
+    _native.init(int(comm.handle), {})
+    _comm = comm
+    with _lock:
+        _counters.clear()
+    if not _hooks_installed:
+        _install_hooks()
+        _hooks_installed = True
+
+
+def shutdown() -> None:
+    """Stop the background thread. Pending collectives raise on every rank."""
+    _native.shutdown()
+
+
+def is_initialized() -> bool:
+    """Whether init() has been called (and shutdown() has not)."""
+    return _native.is_initialized()
+
+
+def rank() -> int:
+    """This process's rank in the gradflow communicator."""
+    return _native.rank()
+
+
+def size() -> int:
+    """Number of ranks."""
+    return _native.size()
+
+
+def local_rank() -> int:
+    """Rank among the processes on this node."""
+    return _native.local_rank()
+
+
+def local_size() -> int:
+    """Number of processes on this node."""
+    return _native.local_size()
+
+
+def cross_rank() -> int:
+    """Index of this node among the nodes (ranks with the same local_rank)."""
+    return _native.cross_rank()
+
+
+def cross_size() -> int:
+    """Number of nodes."""
+    return _native.cross_size()
+
+
+def mpi_comm() -> MPI.Comm:
+    """The mpi4py communicator gradflow was initialized with."""
+    if _comm is None or not is_initialized():
+        raise GradflowError("gradflow has not been initialized: call gradflow.init() first")
+    return _comm
+
+
+def stats() -> Dict[str, float]:
+    """Counters since start or the last reset_stats(): bytes_sent, bytes_received,
+    allreduce.count[.algo.wire], seconds_negotiation / seconds_codec /
+    seconds_transfer, fusion.bytes_copied, sparse.chunks_sent, ..."""
+    return dict(_native.stats())
+
+
+def reset_stats() -> None:
+    """Zero every counter."""
+    _native.reset_stats()
+
+
+def auto_name(kind: int, name: Optional[str]) -> str:
+    """The given name, or `<kind>.noname.<n>` counting per kind (as Horovod
+    does); ranks that issue unnamed collectives in the same order agree."""
+    if name is not None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"gradflow: name must be a non-empty string, got {name!r}")
+        return name
+    key = _KIND_NAMES[kind]
+    with _lock:
+        counter = _counters.setdefault(key, itertools.count())
+        return f"{key}.noname.{next(counter)}"
+
+
+def submit(kind: int, name: str, in_ptr: int, out_ptr: int, dtype: int, shape: Sequence[int],
+           keep_alive: tuple, finish: Optional[Callable[[dict], Any]] = None, *, op: int = 0,
+           root: int = 0, wire: int = -1, prescale: float = 1.0, postscale: float = 1.0,
+           splits: Sequence[int] = (), sparse_ratio: float = -1.0) -> Handle:
+    """Queue one collective on raw buffers; `keep_alive` holds them until done."""
+    h = _native.submit(kind, name, in_ptr, out_ptr, dtype, [int(d) for d in shape], op, root,
+                       wire, float(prescale), float(postscale), [int(s) for s in splits],
+                       float(sparse_ratio))
+    return Handle(h, keep_alive, finish, name)
+
+
+def _install_hooks() -> None:
+    previous = sys.excepthook
+
+    def excepthook(exc_type, exc, tb):
+        # Tell the other ranks before this one dies, so they raise instead of waiting.
+        try:
+            if _native.is_initialized():
+                _native.abort(f"{exc_type.__name__}: {exc}")
+        except Exception:
+            pass
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = excepthook
+    # Registered after mpi4py's own atexit handler, so it runs first: the
+    # background thread stops before MPI is finalized.
+    atexit.register(_native.shutdown)

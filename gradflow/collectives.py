@@ -1,0 +1,158 @@
+"""numpy collectives with Horovod's grammar: `allreduce`, `allreduce_async`,
+`allgather`, `broadcast`, `reducescatter`, `alltoall`, `barrier`, `join`,
+`synchronize`, `poll`. Arrays are made C-contiguous and passed to the core
+by address (no copy for contiguous input); results are new arrays.
+"""
+from __future__ import annotations
+
+import enum
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _dtypes
+from ._handles import Handle
+from ._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, JOIN, REDUCESCATTER,
+                       auto_name, submit)
+from .compression import wire_code
+
+
+class ReduceOp(enum.IntEnum):
+    """Reduction operators (values match native/common.h)."""
+
+    Sum = 0
+    Average = 1
+    Min = 2
+    Max = 3
+    Product = 4
+
+
+Sum, Average, Min, Max, Product = (ReduceOp.Sum, ReduceOp.Average, ReduceOp.Min, ReduceOp.Max,
+                                   ReduceOp.Product)
+
+
+def _prepare(array) -> np.ndarray:
+    a = np.ascontiguousarray(array)
+    _dtypes.code_of_numpy(a.dtype)  # raises TypeError for unsupported dtypes
+    return a
+
+
+def _op(op) -> int:
+    try:
+        return int(ReduceOp(op))
+    except ValueError:
+        raise ValueError(f"gradflow: unknown reduce op {op!r}; use Sum, Average, Min, Max or Product") from None
+
+
+def _result_array(result: dict, dtype: np.dtype) -> np.ndarray:
+    return result["data"].view(dtype).reshape(result["shape"])
+
+
+def allreduce_async(array, op: ReduceOp = Average, name: Optional[str] = None,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    compression=None, sparse_ratio: Optional[float] = None) -> Handle:
+    """Start an allreduce of `array`; `synchronize(handle)` returns the reduced copy."""
+    a = _prepare(array)
+    out = np.empty_like(a)
+    name = auto_name(ALLREDUCE, name)
+    return submit(ALLREDUCE, name, a.ctypes.data, out.ctypes.data, _dtypes.code_of_numpy(a.dtype),
+                  a.shape, (a, out), lambda r: out, op=_op(op), wire=wire_code(compression),
+                  prescale=prescale_factor, postscale=postscale_factor,
+                  sparse_ratio=-1.0 if sparse_ratio is None else sparse_ratio)
+
+
+def allreduce(array, op: ReduceOp = Average, name: Optional[str] = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              compression=None, sparse_ratio: Optional[float] = None) -> np.ndarray:
+    """Reduce `array` across ranks (default: average); every rank gets the
+    same, bitwise-identical result."""
+    return allreduce_async(array, op, name, prescale_factor, postscale_factor, compression,
+                           sparse_ratio).wait()
+
+
+def allgather_async(array, name: Optional[str] = None) -> Handle:
+    """Start an allgather; the first dimension may differ between ranks."""
+    a = _prepare(array)
+    if a.ndim == 0:
+        a = a.reshape(1)
+    name = auto_name(ALLGATHER, name)
+    return submit(ALLGATHER, name, a.ctypes.data, 0, _dtypes.code_of_numpy(a.dtype), a.shape, (a,),
+                  lambda r: _result_array(r, a.dtype))
+
+
+def allgather(array, name: Optional[str] = None) -> np.ndarray:
+    """Concatenate every rank's `array` along the first dimension, in rank order."""
+    return allgather_async(array, name).wait()
+
+
+def broadcast_async(array, root_rank: int, name: Optional[str] = None) -> Handle:
+    """Start a broadcast of root's `array`; the result is a new array."""
+    a = _prepare(array)
+    out = np.empty_like(a)
+    name = auto_name(BROADCAST, name)
+    return submit(BROADCAST, name, a.ctypes.data, out.ctypes.data, _dtypes.code_of_numpy(a.dtype),
+                  a.shape, (a, out), lambda r: out, root=int(root_rank))
+
+
+def broadcast(array, root_rank: int, name: Optional[str] = None) -> np.ndarray:
+    """Root's `array` on every rank (shapes and dtypes must match)."""
+    return broadcast_async(array, root_rank, name).wait()
+
+
+def reducescatter_async(array, op: ReduceOp = Average, name: Optional[str] = None) -> Handle:
+    """Start a reducescatter: reduce across ranks, rank r keeps block r of the first dimension."""
+    a = _prepare(array)
+    if a.ndim == 0:
+        raise ValueError("gradflow: reducescatter needs an array with at least one dimension")
+    name = auto_name(REDUCESCATTER, name)
+    return submit(REDUCESCATTER, name, a.ctypes.data, 0, _dtypes.code_of_numpy(a.dtype), a.shape,
+                  (a,), lambda r: _result_array(r, a.dtype), op=_op(op))
+
+
+def reducescatter(array, op: ReduceOp = Average, name: Optional[str] = None) -> np.ndarray:
+    """Reduce `array` across ranks and return this rank's block of rows
+    (rows split as evenly as possible, earlier ranks get the remainder)."""
+    return reducescatter_async(array, op, name).wait()
+
+
+def alltoall_async(array, splits: Optional[Sequence[int]] = None, name: Optional[str] = None) -> Handle:
+    """Start an alltoall; the result is (array, received_splits)."""
+    a = _prepare(array)
+    if a.ndim == 0:
+        a = a.reshape(1)
+    name = auto_name(ALLTOALL, name)
+    sp = [] if splits is None else [int(s) for s in splits]
+    if any(s < 0 for s in sp):
+        raise ValueError(f"gradflow: alltoall splits must be >= 0, got {sp}")
+    return submit(ALLTOALL, name, a.ctypes.data, 0, _dtypes.code_of_numpy(a.dtype), a.shape, (a,),
+                  lambda r: (_result_array(r, a.dtype), np.asarray(r["recv_splits"], np.int64)),
+                  splits=sp)
+
+
+def alltoall(array, splits: Optional[Sequence[int]] = None,
+             name: Optional[str] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """Send `splits[p]` rows to rank p (default: even split); returns the rows
+    received from every rank in rank order, and how many came from each."""
+    return alltoall_async(array, splits, name).wait()
+
+
+def barrier() -> None:
+    """Block until every rank reaches the barrier."""
+    submit(BARRIER, auto_name(BARRIER, None), 0, 0, _dtypes.UINT8, [0], ()).wait()
+
+
+def join() -> int:
+    """Declare this rank done: until every rank has joined it contributes
+    zeros to the other ranks' allreduces. Returns the last rank to join."""
+    r = submit(JOIN, auto_name(JOIN, None), 0, 0, _dtypes.UINT8, [0], ()).wait()
+    return int(r["shape"][0])
+
+
+def synchronize(handle: Handle):
+    """Wait for an async handle and return its result."""
+    return handle.wait()
+
+
+def poll(handle: Handle) -> bool:
+    """True if the async handle has completed."""
+    return handle.poll()

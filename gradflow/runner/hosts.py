@@ -1,0 +1,148 @@
+"""Host lists for gradflowrun: parse ``-H host:slots,...`` and hostfiles, and
+map ranks to hosts. Pure functions, standard library only; must not start
+processes or import the native module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from typing import Iterable, List, Sequence
+
+__all__ = [
+    "HostSlots",
+    "parse_hosts",
+    "parse_hostfile",
+    "read_hostfile",
+    "rank_to_host",
+    "hydra_hosts_arg",
+    "is_local_host",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSlots:
+    """One host and how many ranks (slots) it may run."""
+
+    name: str
+    slots: int
+
+
+def _parse_slots(text: str, where: str) -> int:
+    try:
+        slots = int(text)
+    except ValueError:
+        raise ValueError(f"{where}: slots must be an integer, got {text!r}") from None
+    if slots < 1:
+        raise ValueError(f"{where}: slots must be >= 1, got {slots}")
+    return slots
+
+
+def _check_unique(hosts: Sequence[HostSlots], where: str) -> List[HostSlots]:
+    seen = set()
+    for h in hosts:
+        if h.name in seen:
+            raise ValueError(f"{where}: host {h.name!r} is listed twice; give it once with "
+                             "the total number of slots")
+        seen.add(h.name)
+    if not hosts:
+        raise ValueError(f"{where}: no hosts given")
+    return list(hosts)
+
+
+def _parse_entry(entry: str, where: str) -> HostSlots:
+    """``host``, ``host:N`` (one entry of -H or a hostfile line ``host:N``)."""
+    name, sep, slots = entry.rpartition(":")
+    if not sep:
+        name, slots = entry, "1"
+    if not name or any(c.isspace() for c in name):
+        raise ValueError(f"{where}: bad host entry {entry!r}; expected host or host:slots")
+    return HostSlots(name, _parse_slots(slots, where))
+
+
+def parse_hosts(spec: str) -> List[HostSlots]:
+    """Parse ``-H h1:2,h2:2`` (a host without ``:N`` has 1 slot)."""
+    entries = [e.strip() for e in spec.split(",")]
+    if not spec.strip() or any(not e for e in entries):
+        raise ValueError(f"-H {spec!r}: expected a comma-separated list host:slots,...")
+    return _check_unique([_parse_entry(e, f"-H {spec!r}") for e in entries], f"-H {spec!r}")
+
+
+def parse_hostfile(lines: Iterable[str], source: str = "hostfile") -> List[HostSlots]:
+    """Parse hostfile lines: ``host slots=N``, ``host:N`` or ``host``.
+
+    Blank lines and ``#`` comments are ignored. Raises ValueError naming the
+    line for anything else.
+    """
+    hosts = []
+    for lineno, raw in enumerate(lines, 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{source}:{lineno}"
+        fields = line.split()
+        if len(fields) == 1:
+            hosts.append(_parse_entry(fields[0], where))
+        elif len(fields) == 2 and fields[1].startswith("slots="):
+            if ":" in fields[0]:
+                raise ValueError(f"{where}: give slots either as host:N or slots=N, not both")
+            hosts.append(HostSlots(fields[0], _parse_slots(fields[1][len("slots="):], where)))
+        else:
+            raise ValueError(f"{where}: cannot parse {raw.strip()!r}; expected "
+                             "'host slots=N' or 'host:N'")
+    return _check_unique(hosts, source)
+
+
+def read_hostfile(path: str) -> List[HostSlots]:
+    """Read and parse a hostfile (see parse_hostfile)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return parse_hostfile(f, source=path)
+    except OSError as e:
+        raise ValueError(f"--hostfile {path}: {e.strerror}") from None
+
+
+def rank_to_host(hosts: Sequence[HostSlots], np: int) -> List[str]:
+    """Block mapping: fill each host's slots in order. ``result[rank]`` is its host.
+
+    Raises ValueError when the hosts have fewer slots than ``np`` (use more
+    hosts or slots; gradflowrun does not oversubscribe listed hosts).
+    """
+    if np < 1:
+        raise ValueError(f"-np must be >= 1, got {np}")
+    total = sum(h.slots for h in hosts)
+    if total < np:
+        listed = ",".join(f"{h.name}:{h.slots}" for h in hosts)
+        raise ValueError(f"-np {np} needs {np} slots but the hosts ({listed}) have only "
+                         f"{total}")
+    mapping: List[str] = []
+    for h in hosts:
+        mapping.extend([h.name] * min(h.slots, np - len(mapping)))
+    return mapping
+
+
+def hydra_hosts_arg(hosts: Sequence[HostSlots], np: int) -> str:
+    """Hydra ``-hosts`` value for the first ``np`` slots, e.g. ``h1:2,h2:1``.
+
+    Only the hosts that get ranks are listed, with the slots they use, so
+    hydra's placement is exactly rank_to_host's.
+    """
+    mapping = rank_to_host(hosts, np)
+    used = []
+    for h in hosts:
+        n = mapping.count(h.name)
+        if n:
+            used.append(f"{h.name}:{n}")
+    return ",".join(used)
+
+
+def is_local_host(name: str) -> bool:
+    """True when ``name`` designates this machine."""
+    local = {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn()}
+    if name in local:
+        return True
+    try:
+        return socket.gethostbyname(name) in ("127.0.0.1", socket.gethostbyname(socket.gethostname()))
+    except OSError:
+        return False
+

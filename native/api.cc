@@ -1,0 +1,171 @@
+// api.cc — Runtime: start-up checks, early validation of submissions,
+// gradient-pool submission. No communication logic beyond start-up.
+#include "api.h"
+
+#include <functional>
+
+#include "reduce_kernels.h"
+
+namespace gradflow {
+
+Runtime::Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>& overrides)
+    : cfg_(load_config(overrides)) {
+  comm_ = std::make_unique<MpiComm>(comm_handle, cfg_.timeout_seconds);
+  check_config_matches_everywhere();
+  loop_ = std::make_unique<BackgroundLoop>(*comm_, cfg_, queue_, stats_);
+  loop_->start();
+}
+
+Runtime::~Runtime() { shutdown(); }
+
+void Runtime::check_config_matches_everywhere() {
+  // Settings that change what ranks send (fusion, cache size, wire, ...) must
+  // agree or ranks would disagree on the protocol: compare a hash.
+  std::string s = std::to_string(cfg_.fusion_threshold_bytes) + std::to_string(cfg_.cache_capacity) +
+       std::to_string(cfg_.sparse_ratio) + std::to_string(static_cast<int>(cfg_.wire_dtype)) +
+       std::to_string(static_cast<int>(cfg_.allreduce_algo)) +
+       std::to_string(cfg_.sparse_chunk) + std::to_string(cfg_.sparse_warmup_steps) +
+       std::to_string(cfg_.ring_pipeline_bytes) + std::to_string(cfg_.sparse_momentum) +
+       std::to_string(cfg_.cycle_time_ms);
+  uint64_t h = std::hash<std::string>()(s);
+  uint64_t words[2] = {h, ~h};
+  comm_->allreduce_band(words, 2, "init (configuration check)");
+  GF_CHECK(words[0] == h && words[1] == ~h,
+           "gradflow: GRADFLOW_* settings differ between ranks (rank "
+               << comm_->rank() << " has a different configuration); every rank must use the same "
+               "settings");
+}
+
+int64_t Runtime::submit(const SubmitArgs& a) {
+  GF_CHECK(!a.name.empty(), "gradflow: a collective needs a name");
+  for (int64_t d : a.shape)
+    GF_CHECK(d >= 0, "gradflow: " << op_kind_name(a.kind) << " '" << a.name
+                                  << "': negative dimension in shape " << shape_string(a.shape));
+  std::string why;
+  if (a.kind == OpKind::kAllreduce || a.kind == OpKind::kReducescatter) {
+    GF_CHECK(reduce_supported(a.dtype, a.op, &why),
+             "gradflow: " << op_kind_name(a.kind) << " '" << a.name << "': " << why);
+  }
+  if (a.kind == OpKind::kBroadcast)
+    GF_CHECK(a.root >= 0 && a.root < comm_->size(),
+             "gradflow: broadcast '" << a.name << "': root rank " << a.root
+                                     << " is out of range [0, " << comm_->size() << ")");
+  if (a.kind == OpKind::kReducescatter)
+    GF_CHECK(!a.shape.empty(), "gradflow: reducescatter '" << a.name
+                                                           << "' needs at least one dimension");
+  if (a.kind == OpKind::kAlltoall && !a.splits.empty())
+    GF_CHECK(static_cast<int>(a.splits.size()) == comm_->size(),
+             "gradflow: alltoall '" << a.name << "': splits has " << a.splits.size()
+                                    << " entries for " << comm_->size() << " ranks");
+  GF_CHECK(a.wire >= -1 && a.wire <= 2, "gradflow: unknown wire dtype code " << a.wire);
+  GF_CHECK(a.sparse_ratio < 0 || (a.sparse_ratio > 0 && a.sparse_ratio <= 1),
+           "gradflow: sparse_ratio must be in (0, 1], got " << a.sparse_ratio);
+
+  TensorEntry e;
+  Request& r = e.request;
+  r.rank = comm_->rank();
+  r.kind = a.kind;
+  r.name = a.name;
+  r.dtype = a.dtype;
+  r.shape = a.shape;
+  r.op = a.op;
+  r.root = a.root;
+  r.wire = a.wire < 0 ? cfg_.wire_dtype : static_cast<WireDtype>(a.wire);
+  r.prescale = a.prescale;
+  r.postscale = a.postscale;
+  r.splits = a.splits;
+  r.sparse_ratio = a.sparse_ratio < 0 ? cfg_.sparse_ratio : a.sparse_ratio;
+  if (a.kind == OpKind::kAlltoall && r.splits.empty()) {
+    // Default: the first dimension split as evenly as possible.
+    int64_t rows = r.shape.empty() ? 1 : r.shape[0];
+    for (int p = 0; p < comm_->size(); ++p)
+      r.splits.push_back(rows / comm_->size() + (p < rows % comm_->size() ? 1 : 0));
+  }
+  e.input = reinterpret_cast<const void*>(a.input);
+  e.output = reinterpret_cast<void*>(a.output);
+  return queue_.submit(std::move(e));
+}
+
+bool Runtime::poll(int64_t handle) { return queue_.poll(handle); }
+
+HandleResult Runtime::wait(int64_t handle) { return queue_.wait(handle); }
+
+void Runtime::shutdown() {
+  if (loop_) loop_->shutdown();
+}
+
+void Runtime::abort(const std::string& message) {
+  if (loop_) loop_->abort(message);
+}
+
+int Runtime::pool_create(uintptr_t data, DataType dt, const std::vector<int64_t>& range_elems,
+                         int64_t bucket_bytes, ReduceOp op, int wire, double prescale,
+                         double postscale, double sparse_ratio) {
+  std::string why;
+  GF_CHECK(reduce_supported(dt, op, &why), "gradflow: gradient pool: " << why);
+  std::lock_guard<std::mutex> lock(pools_mu_);
+  int id = next_pool_++;
+  PoolState& p = pools_[id];
+  size_t bb = bucket_bytes < 0 ? static_cast<size_t>(cfg_.fusion_threshold_bytes)
+                               : static_cast<size_t>(bucket_bytes);
+  p.pool = std::make_unique<GradPool>(id, reinterpret_cast<void*>(data), dt, range_elems, bb);
+  SubmitArgs& t = p.bucket_template;
+  t.kind = OpKind::kAllreduce;
+  t.dtype = dt;
+  t.op = op;
+  t.wire = wire;
+  t.prescale = prescale;
+  t.postscale = postscale;
+  t.sparse_ratio = sparse_ratio;
+  return id;
+}
+
+int64_t Runtime::submit_bucket(PoolState& p, int b) {
+  SubmitArgs a = p.bucket_template;
+  a.name = p.pool->bucket_name(b);
+  a.input = a.output = reinterpret_cast<uintptr_t>(p.pool->bucket_data(b));
+  a.shape = {static_cast<int64_t>(p.pool->bucket_elems(b))};
+  int64_t h = submit(a);
+  return h;
+}
+
+int64_t Runtime::pool_mark_ready(int pool, int64_t range) {
+  std::lock_guard<std::mutex> lock(pools_mu_);
+  auto it = pools_.find(pool);
+  GF_CHECK(it != pools_.end(), "gradflow: unknown gradient pool " << pool);
+  int b = it->second.pool->mark_ready(static_cast<size_t>(range));
+  return b < 0 ? -1 : submit_bucket(it->second, b);
+}
+
+std::vector<int64_t> Runtime::pool_flush(int pool) {
+  std::lock_guard<std::mutex> lock(pools_mu_);
+  auto it = pools_.find(pool);
+  GF_CHECK(it != pools_.end(), "gradflow: unknown gradient pool " << pool);
+  std::vector<int64_t> handles;
+  for (int b : it->second.pool->take_unsubmitted()) handles.push_back(submit_bucket(it->second, b));
+  return handles;
+}
+
+void Runtime::pool_reset(int pool) {
+  std::lock_guard<std::mutex> lock(pools_mu_);
+  auto it = pools_.find(pool);
+  GF_CHECK(it != pools_.end(), "gradflow: unknown gradient pool " << pool);
+  it->second.pool->reset();
+}
+
+void Runtime::pool_destroy(int pool) {
+  std::lock_guard<std::mutex> lock(pools_mu_);
+  pools_.erase(pool);
+}
+
+std::vector<int64_t> Runtime::pool_bucket_offsets(int pool) {
+  std::lock_guard<std::mutex> lock(pools_mu_);
+  auto it = pools_.find(pool);
+  GF_CHECK(it != pools_.end(), "gradflow: unknown gradient pool " << pool);
+  std::vector<int64_t> out;
+  for (size_t b = 0; b < it->second.pool->num_buckets(); ++b)
+    out.push_back(static_cast<int64_t>(it->second.pool->bucket_offset(static_cast<int>(b))));
+  return out;
+}
+
+}  // namespace gradflow

@@ -1,0 +1,84 @@
+// api.h — the framework-agnostic C++ API. Runtime is the one object that
+// init() creates: it owns the communicator, configuration, submit queue,
+// background loop, gradient pools and stats. Bindings call only this.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "background_loop.h"
+#include "config.h"
+#include "grad_pool.h"
+#include "mpi_comm.h"
+#include "stats.h"
+#include "tensor_queue.h"
+
+namespace gradflow {
+
+// Everything a binding passes to submit one collective. Buffers are raw
+// addresses of caller-owned memory (numpy, torch, ...), alive until the
+// handle completes.
+struct SubmitArgs {
+  OpKind kind = OpKind::kAllreduce;
+  std::string name;
+  uintptr_t input = 0;
+  uintptr_t output = 0;  // allreduce / broadcast: result buffer (may equal input)
+  DataType dtype = DataType::kFloat32;
+  std::vector<int64_t> shape;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;
+  int wire = -1;              // WireDtype, or -1 for GRADFLOW_WIRE_DTYPE
+  double prescale = 1.0;
+  double postscale = 1.0;
+  std::vector<int64_t> splits;  // alltoall
+  double sparse_ratio = -1.0;   // < 0: GRADFLOW_SPARSE_RATIO
+};
+
+class Runtime {
+ public:
+  Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>& overrides);
+  ~Runtime();
+
+  const MpiComm& comm() const { return *comm_; }
+  const Config& config() const { return cfg_; }
+  Stats& stats() { return stats_; }
+
+  int64_t submit(const SubmitArgs& args);  // validates early, returns a handle
+  bool poll(int64_t handle);
+  HandleResult wait(int64_t handle);  // blocks; callers release the GIL
+  void shutdown();
+  void abort(const std::string& message);
+
+  // Gradient pools (lazy allreduce); see grad_pool.h.
+  int pool_create(uintptr_t data, DataType dt, const std::vector<int64_t>& range_elems,
+                  int64_t bucket_bytes, ReduceOp op, int wire, double prescale, double postscale,
+                  double sparse_ratio);
+  int64_t pool_mark_ready(int pool, int64_t range);  // handle, or -1 if no bucket completed
+  std::vector<int64_t> pool_flush(int pool);         // handles of the remaining buckets
+  void pool_reset(int pool);
+  void pool_destroy(int pool);
+  std::vector<int64_t> pool_bucket_offsets(int pool);  // element offset of each bucket
+
+ private:
+  struct PoolState {
+    std::unique_ptr<GradPool> pool;
+    SubmitArgs bucket_template;
+  };
+  int64_t submit_bucket(PoolState& p, int bucket);
+  void check_config_matches_everywhere();
+
+  Config cfg_;
+  std::unique_ptr<MpiComm> comm_;
+  Stats stats_;
+  TensorQueue queue_;
+  std::unique_ptr<BackgroundLoop> loop_;
+  std::mutex pools_mu_;
+  std::map<int, PoolState> pools_;
+  int next_pool_ = 0;
+};
+
+}  // namespace gradflow

@@ -1,0 +1,121 @@
+// background_loop.cc — the communication thread's cycle.
+#include "background_loop.h"
+
+#include <chrono>
+#include <cstdio>
+
+namespace gradflow {
+
+BackgroundLoop::BackgroundLoop(MpiComm& comm, const Config& cfg, TensorQueue& queue, Stats& stats)
+    : comm_(comm),
+      cfg_(cfg),
+      queue_(queue),
+      stats_(stats),
+      coordinator_(comm, cfg),
+      executor_(comm, cfg, stats) {}
+
+BackgroundLoop::~BackgroundLoop() { shutdown(); }
+
+void BackgroundLoop::start() { thread_ = std::thread([this] { run(); }); }
+
+void BackgroundLoop::shutdown() {
+  shutdown_requested_ = true;
+  queue_.notify();
+  if (thread_.joinable()) thread_.join();
+}
+
+void BackgroundLoop::abort(const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (abort_message_.empty()) abort_message_ = message.empty() ? "unknown error" : message;
+  }
+  queue_.notify();
+}
+
+std::string BackgroundLoop::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
+}
+
+void BackgroundLoop::fail_all(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failure_.empty()) failure_ = reason;
+  }
+  for (TensorEntry& e : queue_.close(reason)) pending_.emplace(e.request.name, std::move(e));
+  for (auto& kv : pending_) {
+    HandleResult r;
+    r.error = reason + " (while '" + kv.first + "' was pending)";
+    queue_.complete(kv.second, std::move(r));
+  }
+  pending_.clear();
+}
+
+void BackgroundLoop::run() {
+  try {
+    while (cycle()) {
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[gradflow rank %d] ERROR: %s\n", comm_.rank(), e.what());
+    fail_all(std::string(e.what()));
+  }
+  fail_all("gradflow has been shut down");
+}
+
+bool BackgroundLoop::cycle() {
+  using clock = std::chrono::steady_clock;
+  auto next = clock::now() + std::chrono::microseconds(static_cast<int64_t>(cfg_.cycle_time_ms * 1000));
+  std::vector<Request> fresh;
+  for (TensorEntry& e : queue_.drain()) {
+    fresh.push_back(e.request);
+    std::string name = e.request.name;
+    pending_.emplace(name, std::move(e));
+  }
+  std::string abort_message;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    abort_message = abort_message_;
+  }
+  CycleResult res = coordinator_.cycle(fresh, shutdown_requested_, abort_message);
+  stats_.add("seconds_negotiation", res.negotiation_seconds);
+  if (res.used_slow_path) stats_.add("negotiation.slow_path_cycles", 1);
+  if (!res.responses.empty()) stats_.add("negotiation.cycles_with_work", 1);
+
+  // Execute the agreed list front to back (Note [Execution order]).
+  std::vector<size_t> groups = executor_.plan(res.responses);
+  size_t at = 0;
+  for (size_t g : groups) {
+    std::vector<const Response*> group;
+    std::vector<TensorEntry*> entries;
+    for (size_t i = at; i < at + g; ++i) {
+      group.push_back(&res.responses[i]);
+      auto it = pending_.find(res.responses[i].name);
+      entries.push_back(it == pending_.end() ? nullptr : &it->second);
+    }
+    at += g;
+    bool any_local = false;
+    for (TensorEntry* e : entries) any_local = any_local || e != nullptr;
+    // A response this rank never asked for and cannot take part in (a
+    // stall error for another rank's name) needs no work here.
+    if (!any_local && !group[0]->error.empty()) continue;
+    std::vector<HandleResult> results;
+    executor_.run_group(group, entries, &results);
+    for (size_t i = 0; i < group.size(); ++i) {
+      if (!entries[i]) continue;
+      queue_.complete(*entries[i], std::move(results[i]));
+      pending_.erase(group[i]->name);
+    }
+  }
+  if (!res.abort_message.empty()) {
+    fail_all("gradflow: aborting because " + res.abort_message);
+    return false;
+  }
+  if (res.shutdown) {
+    fail_all("gradflow: shutdown() was called on some rank before this collective ran");
+    return false;
+  }
+  queue_.sleep_until(next);
+  return true;
+}
+
+}  // namespace gradflow

@@ -1,0 +1,55 @@
+// background_loop.h — the communication thread. Each cycle: drain the
+// submit queue, negotiate with the coordinator, plan fusion, execute the
+// agreed responses in order, complete handles. It is the only thread that
+// calls MPI (Note [Execution order] in coordinator.h says why order is safe).
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "config.h"
+#include "coordinator.h"
+#include "mpi_comm.h"
+#include "response_executor.h"
+#include "stats.h"
+#include "tensor_queue.h"
+
+namespace gradflow {
+
+class BackgroundLoop {
+ public:
+  BackgroundLoop(MpiComm& comm, const Config& cfg, TensorQueue& queue, Stats& stats);
+  ~BackgroundLoop();
+
+  void start();
+  // Asks every rank to stop at the next cycle and waits for the thread.
+  void shutdown();
+  // This rank is failing (exception, signal): the next cycle tells every
+  // rank, whose pending and future collectives then raise `message`.
+  void abort(const std::string& message);
+  // Why the loop stopped, or "" while it runs.
+  std::string failure() const;
+
+ private:
+  void run();
+  bool cycle();  // one tick; false when the loop must stop
+  void fail_all(const std::string& reason);
+
+  MpiComm& comm_;
+  Config cfg_;
+  TensorQueue& queue_;
+  Stats& stats_;
+  Coordinator coordinator_;
+  ResponseExecutor executor_;
+  std::map<std::string, TensorEntry> pending_;  // this rank's submitted, not yet run
+  std::atomic<bool> shutdown_requested_{false};
+  mutable std::mutex mu_;
+  std::string abort_message_;
+  std::string failure_;
+  std::thread thread_;
+};
+
+}  // namespace gradflow

@@ -1,0 +1,88 @@
+// common.h — vocabulary types shared by every native file: data types, reduce
+// ops, collective kinds, the wire dtype, the error type and check macros.
+// Must not include mpi.h, pybind11 or anything that reads configuration.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace gradflow {
+
+// Element types the core can move and reduce. Values are part of the Python
+// ABI (gradflow/_dtypes.py maps numpy dtypes to them): append only.
+enum class DataType : int32_t {
+  kUInt8 = 0,
+  kInt32 = 1,
+  kInt64 = 2,
+  kFloat16 = 3,
+  kBFloat16 = 4,
+  kFloat32 = 5,
+  kFloat64 = 6,
+  kBool = 7,
+};
+
+enum class ReduceOp : int32_t {
+  kSum = 0,
+  kAverage = 1,
+  kMin = 2,
+  kMax = 3,
+  kProduct = 4,
+};
+
+enum class OpKind : int32_t {
+  kAllreduce = 0,
+  kAllgather = 1,
+  kBroadcast = 2,
+  kReducescatter = 3,
+  kAlltoall = 4,
+  kBarrier = 5,
+  kJoin = 6,
+};
+
+// How float32 payloads travel. kNative sends the buffer's own dtype.
+enum class WireDtype : int32_t {
+  kNative = 0,
+  kFloat16 = 1,
+  kBFloat16 = 2,
+};
+
+// Allreduce algorithm; kAuto resolves per message (see algorithm_choice.h).
+enum class AllreduceAlgo : int32_t {
+  kRing = 0,
+  kTwoSync = 1,
+  kMpi = 2,
+  kAuto = 3,
+};
+
+size_t dtype_size(DataType dt);
+const char* dtype_name(DataType dt);
+const char* reduce_op_name(ReduceOp op);
+const char* op_kind_name(OpKind kind);
+const char* wire_dtype_name(WireDtype w);
+const char* allreduce_algo_name(AllreduceAlgo a);
+bool is_floating(DataType dt);
+
+// Every error that reaches Python is a GradflowError; pybind11 translates it
+// to gradflow.GradflowError (a RuntimeError).
+class GradflowError : public std::runtime_error {
+ public:
+  explicit GradflowError(const std::string& what) : std::runtime_error(what) {}
+};
+
+std::string shape_string(const std::vector<int64_t>& shape);
+
+}  // namespace gradflow
+
+// GF_CHECK(cond, stream-expression): throw GradflowError with a message.
+#define GF_CHECK(cond, msg)                        \
+  do {                                             \
+    if (!(cond)) {                                 \
+      std::ostringstream gf_check_os_;             \
+      gf_check_os_ << msg;                         \
+      throw ::gradflow::GradflowError(gf_check_os_.str()); \
+    }                                              \
+  } while (0)

@@ -1,0 +1,163 @@
+// config.cc — the only place that reads GRADFLOW_* environment variables.
+// Each setting is declared once in kKeys (name, flag, range, default); the
+// parser, the launcher (via config_keys()) and the docs all derive from it.
+#include "config.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+
+namespace gradflow {
+namespace {
+
+// How one setting is parsed into Config. `lo`/`hi` bound numeric values.
+struct KeySpec {
+  ConfigKey key;
+  double lo, hi;
+  std::function<void(Config&, const std::string&)> apply;
+};
+
+[[noreturn]] void reject(const ConfigKey& key, const std::string& value, const std::string& why) {
+  throw GradflowError("gradflow: invalid value '" + value + "' for " + key.env + " (" + key.flag +
+                      "): " + why + ". Accepted: " + key.help);
+}
+
+double parse_number(const KeySpec& spec, const std::string& value, bool integer) {
+  char* end = nullptr;
+  double v = std::strtod(value.c_str(), &end);
+  if (value.empty() || end == value.c_str() || *end != '\0' || !std::isfinite(v))
+    reject(spec.key, value, "not a number");
+  if (integer && v != std::floor(v)) reject(spec.key, value, "not an integer");
+  if (v < spec.lo || v > spec.hi) reject(spec.key, value, "out of range");
+  return v;
+}
+
+std::vector<KeySpec> make_specs() {
+  std::vector<KeySpec> s;
+  auto add_int = [&](const char* env, const char* flag, int64_t def, double scale, double lo,
+                     double hi, const char* help, std::function<void(Config&, int64_t)> set) {
+    KeySpec k{{env, flag, "int", std::to_string(def), help, scale, {}}, lo, hi, nullptr};
+    k.apply = [set, k](Config& c, const std::string& v) {
+      set(c, static_cast<int64_t>(parse_number(k, v, true)));
+    };
+    s.push_back(k);
+  };
+  auto add_float = [&](const char* env, const char* flag, const char* def, double lo, double hi,
+                       const char* help, std::function<void(Config&, double)> set) {
+    KeySpec k{{env, flag, "float", def, help, 1.0, {}}, lo, hi, nullptr};
+    k.apply = [set, k](Config& c, const std::string& v) { set(c, parse_number(k, v, false)); };
+    s.push_back(k);
+  };
+  auto add_choice = [&](const char* env, const char* flag, const char* def,
+                        std::vector<std::string> choices, const char* help,
+                        std::function<void(Config&, const std::string&)> set) {
+    KeySpec k{{env, flag, "choice", def, help, 1.0, choices}, 0, 0, nullptr};
+    k.apply = [set, k](Config& c, const std::string& v) {
+      for (const auto& ch : k.key.choices)
+        if (ch == v) return set(c, v);
+      reject(k.key, v, "not one of the choices");
+    };
+    s.push_back(k);
+  };
+
+  add_int("GRADFLOW_FUSION_THRESHOLD", "--fusion-threshold-mb", 64ll << 20, 1048576.0, 0, 1e12,
+          "bytes per fused collective, 0 disables fusion (flag in MiB); integer >= 0",
+          [](Config& c, int64_t v) { c.fusion_threshold_bytes = v; });
+  add_float("GRADFLOW_CYCLE_TIME", "--cycle-time-ms", "1.0", 0.0, 10000.0,
+            "milliseconds between coordination cycles; 0 <= value <= 10000",
+            [](Config& c, double v) { c.cycle_time_ms = v; });
+  add_int("GRADFLOW_CACHE_CAPACITY", "--cache-capacity", 1024, 1.0, 0, 1 << 20,
+          "responses kept for the bit-vector fast path, 0 disables it; 0 <= value <= 1048576",
+          [](Config& c, int64_t v) { c.cache_capacity = v; });
+  add_float("GRADFLOW_TIMEOUT", "--timeout-seconds", "60", 0.1, 86400.0,
+            "seconds a rank waits for a peer before raising; 0.1 <= value <= 86400",
+            [](Config& c, double v) { c.timeout_seconds = v; });
+  add_float("GRADFLOW_STALL_CHECK_TIME", "--stall-check-time-seconds", "60", 0.0, 86400.0,
+            "seconds before rank 0 warns about tensors not submitted by every rank, 0 = off",
+            [](Config& c, double v) { c.stall_check_seconds = v; });
+  add_float("GRADFLOW_STALL_SHUTDOWN_TIME", "--stall-shutdown-time-seconds", "0", 0.0, 86400.0,
+            "seconds after which stalled tensors fail on every rank, 0 = off",
+            [](Config& c, double v) { c.stall_shutdown_seconds = v; });
+  add_choice("GRADFLOW_WIRE_DTYPE", "--wire-dtype", "fp32", {"fp32", "fp16", "bf16"},
+             "fp32 | fp16 | bf16: how float32 gradients travel (16-bit summed in fp32)",
+             [](Config& c, const std::string& v) { c.wire_dtype = parse_wire_dtype(v); });
+  add_choice("GRADFLOW_ALLREDUCE_ALGO", "--allreduce-algo", "ring",
+             {"ring", "two-sync", "mpi", "auto"}, "ring | two-sync | mpi | auto",
+             [](Config& c, const std::string& v) { c.allreduce_algo = parse_allreduce_algo(v); });
+  add_int("GRADFLOW_RING_PIPELINE_BYTES", "--ring-pipeline-kb", 1 << 20, 1024.0, 1024, 1ll << 30,
+          "bytes per pipelined ring piece (flag in KiB); 1024 <= value <= 2^30",
+          [](Config& c, int64_t v) { c.ring_pipeline_bytes = v; });
+  add_int("GRADFLOW_SPARSE_CHUNK", "--sparse-chunk", 32768, 1.0, 1, 1ll << 30,
+          "elements per sparse-communication chunk; 1 <= value <= 2^30",
+          [](Config& c, int64_t v) { c.sparse_chunk = v; });
+  add_float("GRADFLOW_SPARSE_RATIO", "--sparse-ratio", "1.0", 1e-6, 1.0,
+            "fraction of chunks sent per step, 1 = dense; 1e-6 <= value <= 1",
+            [](Config& c, double v) { c.sparse_ratio = v; });
+  add_int("GRADFLOW_SPARSE_WARMUP_STEPS", "--sparse-warmup-steps", 0, 1.0, 0, 1e12,
+          "dense steps before sparse communication starts; integer >= 0",
+          [](Config& c, int64_t v) { c.sparse_warmup_steps = v; });
+  add_float("GRADFLOW_SPARSE_MOMENTUM", "--sparse-momentum", "0", 0.0, 0.999999,
+            "momentum correction factor for sparse communication, 0 = off; 0 <= value < 1",
+            [](Config& c, double v) { c.sparse_momentum = v; });
+  KeySpec timeline{{"GRADFLOW_TIMELINE", "--timeline-filename", "string", "",
+                    "path of a Chrome-trace JSON file written by rank 0; empty = off", 1.0, {}},
+                   0, 0, [](Config& c, const std::string& v) { c.timeline = v; }};
+  s.push_back(timeline);
+  add_choice("GRADFLOW_LOG_LEVEL", "--log-level", "warning",
+             {"trace", "debug", "info", "warning", "error", "fatal"},
+             "trace | debug | info | warning | error | fatal",
+             [](Config& c, const std::string& v) { c.log_level = v; });
+  return s;
+}
+
+const std::vector<KeySpec>& specs() {
+  static const std::vector<KeySpec> s = make_specs();
+  return s;
+}
+
+}  // namespace
+
+const std::vector<ConfigKey>& config_keys() {
+  static const std::vector<ConfigKey> keys = [] {
+    std::vector<ConfigKey> k;
+    for (const auto& s : specs()) k.push_back(s.key);
+    return k;
+  }();
+  return keys;
+}
+
+Config load_config(const std::map<std::string, std::string>& overrides) {
+  Config c;
+  for (const auto& s : specs()) {
+    auto it = overrides.find(s.key.env);
+    if (it != overrides.end()) {
+      s.apply(c, it->second);
+    } else if (const char* v = std::getenv(s.key.env.c_str())) {
+      if (*v != '\0') s.apply(c, v);
+    }
+  }
+  for (const auto& kv : overrides) {
+    bool known = false;
+    for (const auto& s : specs()) known = known || s.key.env == kv.first;
+    GF_CHECK(known, "gradflow: unknown setting '" << kv.first << "'");
+  }
+  return c;
+}
+
+WireDtype parse_wire_dtype(const std::string& s) {
+  if (s == "fp32" || s == "none" || s == "native") return WireDtype::kNative;
+  if (s == "fp16") return WireDtype::kFloat16;
+  if (s == "bf16") return WireDtype::kBFloat16;
+  throw GradflowError("gradflow: unknown wire dtype '" + s + "' (fp32 | fp16 | bf16)");
+}
+
+AllreduceAlgo parse_allreduce_algo(const std::string& s) {
+  if (s == "ring") return AllreduceAlgo::kRing;
+  if (s == "two-sync") return AllreduceAlgo::kTwoSync;
+  if (s == "mpi") return AllreduceAlgo::kMpi;
+  if (s == "auto") return AllreduceAlgo::kAuto;
+  throw GradflowError("gradflow: unknown allreduce algorithm '" + s +
+                      "' (ring | two-sync | mpi | auto)");
+}
+
+}  // namespace gradflow

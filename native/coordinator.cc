@@ -1,0 +1,302 @@
+// coordinator.cc — readiness agreement (see the protocol in coordinator.h):
+// bit-vector fast path, rank-0 slow path with validation, stall inspection.
+#include "coordinator.h"
+
+#include <cstdio>
+#include <sstream>
+
+namespace gradflow {
+namespace {
+
+constexpr uint64_t kFlagSlow = 1;      // some rank has slow-path work
+constexpr uint64_t kFlagShutdown = 2;  // some rank called shutdown()
+constexpr uint64_t kFlagAbort = 4;     // some rank is failing
+constexpr const char* kJoinName = "__gradflow_join__";
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+void set_bit(std::vector<uint64_t>& w, size_t base, int32_t bit) {
+  w[base + bit / 64] |= (uint64_t{1} << (bit % 64));
+}
+void clear_bit(std::vector<uint64_t>& w, size_t base, int32_t bit) {
+  w[base + bit / 64] &= ~(uint64_t{1} << (bit % 64));
+}
+bool test_bit(const std::vector<uint64_t>& w, size_t base, int32_t bit) {
+  return (w[base + bit / 64] >> (bit % 64)) & 1;
+}
+
+}  // namespace
+
+Coordinator::Coordinator(MpiComm& comm, const Config& cfg)
+    : comm_(comm), cfg_(cfg), cache_words_((cfg.cache_capacity + 63) / 64) {}
+
+CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
+                               const std::string& abort_message) {
+  auto t0 = std::chrono::steady_clock::now();
+  CycleResult result;
+  std::vector<Request> slow;
+  std::vector<int32_t> invalid;
+
+  // A. classify new requests.
+  for (const Request& r : fresh) {
+    auto it = cache_bit_of_.find(r.name);
+    if (it != cache_bit_of_.end() && r.kind != OpKind::kJoin) {
+      if (cache_[it->second].signature == r.signature()) {
+        waiting_on_cache_[r.name] = r;
+        cache_wait_since_[r.name] = t0;
+        continue;
+      }
+      invalid.push_back(it->second);
+    }
+    slow.push_back(r);
+  }
+  // A rank stuck on the fast path demotes its request to the slow path so
+  // rank 0's stall inspector can see (and name) the ranks that are missing.
+  double demote_after = cfg_.stall_check_seconds > 0 ? cfg_.stall_check_seconds / 2 : 5.0;
+  if (cfg_.stall_shutdown_seconds > 0)
+    demote_after = std::min(demote_after, cfg_.stall_shutdown_seconds / 2);
+  for (auto it = waiting_on_cache_.begin(); it != waiting_on_cache_.end();) {
+    if (seconds_since(cache_wait_since_[it->first]) > demote_after) {
+      invalid.push_back(cache_bit_of_.at(it->first));
+      slow.push_back(it->second);
+      cache_wait_since_.erase(it->first);
+      it = waiting_on_cache_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+
+  // B. one allreduce(BAND) of flags, ready bits and invalid bits.
+  bool rank0_due = comm_.rank() == 0 && stall_action_due();
+  uint64_t flags = (slow.empty() && invalid.empty() && !rank0_due ? 0 : kFlagSlow) |
+                   (shutdown ? kFlagShutdown : 0) | (abort_message.empty() ? 0 : kFlagAbort);
+  const size_t ready_base = 1, invalid_base = 1 + cache_words_;
+  std::vector<uint64_t> words(1 + 2 * cache_words_, 0);
+  words[0] = ~flags;
+  for (size_t i = 0; i < cache_words_; ++i) words[invalid_base + i] = ~uint64_t{0};
+  for (const auto& kv : waiting_on_cache_) set_bit(words, ready_base, cache_bit_of_.at(kv.first));
+  if (joined_) {
+    // A joined rank contributes zeros to every cached allreduce: mark them all.
+    for (const auto& kv : cache_)
+      if (kv.second.response.kind == OpKind::kAllreduce) set_bit(words, ready_base, kv.first);
+  }
+  for (int32_t b : invalid) clear_bit(words, invalid_base, b);
+  comm_.allreduce_band(words.data(), words.size(), "negotiation (bit vector)");
+  flags = ~words[0];
+
+  // C. evict invalid responses everywhere, then take the globally ready ones.
+  std::vector<int32_t> bits;
+  for (const auto& kv : cache_) bits.push_back(kv.first);
+  for (int32_t b : bits) {
+    if (test_bit(words, invalid_base, b)) continue;
+    const std::string name = cache_[b].response.name;
+    auto w = waiting_on_cache_.find(name);
+    if (w != waiting_on_cache_.end()) {
+      slow.push_back(w->second);
+      waiting_on_cache_.erase(w);
+      cache_wait_since_.erase(name);
+    }
+    cache_bit_of_.erase(name);
+    cache_.erase(b);
+  }
+  for (const auto& kv : cache_) {
+    if (!test_bit(words, ready_base, kv.first)) continue;
+    result.responses.push_back(kv.second.response);
+    waiting_on_cache_.erase(kv.second.response.name);
+    cache_wait_since_.erase(kv.second.response.name);
+  }
+
+  // D. slow path through rank 0.
+  if (flags & (kFlagSlow | kFlagShutdown | kFlagAbort)) {
+    result.used_slow_path = true;
+    RequestMessage mine;
+    mine.requests = slow;
+    mine.shutdown = shutdown;
+    mine.abort_message = abort_message;
+    for (const Request& r : slow) sent_to_rank0_[r.name] = r;
+    auto gathered = comm_.gather_to_root(serialize(mine), 0, "negotiation (requests to rank 0)");
+    ResponseMessage decided;
+    if (comm_.rank() == 0) {
+      std::vector<RequestMessage> all;
+      for (const auto& bytes : gathered) all.push_back(deserialize_requests(bytes));
+      build_slow_responses(all, &decided);
+    }
+    std::vector<uint8_t> bytes = serialize(decided);
+    comm_.bcast_vector(bytes, 0, "negotiation (responses from rank 0)");
+    decided = deserialize_responses(bytes);
+    for (Response& r : decided.responses) {
+      auto it = sent_to_rank0_.find(r.name);
+      if (r.cache_bit >= 0 && it != sent_to_rank0_.end()) insert_cache(r, it->second.signature());
+      if (r.cache_bit >= 0 && it == sent_to_rank0_.end() && joined_) insert_cache(r, "");
+      if (it != sent_to_rank0_.end()) sent_to_rank0_.erase(it);
+      if (r.kind == OpKind::kJoin) joined_ = false;
+      result.responses.push_back(std::move(r));
+    }
+    result.shutdown = decided.shutdown;
+    result.abort_message = decided.abort_message;
+  }
+  for (const Request& r : fresh)
+    if (r.kind == OpKind::kJoin) joined_ = true;
+  result.negotiation_seconds = seconds_since(t0);
+  return result;
+}
+
+void Coordinator::insert_cache(const Response& r, const std::string& signature) {
+  cache_bit_of_[r.name] = r.cache_bit;
+  cache_[r.cache_bit] = CacheEntry{r, signature};
+}
+
+void Coordinator::build_slow_responses(const std::vector<RequestMessage>& all,
+                                       ResponseMessage* out) {
+  const int n = comm_.size();
+  for (int rank = 0; rank < static_cast<int>(all.size()); ++rank) {
+    const RequestMessage& msg = all[rank];
+    out->shutdown = out->shutdown || msg.shutdown;
+    if (!msg.abort_message.empty() && out->abort_message.empty())
+      out->abort_message = "rank " + std::to_string(rank) + " failed: " + msg.abort_message;
+    for (const Request& req : msg.requests) {
+      if (req.kind == OpKind::kJoin) joined_ranks_.insert(rank);
+      const std::string& key = req.kind == OpKind::kJoin ? std::string(kJoinName) : req.name;
+      auto it = table_.find(key);
+      if (it == table_.end()) {
+        PendingOnRank0 p;
+        p.by_rank.resize(n);
+        p.first_seen = std::chrono::steady_clock::now();
+        it = table_.emplace(key, std::move(p)).first;
+        table_order_.push_back(key);
+      }
+      if (it->second.by_rank[rank].name.empty()) it->second.count++;
+      it->second.by_rank[rank] = req;
+    }
+  }
+  // A name is complete once every rank asked for it (joined ranks count as
+  // having asked for any allreduce).
+  for (auto it = table_order_.begin(); it != table_order_.end();) {
+    PendingOnRank0& p = table_[*it];
+    int joined_absent = 0;
+    if (*it != kJoinName)
+      for (int r : joined_ranks_) joined_absent += p.by_rank[r].name.empty() ? 1 : 0;
+    if (p.count + joined_absent < n) {
+      ++it;
+      continue;
+    }
+    Response resp = validate(*it, p.by_rank);
+    if (resp.kind == OpKind::kJoin) joined_ranks_.clear();
+    if (resp.error.empty() && resp.kind == OpKind::kAllreduce &&
+        next_bit_ < cfg_.cache_capacity && !cache_bit_of_.count(resp.name))
+      resp.cache_bit = next_bit_++;
+    out->responses.push_back(std::move(resp));
+    table_.erase(*it);
+    it = table_order_.erase(it);
+  }
+  check_stalls(out);
+}
+
+Response Coordinator::validate(const std::string& name, const std::vector<Request>& reqs) {
+  const Request* first = nullptr;
+  int first_rank = -1;
+  for (size_t r = 0; r < reqs.size(); ++r)
+    if (!reqs[r].name.empty() && !first) first = &reqs[r], first_rank = static_cast<int>(r);
+  Response resp;
+  resp.name = name;
+  resp.kind = first->kind;
+  resp.dtype = first->dtype;
+  resp.shape = first->shape;
+  resp.op = first->op;
+  resp.root = first->root;
+  resp.wire = first->wire;
+  resp.prescale = first->prescale;
+  resp.postscale = first->postscale;
+  resp.sparse_ratio = first->sparse_ratio;
+  resp.in_pool = first->in_pool;
+  const std::string sig = first->signature();
+  std::ostringstream err;
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    if (reqs[r].name.empty()) {
+      if (first->kind != OpKind::kAllreduce && first->kind != OpKind::kJoin)
+        err << "gradflow: " << op_kind_name(first->kind) << " '" << name << "' cannot run while rank "
+            << r << " has called join() (only allreduce can)";
+      continue;
+    }
+    if (reqs[r].signature() != sig) {
+      err << "gradflow: mismatched " << op_kind_name(first->kind) << " '" << name << "': rank "
+          << first_rank << " submitted {" << sig << "} but rank " << r << " submitted {"
+          << reqs[r].signature() << "}";
+      break;
+    }
+  }
+  if (resp.kind == OpKind::kBroadcast && (resp.root < 0 || resp.root >= comm_.size()))
+    err << "gradflow: broadcast '" << name << "': root rank " << resp.root
+        << " is out of range [0, " << comm_.size() << ")";
+  if (resp.kind == OpKind::kJoin) {
+    // Every rank joined; report the last one to join, as Horovod does.
+    resp.root = reqs.back().rank;
+  }
+  if (resp.kind == OpKind::kAllgather || resp.kind == OpKind::kAlltoall) {
+    for (const Request& q : reqs) resp.first_dims.push_back(q.shape.empty() ? 1 : q.shape[0]);
+  }
+  if (resp.kind == OpKind::kAlltoall && err.str().empty()) {
+    for (size_t r = 0; r < reqs.size(); ++r) {
+      const Request& q = reqs[r];
+      int64_t total = 0;
+      for (int64_t s : q.splits) total += s;
+      if (q.splits.size() != reqs.size() || total != (q.shape.empty() ? 1 : q.shape[0])) {
+        err << "gradflow: alltoall '" << name << "': rank " << r << " gave splits "
+            << shape_string(q.splits) << " that do not sum to its first dimension "
+            << (q.shape.empty() ? 1 : q.shape[0]) << " over " << reqs.size() << " ranks";
+        break;
+      }
+      resp.splits.insert(resp.splits.end(), q.splits.begin(), q.splits.end());
+    }
+  }
+  if (resp.kind == OpKind::kReducescatter && err.str().empty() &&
+      (resp.shape.empty() || resp.shape[0] < 0))
+    err << "gradflow: reducescatter '" << name << "' needs a tensor with at least one dimension";
+  resp.error = err.str();
+  return resp;
+}
+
+bool Coordinator::stall_action_due() const {
+  for (const auto& kv : table_) {
+    double age = seconds_since(kv.second.first_seen);
+    if (cfg_.stall_shutdown_seconds > 0 && age > cfg_.stall_shutdown_seconds) return true;
+  }
+  return false;
+}
+
+void Coordinator::check_stalls(ResponseMessage* out) {
+  for (auto it = table_order_.begin(); it != table_order_.end();) {
+    PendingOnRank0& p = table_[*it];
+    double age = seconds_since(p.first_seen);
+    std::ostringstream have, missing;
+    for (size_t r = 0; r < p.by_rank.size(); ++r)
+      (p.by_rank[r].name.empty() ? missing : have) << r << " ";
+    std::string msg = "gradflow stall: '" + *it + "' (" +
+                      op_kind_name(p.by_rank[0].name.empty() ? OpKind::kAllreduce
+                                                             : p.by_rank[0].kind) +
+                      ") has waited " + std::to_string(static_cast<int>(age)) +
+                      " s; submitted by ranks [ " + have.str() + "], missing on ranks [ " +
+                      missing.str() + "]";
+    if (cfg_.stall_check_seconds > 0 && age > cfg_.stall_check_seconds && !p.warned) {
+      p.warned = true;
+      stall_warnings_.push_back(msg);
+      std::fprintf(stderr, "[gradflow rank 0] WARNING: %s (GRADFLOW_STALL_CHECK_TIME)\n",
+                   msg.c_str());
+    }
+    if (cfg_.stall_shutdown_seconds > 0 && age > cfg_.stall_shutdown_seconds) {
+      Response r;
+      r.name = *it;
+      r.kind = p.by_rank[0].name.empty() ? OpKind::kAllreduce : p.by_rank[0].kind;
+      r.error = msg + "; failing it on every rank (GRADFLOW_STALL_SHUTDOWN_TIME)";
+      out->responses.push_back(r);
+      table_.erase(*it);
+      it = table_order_.erase(it);
+      continue;
+    }
+    ++it;
+  }
+}
+
+}  // namespace gradflow

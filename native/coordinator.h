@@ -1,0 +1,104 @@
+// coordinator.h — agreement on which collectives are ready on every rank,
+// without touching tensor data. Runs on the background thread, once per
+// cycle, collectively on all ranks.
+//
+// Protocol of one cycle (every rank, in lockstep):
+//   A. Classify this rank's new requests: a name whose signature matches a
+//      cached response sets that response's bit ("ready"); a cached name
+//      with a different signature sets its "invalid" bit and goes to the
+//      slow path; anything else goes to the slow path.
+//   B. One allreduce(BAND) of [flags | ready bits | invalid bits] (flags and
+//      invalid bits are stored inverted so BAND computes their OR).
+//   C. Invalid bits evict their responses everywhere; a rank whose pending
+//      request was waiting on an evicted bit moves it to the slow path.
+//      Ready bits set on every rank become responses, in bit order.
+//   D. Only if some rank has slow-path requests (or shutdown/abort): each
+//      rank sends them to rank 0, which records which ranks asked for which
+//      name, validates names complete on all ranks (kind, dtype, shape, op,
+//      root, ... must match; a mismatch becomes an error response naming the
+//      ranks and what differed), assigns cache bits, and broadcasts the list.
+//   E. Result: fast-path responses then slow-path responses.
+//
+// Note [Execution order]: every rank receives the same response list (the
+// fast part is computed from the same allreduced bit vector, the slow part
+// is rank 0's broadcast) and executes it front to back. Caches are updated
+// only from that list, so bit assignments agree everywhere. That is what
+// makes collectives issued in different orders on different ranks safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include "message.h"
+#include "mpi_comm.h"
+
+namespace gradflow {
+
+struct CycleResult {
+  std::vector<Response> responses;  // in execution order
+  bool shutdown = false;            // some rank called shutdown()
+  std::string abort_message;        // some rank is failing; names the rank
+  double negotiation_seconds = 0.0;
+  bool used_slow_path = false;
+};
+
+class Coordinator {
+ public:
+  Coordinator(MpiComm& comm, const Config& cfg);
+
+  // One collective negotiation round. `fresh` are requests submitted on
+  // this rank since the last cycle.
+  CycleResult cycle(const std::vector<Request>& fresh, bool shutdown,
+                    const std::string& abort_message);
+
+  // Stall report lines produced by rank 0 (for logs and tests).
+  const std::vector<std::string>& stall_warnings() const { return stall_warnings_; }
+
+ private:
+  struct CacheEntry {
+    Response response;
+    std::string signature;
+  };
+  struct PendingOnRank0 {
+    std::vector<Request> by_rank;  // indexed by rank; name empty = not yet
+    int count = 0;
+    std::chrono::steady_clock::time_point first_seen;
+    bool warned = false;
+  };
+
+  void build_slow_responses(const std::vector<RequestMessage>& all, ResponseMessage* out);
+  Response validate(const std::string& name, const std::vector<Request>& reqs);
+  void check_stalls(ResponseMessage* out);
+  bool stall_action_due() const;
+  void insert_cache(const Response& r, const std::string& signature);
+
+  MpiComm& comm_;
+  Config cfg_;
+  size_t cache_words_;  // words per bit section
+
+  // This rank's requests not yet agreed on.
+  std::map<std::string, Request> waiting_on_cache_;  // name -> request (bit set each cycle)
+  std::map<std::string, std::chrono::steady_clock::time_point> cache_wait_since_;
+  std::map<std::string, Request> sent_to_rank0_;     // awaiting rank 0's response
+
+  // Cache, identical on every rank.
+  std::map<std::string, int32_t> cache_bit_of_;
+  std::map<int32_t, CacheEntry> cache_;
+  int32_t next_bit_ = 0;
+
+  // Rank 0 only: requests seen so far, in first-arrival order.
+  std::list<std::string> table_order_;
+  std::map<std::string, PendingOnRank0> table_;
+  std::vector<std::string> stall_warnings_;
+  std::set<int> joined_ranks_;  // rank 0: ranks that called join() this round
+
+  bool joined_ = false;  // this rank called join() and waits for the others
+};
+
+}  // namespace gradflow

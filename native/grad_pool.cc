@@ -1,0 +1,78 @@
+// grad_pool.cc — bucket planning and readiness tracking for the gradient pool.
+#include "grad_pool.h"
+
+namespace gradflow {
+
+GradPool::GradPool(int id, void* data, DataType dt, const std::vector<int64_t>& range_elems,
+                   size_t bucket_bytes)
+    : id_(id), data_(static_cast<uint8_t*>(data)), dtype_(dt) {
+  const size_t esize = dtype_size(dt);
+  size_t offset = 0, bucket_bytes_so_far = 0;
+  for (size_t r = 0; r < range_elems.size(); ++r) {
+    GF_CHECK(range_elems[r] >= 0, "gradflow: negative range size in gradient pool");
+    size_t elems = static_cast<size_t>(range_elems[r]);
+    bool start_new = bucket_first_range_.empty() ||
+                     (bucket_bytes_so_far > 0 && bucket_bytes_so_far + elems * esize > bucket_bytes);
+    if (start_new) {
+      bucket_first_range_.push_back(r);
+      bucket_num_ranges_.push_back(0);
+      bucket_bytes_so_far = 0;
+    }
+    bucket_num_ranges_.back()++;
+    bucket_bytes_so_far += elems * esize;
+    range_offset_.push_back(offset);
+    range_elems_.push_back(elems);
+    range_bucket_.push_back(static_cast<int>(bucket_first_range_.size() - 1));
+    offset += elems;
+  }
+  reset();
+}
+
+void GradPool::reset() {
+  ready_count_.assign(bucket_first_range_.size(), 0);
+  range_ready_.assign(range_offset_.size(), false);
+  bucket_submitted_.assign(bucket_first_range_.size(), false);
+}
+
+int GradPool::mark_ready(size_t r) {
+  GF_CHECK(r < range_offset_.size(), "gradflow: gradient pool range " << r << " out of range");
+  GF_CHECK(!range_ready_[r], "gradflow: gradient " << r << " of pool " << id_
+                                                     << " was produced twice in one step; set "
+                                                        "backward_passes_per_step for gradient "
+                                                        "accumulation");
+  range_ready_[r] = true;
+  int b = range_bucket_[r];
+  if (++ready_count_[b] == bucket_num_ranges_[b] && !bucket_submitted_[b]) {
+    bucket_submitted_[b] = true;
+    return b;
+  }
+  return -1;
+}
+
+std::vector<int> GradPool::take_unsubmitted() {
+  std::vector<int> out;
+  for (size_t b = 0; b < bucket_submitted_.size(); ++b) {
+    if (!bucket_submitted_[b]) {
+      bucket_submitted_[b] = true;
+      out.push_back(static_cast<int>(b));
+    }
+  }
+  return out;
+}
+
+size_t GradPool::bucket_offset(int b) const { return range_offset_[bucket_first_range_[b]]; }
+
+size_t GradPool::bucket_elems(int b) const {
+  size_t last = bucket_first_range_[b] + bucket_num_ranges_[b] - 1;
+  return range_offset_[last] + range_elems_[last] - bucket_offset(b);
+}
+
+void* GradPool::bucket_data(int b) const {
+  return data_ + bucket_offset(b) * dtype_size(dtype_);
+}
+
+std::string GradPool::bucket_name(int b) const {
+  return "gradflow.pool" + std::to_string(id_) + ".bucket" + std::to_string(b);
+}
+
+}  // namespace gradflow

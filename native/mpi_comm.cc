@@ -1,0 +1,548 @@
+// mpi_comm.cc — the transport seam: the only file that includes mpi.h.
+// Owns the private duplicate communicator, deadline-polled waits, control and
+// data collectives (nonblocking MPI, so every wait can time out) and the RMA
+// windows. Knows nothing about tensors, algorithms or configuration.
+#include "mpi_comm.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <limits>
+#include <thread>
+#include <type_traits>
+
+namespace gradflow {
+
+// Largest count handed to one MPI call. Overridable at build time so tests can
+// exercise the chunked (> INT_MAX) paths with small buffers.
+#ifndef GRADFLOW_MAX_MPI_COUNT
+#define GRADFLOW_MAX_MPI_COUNT (size_t{1} << 30)
+#endif
+static constexpr size_t kMaxCount = GRADFLOW_MAX_MPI_COUNT;
+static_assert(kMaxCount <= size_t{INT_MAX}, "MPI counts are int");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool mpi_finalized() {
+  int fin = 0;
+  MPI_Finalized(&fin);
+  return fin != 0;
+}
+
+void mpi_check(int rc, const char* call, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw GradflowError(std::string("gradflow: ") + call + " failed in " + what + ": " +
+                      std::string(text, static_cast<size_t>(len)));
+}
+
+// mpi4py's comm.handle is the MPI_Comm value as an integer; MPICH's MPI_Comm
+// is an int, the standard ABI's (and Open MPI's) is a pointer.
+template <typename C>
+C comm_from_handle(uintptr_t h) {
+  if constexpr (std::is_integral<C>::value) {
+    return static_cast<C>(h);
+  } else {
+    static_assert(std::is_pointer<C>::value, "MPI_Comm is neither integer nor pointer");
+    return reinterpret_cast<C>(h);
+  }
+}
+
+// Polls `done` until it returns true or the deadline passes. Spins first
+// (latency), then yields, then sleeps ~50 us after 2 ms so that ranks on an
+// oversubscribed machine leave the core to the peer they are waiting for.
+template <typename Done>
+bool poll_until(Clock::time_point deadline, Done done) {
+  const auto start = Clock::now();
+  for (int spins = 0;; ++spins) {
+    if (done()) return true;
+    if (spins < 64) continue;
+    auto now = Clock::now();
+    if (now >= deadline) return done();
+    if (now - start < std::chrono::milliseconds(2)) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+std::string timeout_message(double timeout_s, const char* what, const std::string& whom) {
+  std::ostringstream os;
+  os << "gradflow: timed out after " << timeout_s << " s in " << what << " waiting for " << whom
+     << "; a rank may have died or stalled (GRADFLOW_TIMEOUT sets the limit)";
+  return os.str();
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  os << (ranks.size() == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
+  return os.str();
+}
+
+MPI_Datatype mpi_type(DataType dt) {
+  switch (dt) {
+    case DataType::kUInt8: return MPI_UINT8_T;
+    case DataType::kBool: return MPI_UINT8_T;  // 0/1 bytes; min = and, max = or
+    case DataType::kInt32: return MPI_INT32_T;
+    case DataType::kInt64: return MPI_INT64_T;
+    case DataType::kFloat32: return MPI_FLOAT;
+    case DataType::kFloat64: return MPI_DOUBLE;
+    default: break;
+  }
+  throw GradflowError(std::string("gradflow: MPI_Allreduce has no builtin type for ") +
+                      dtype_name(dt) + "; use the ring or two-sync algorithm");
+}
+
+MPI_Op mpi_op(ReduceOp op, DataType dt) {
+  GF_CHECK(dt != DataType::kBool || op == ReduceOp::kMin || op == ReduceOp::kMax,
+           "gradflow: bool supports only min/max, not " << reduce_op_name(op));
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage: return MPI_SUM;  // the caller divides
+    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kProduct: return MPI_PROD;
+  }
+  throw GradflowError("gradflow: unknown reduce op");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- requests
+
+struct RequestList::Impl {
+  struct Pending {
+    MPI_Request req;
+    int peer;     // for error messages
+    bool is_recv;  // receives are cancelled on abandonment
+  };
+  std::vector<Pending> list;
+  // Abandon what is still pending (after a timeout or an exception): cancel
+  // receives, free the rest, so the list can be reused or destroyed.
+  void abandon() {
+    if (!mpi_finalized())
+      for (Pending& p : list) {
+        if (p.req == MPI_REQUEST_NULL) continue;
+        if (p.is_recv) MPI_Cancel(&p.req);
+        MPI_Request_free(&p.req);
+      }
+    list.clear();
+  }
+};
+
+RequestList::RequestList() : impl_(new Impl) {}
+RequestList::~RequestList() { impl_->abandon(); }
+size_t RequestList::size() const { return impl_->list.size(); }
+void RequestList::clear() {
+  for (auto& p : impl_->list)
+    GF_CHECK(p.req == MPI_REQUEST_NULL, "gradflow: RequestList::clear with a pending request");
+  impl_->list.clear();
+}
+
+// ---------------------------------------------------------------- the communicator
+
+struct MpiComm::Impl {
+  MPI_Comm comm = MPI_COMM_NULL;
+  void iallreduce(MpiComm& self, void* buf, size_t count, size_t elem_bytes, MPI_Datatype t,
+                  MPI_Op op, const char* what);
+  Clock::time_point deadline(double timeout_s) const {
+    return Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                              std::chrono::duration<double>(timeout_s));
+  }
+};
+
+MpiComm::MpiComm(uintptr_t comm_handle, double timeout_seconds)
+    : impl_(new Impl), timeout_s_(timeout_seconds) {
+  GF_CHECK(timeout_seconds > 0, "gradflow: timeout must be positive, got " << timeout_seconds);
+  MPI_Comm parent = comm_handle == 0 ? MPI_COMM_WORLD : comm_from_handle<MPI_Comm>(comm_handle);
+  mpi_check(MPI_Comm_dup(parent, &impl_->comm), "MPI_Comm_dup", "MpiComm()");
+  MPI_Comm c = impl_->comm;
+  mpi_check(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", "MpiComm()");
+  mpi_check(MPI_Comm_rank(c, &rank_), "MPI_Comm_rank", "MpiComm()");
+  mpi_check(MPI_Comm_size(c, &size_), "MPI_Comm_size", "MpiComm()");
+  // Local = ranks sharing memory with us; cross = ranks with our local rank.
+  MPI_Comm local = MPI_COMM_NULL, cross = MPI_COMM_NULL;
+  mpi_check(MPI_Comm_split_type(c, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local),
+            "MPI_Comm_split_type", "MpiComm()");
+  MPI_Comm_rank(local, &local_rank_);
+  MPI_Comm_size(local, &local_size_);
+  mpi_check(MPI_Comm_split(c, local_rank_, rank_, &cross), "MPI_Comm_split", "MpiComm()");
+  MPI_Comm_rank(cross, &cross_rank_);
+  MPI_Comm_size(cross, &cross_size_);
+  MPI_Comm_free(&local);
+  MPI_Comm_free(&cross);
+}
+
+MpiComm::~MpiComm() {
+  if (impl_->comm != MPI_COMM_NULL && !mpi_finalized()) MPI_Comm_free(&impl_->comm);
+}
+
+std::string MpiComm::library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(text, &len);
+  std::string s(text, static_cast<size_t>(len));
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ' || s.back() == '\0')) s.pop_back();
+  return s;
+}
+
+// ---------------------------------------------------------------- point to point
+
+size_t MpiComm::isend(const void* buf, size_t bytes, int dest, int tag, RequestList& reqs) {
+  GF_CHECK(bytes <= size_t{INT_MAX}, "gradflow: isend of " << bytes << " bytes exceeds INT_MAX");
+  MPI_Request r;
+  mpi_check(MPI_Isend(buf, static_cast<int>(bytes), MPI_BYTE, dest, tag, impl_->comm, &r),
+            "MPI_Isend", "isend");
+  reqs.impl_->list.push_back({r, dest, false});
+  return reqs.impl_->list.size() - 1;
+}
+
+size_t MpiComm::irecv(void* buf, size_t bytes, int src, int tag, RequestList& reqs) {
+  GF_CHECK(bytes <= size_t{INT_MAX}, "gradflow: irecv of " << bytes << " bytes exceeds INT_MAX");
+  MPI_Request r;
+  mpi_check(MPI_Irecv(buf, static_cast<int>(bytes), MPI_BYTE, src, tag, impl_->comm, &r),
+            "MPI_Irecv", "irecv");
+  reqs.impl_->list.push_back({r, src, true});
+  return reqs.impl_->list.size() - 1;
+}
+
+// Waits for one request; `peer` < 0 means "all ranks" (a collective).
+void MpiComm::wait_request(void* request, const char* what, int peer) {
+  MPI_Request* r = static_cast<MPI_Request*>(request);
+  int rc = MPI_SUCCESS;
+  bool ok = poll_until(impl_->deadline(timeout_s_), [&] {
+    int flag = 0;
+    rc = MPI_Test(r, &flag, MPI_STATUS_IGNORE);
+    return rc != MPI_SUCCESS || flag != 0;
+  });
+  mpi_check(rc, "MPI_Test", what);
+  if (!ok) {
+    // A pending collective cannot be cancelled; it is left to MPI (the job
+    // is expected to end after this error).
+    throw GradflowError(timeout_message(
+        timeout_s_, what, peer < 0 ? std::string("other ranks") : "rank " + std::to_string(peer)));
+  }
+}
+
+void MpiComm::wait(RequestList& reqs, size_t index, const char* what) {
+  auto& L = reqs.impl_->list;
+  GF_CHECK(index < L.size(), "gradflow: wait on request " << index << " of " << L.size());
+  if (L[index].req == MPI_REQUEST_NULL) return;
+  try {
+    wait_request(&L[index].req, what, L[index].peer);
+  } catch (...) {
+    reqs.impl_->abandon();
+    throw;
+  }
+}
+
+void MpiComm::wait_all(RequestList& reqs, const char* what) {
+  auto& L = reqs.impl_->list;
+  int rc = MPI_SUCCESS;
+  size_t next = 0;  // requests before `next` are complete
+  bool ok = poll_until(impl_->deadline(timeout_s_), [&] {
+    for (int flag = 1; next < L.size() && flag; next += flag) {
+      rc = MPI_Test(&L[next].req, &flag, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) return true;
+    }
+    return next == L.size();
+  });
+  if (rc != MPI_SUCCESS || !ok) {
+    std::vector<int> missing;  // peers of the requests still pending
+    for (size_t i = next; i < L.size(); ++i) {
+      int flag = 0;
+      if (L[i].req != MPI_REQUEST_NULL) MPI_Test(&L[i].req, &flag, MPI_STATUS_IGNORE);
+      if (!flag) missing.push_back(L[i].peer);
+    }
+    reqs.impl_->abandon();
+    mpi_check(rc, "MPI_Test", what);
+    std::sort(missing.begin(), missing.end());
+    missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
+    throw GradflowError(timeout_message(timeout_s_, what, rank_list(missing)));
+  }
+  L.clear();
+}
+
+// ---------------------------------------------------------------- control collectives
+
+void MpiComm::barrier(const char* what) {
+  MPI_Request r;
+  mpi_check(MPI_Ibarrier(impl_->comm, &r), "MPI_Ibarrier", what);
+  wait_request(&r, what, -1);
+}
+
+// In-place MPI_Iallreduce in chunks of kMaxCount elements, each polled.
+void MpiComm::Impl::iallreduce(MpiComm& self, void* buf, size_t count, size_t elem_bytes,
+                               MPI_Datatype t, MPI_Op op, const char* what) {
+  for (size_t done = 0; done < count; done += kMaxCount) {
+    MPI_Request r;
+    mpi_check(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(buf) + done * elem_bytes,
+                             static_cast<int>(std::min(kMaxCount, count - done)), t, op, comm, &r),
+              "MPI_Iallreduce", what);
+    self.wait_request(&r, what, -1);
+  }
+}
+
+void MpiComm::allreduce_band(uint64_t* words, size_t n, const char* what) {
+  impl_->iallreduce(*this, words, n, 8, MPI_UINT64_T, MPI_BAND, what);
+}
+
+void MpiComm::allreduce_max_i64(int64_t* values, size_t n, const char* what) {
+  impl_->iallreduce(*this, values, n, 8, MPI_INT64_T, MPI_MAX, what);
+}
+
+void MpiComm::allreduce_builtin(void* buf, size_t count, DataType dt, ReduceOp op,
+                                const char* what) {
+  impl_->iallreduce(*this, buf, count, dtype_size(dt), mpi_type(dt), mpi_op(op, dt), what);
+}
+
+void MpiComm::bcast_vector(std::vector<uint8_t>& data, int root, const char* what) {
+  uint64_t n = data.size();
+  MPI_Request r;
+  mpi_check(MPI_Ibcast(&n, 1, MPI_UINT64_T, root, impl_->comm, &r), "MPI_Ibcast", what);
+  wait_request(&r, what, root);
+  if (rank_ != root) data.resize(n);
+  bcast(data.data(), n, root, what);
+}
+
+// Point-to-point rather than MPI_Igatherv so that, when the deadline passes,
+// the root knows exactly which ranks' messages are missing. The root matches
+// each peer's message with MPI_Improbe (learning its size) and MPI_Imrecv.
+std::vector<std::vector<uint8_t>> MpiComm::gather_to_root(const std::vector<uint8_t>& mine,
+                                                          int root, const char* what) {
+  std::vector<std::vector<uint8_t>> out;
+  if (rank_ != root) {
+    RequestList reqs;
+    isend(mine.data(), mine.size(), root, kTagGather, reqs);
+    wait_all(reqs, what);
+    return out;
+  }
+  out.resize(size_);
+  out[root] = mine;
+  std::vector<MPI_Request> reqs(size_, MPI_REQUEST_NULL);
+  std::vector<char> matched(size_, 0), done(size_, 0);
+  done[root] = matched[root] = 1;
+  int rc = MPI_SUCCESS;
+  bool ok = poll_until(impl_->deadline(timeout_s_), [&] {
+    bool all = true;
+    for (int p = 0; p < size_ && rc == MPI_SUCCESS; ++p) {
+      if (done[p]) continue;
+      int flag = 0, n = 0;
+      if (!matched[p]) {
+        MPI_Message msg;
+        MPI_Status st;
+        rc = MPI_Improbe(p, kTagGather, impl_->comm, &flag, &msg, &st);
+        if (rc == MPI_SUCCESS && flag) {
+          MPI_Get_count(&st, MPI_BYTE, &n);
+          out[p].resize(static_cast<size_t>(n));
+          rc = MPI_Imrecv(out[p].data(), n, MPI_BYTE, &msg, &reqs[p]);
+          matched[p] = 1;
+        }
+      }
+      if (matched[p] && rc == MPI_SUCCESS) rc = MPI_Test(&reqs[p], &flag, MPI_STATUS_IGNORE);
+      done[p] = matched[p] && flag;
+      all = all && done[p];
+    }
+    return all || rc != MPI_SUCCESS;
+  });
+  if (rc != MPI_SUCCESS || !ok) {
+    std::vector<int> missing;
+    for (int p = 0; p < size_; ++p) {
+      if (!done[p]) missing.push_back(p);
+      if (reqs[p] != MPI_REQUEST_NULL) MPI_Request_free(&reqs[p]);  // matched: data in flight
+    }
+    mpi_check(rc, "MPI_Improbe/MPI_Imrecv", what);
+    throw GradflowError(timeout_message(timeout_s_, what, rank_list(missing)));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- data collectives
+
+void MpiComm::bcast(void* buf, size_t bytes, int root, const char* what) {
+  // Chunks of <= kMaxCount bytes: MPI counts are int.
+  for (size_t done = 0; done < bytes; done += kMaxCount) {
+    int c = static_cast<int>(std::min(kMaxCount, bytes - done));
+    MPI_Request r;
+    mpi_check(MPI_Ibcast(static_cast<char*>(buf) + done, c, MPI_BYTE, root, impl_->comm, &r),
+              "MPI_Ibcast", what);
+    wait_request(&r, what, root);
+  }
+}
+
+namespace {
+
+// Byte offsets of consecutive blocks; `ints` is false if any exceeds an int.
+std::vector<size_t> offsets_of(const std::vector<size_t>& sizes, bool* ints) {
+  std::vector<size_t> off(sizes.size() + 1, 0);
+  for (size_t i = 0; i < sizes.size(); ++i) off[i + 1] = off[i] + sizes[i];
+  *ints = *ints && off.back() <= kMaxCount;
+  return off;
+}
+std::vector<int> as_int(const std::vector<size_t>& v, size_t n) {
+  return std::vector<int>(v.begin(), v.begin() + n);
+}
+
+// The fallback for totals past an int: every pair exchanges its block
+// point-to-point in chunks of kMaxCount bytes (any MPI version, any size).
+// `send_off[p]`/`recv_off[p]` locate the block for/from rank p.
+void exchange_p2p(MpiComm& c, const char* send, const std::vector<size_t>& send_off,
+                  const std::vector<size_t>& send_bytes, char* recv,
+                  const std::vector<size_t>& recv_off, const std::vector<size_t>& recv_bytes,
+                  const char* what) {
+  const int n = c.size(), r = c.rank();
+  std::memcpy(recv + recv_off[r], send + send_off[r], recv_bytes[r]);
+  RequestList reqs;
+  for (int k = 1; k < n; ++k) {
+    int to = (r + k) % n, from = (r - k + n) % n;
+    for (size_t d = 0; d < recv_bytes[from]; d += kMaxCount)
+      c.irecv(recv + recv_off[from] + d, std::min(kMaxCount, recv_bytes[from] - d), from,
+              kTagCollective, reqs);
+    for (size_t d = 0; d < send_bytes[to]; d += kMaxCount)
+      c.isend(send + send_off[to] + d, std::min(kMaxCount, send_bytes[to] - d), to,
+              kTagCollective, reqs);
+  }
+  c.wait_all(reqs, what);
+}
+
+}  // namespace
+
+// Both v-collectives use MPI's own algorithm while every count and
+// displacement fits an int, and exchange_p2p past that.
+void MpiComm::allgatherv(const void* send, size_t send_bytes, void* recv,
+                         const std::vector<size_t>& recv_bytes, const char* what) {
+  GF_CHECK(recv_bytes.size() == static_cast<size_t>(size_) && recv_bytes[rank_] == send_bytes,
+           "gradflow: allgatherv sizes disagree with the local send size in " << what);
+  bool ints = true;
+  auto roff = offsets_of(recv_bytes, &ints);
+  if (ints) {
+    auto counts = as_int(recv_bytes, size_), displs = as_int(roff, size_);
+    MPI_Request r;
+    mpi_check(MPI_Iallgatherv(send, static_cast<int>(send_bytes), MPI_BYTE, recv, counts.data(),
+                              displs.data(), MPI_BYTE, impl_->comm, &r),
+              "MPI_Iallgatherv", what);
+    wait_request(&r, what, -1);
+    return;
+  }
+  // Everyone gets the same block: all send offsets are 0.
+  exchange_p2p(*this, static_cast<const char*>(send), std::vector<size_t>(size_, 0),
+               std::vector<size_t>(size_, send_bytes), static_cast<char*>(recv), roff, recv_bytes,
+               what);
+}
+
+void MpiComm::alltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                        const std::vector<size_t>& recv_bytes, const char* what) {
+  GF_CHECK(send_bytes.size() == static_cast<size_t>(size_) &&
+               recv_bytes.size() == static_cast<size_t>(size_) &&
+               send_bytes[rank_] == recv_bytes[rank_],
+           "gradflow: alltoallv needs one size per rank and equal self blocks in " << what);
+  bool ints = true;
+  auto soff = offsets_of(send_bytes, &ints), roff = offsets_of(recv_bytes, &ints);
+  if (ints) {
+    auto sc = as_int(send_bytes, size_), sd = as_int(soff, size_);
+    auto rcn = as_int(recv_bytes, size_), rd = as_int(roff, size_);
+    MPI_Request r;
+    mpi_check(MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rcn.data(), rd.data(),
+                             MPI_BYTE, impl_->comm, &r),
+              "MPI_Ialltoallv", what);
+    wait_request(&r, what, -1);
+    return;
+  }
+  exchange_p2p(*this, static_cast<const char*>(send), soff, send_bytes, static_cast<char*>(recv),
+               roff, recv_bytes, what);
+}
+
+// ---------------------------------------------------------------- RMA windows
+
+namespace {
+
+// A passive-target window locked (lock_all) for its whole lifetime; sync() is
+// the "synchronization" of the two-sync allreduce: win_sync, barrier with
+// deadline, win_sync (the standard shared-memory pattern in the unified
+// memory model, which keeps our deadline unlike MPI_Win_fence).
+class MpiWindow : public RmaWindow {
+ public:
+  MpiWindow(MpiComm& owner, MPI_Comm comm, size_t bytes, bool shared)
+      : owner_(owner), shared_(shared), bytes_(bytes) {
+    const char* what = shared ? "MPI_Win_allocate_shared" : "MPI_Win_allocate";
+    GF_CHECK(bytes <= static_cast<size_t>(std::numeric_limits<MPI_Aint>::max()),
+             "gradflow: window of " << bytes << " bytes is too large");
+    int size = 0;
+    MPI_Comm_size(comm, &size);
+    MPI_Info info;
+    MPI_Info_create(&info);
+    if (shared) MPI_Info_set(info, "alloc_shared_noncontig", "true");
+    MPI_Aint n = static_cast<MPI_Aint>(bytes);
+    int rc = shared ? MPI_Win_allocate_shared(n, 1, info, comm, &base_, &win_)
+                    : MPI_Win_allocate(n, 1, info, comm, &base_, &win_);
+    MPI_Info_free(&info);
+    mpi_check(rc, what, "create_window");
+    MPI_Win_set_errhandler(win_, MPI_ERRORS_RETURN);
+    if (shared) {
+      peers_.resize(size, nullptr);
+      for (int p = 0; p < size; ++p) {
+        MPI_Aint sz = 0;
+        int disp = 0;
+        mpi_check(MPI_Win_shared_query(win_, p, &sz, &disp, &peers_[p]), "MPI_Win_shared_query",
+                  "create_window");
+      }
+    }
+    mpi_check(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_), "MPI_Win_lock_all", "create_window");
+  }
+  ~MpiWindow() override {
+    if (mpi_finalized()) return;
+    MPI_Win_unlock_all(win_);
+    MPI_Win_free(&win_);
+  }
+  void* local_base() override { return base_; }
+  size_t bytes() const override { return bytes_; }
+  void* peer_base(int rank) override { return shared_ ? peers_.at(rank) : nullptr; }
+  bool is_shared() const override { return shared_; }
+  void sync(const char* what) override {
+    if (!shared_) flush();
+    mpi_check(MPI_Win_sync(win_), "MPI_Win_sync", what);
+    owner_.barrier(what);
+    mpi_check(MPI_Win_sync(win_), "MPI_Win_sync", what);
+  }
+  void get(void* dst, size_t bytes, int rank, size_t offset) override {
+    if (shared_) {  // plain loads; complete at once
+      std::memcpy(dst, static_cast<char*>(peers_.at(rank)) + offset, bytes);
+      return;
+    }
+    for (size_t d = 0; d < bytes; d += kMaxCount) {
+      int c = static_cast<int>(std::min(kMaxCount, bytes - d));
+      mpi_check(MPI_Get(static_cast<char*>(dst) + d, c, MPI_BYTE, rank,
+                        static_cast<MPI_Aint>(offset + d), c, MPI_BYTE, win_),
+                "MPI_Get", "window get");
+    }
+  }
+  void flush() override {
+    if (!shared_) mpi_check(MPI_Win_flush_all(win_), "MPI_Win_flush_all", "window flush");
+  }
+
+ private:
+  MpiComm& owner_;
+  bool shared_;
+  size_t bytes_;
+  void* base_ = nullptr;
+  MPI_Win win_ = MPI_WIN_NULL;
+  std::vector<void*> peers_;
+};
+
+}  // namespace
+
+std::unique_ptr<RmaWindow> MpiComm::create_window(size_t bytes, bool prefer_shared) {
+  // Window creation is a blocking collective; a deadline barrier first makes
+  // sure every rank has arrived so a dead peer cannot hang us inside it.
+  barrier("create_window");
+  bool shared = prefer_shared && all_on_one_node();
+  return std::unique_ptr<RmaWindow>(new MpiWindow(*this, impl_->comm, bytes, shared));
+}
+
+}  // namespace gradflow

@@ -1,0 +1,127 @@
+// mpi_comm.h — the transport seam: the only file pair that includes mpi.h.
+// Owns a private duplicate of the user's communicator, point-to-point
+// requests, small control collectives and RMA windows. Every wait has a
+// deadline (GRADFLOW_TIMEOUT) so a dead or stalled peer becomes a
+// GradflowError instead of a hang. Knows nothing about tensors or algorithms.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+namespace gradflow {
+
+// A growable list of outstanding MPI requests. The MPI_Request storage is
+// hidden so that algorithm headers never see mpi.h.
+class RequestList {
+ public:
+  RequestList();
+  ~RequestList();
+  RequestList(const RequestList&) = delete;
+  RequestList& operator=(const RequestList&) = delete;
+  size_t size() const;
+  void clear();  // only valid once every request has completed
+
+ private:
+  friend class MpiComm;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// One-sided window for the two-sync allreduce. With `shared` (all ranks on
+// one node) peer memory is directly addressable through peer_base().
+class RmaWindow {
+ public:
+  virtual ~RmaWindow() = default;
+  virtual void* local_base() = 0;
+  virtual size_t bytes() const = 0;
+  // Non-null only for shared-memory windows.
+  virtual void* peer_base(int rank) = 0;
+  virtual bool is_shared() const = 0;
+  // Completes all outstanding RMA and synchronizes all ranks (memory
+  // barrier + barrier with deadline). This is one "synchronization".
+  virtual void sync(const char* what) = 0;
+  // Read `bytes` at `offset` of `rank`'s window into `dst`; complete at the
+  // next sync() or flush().
+  virtual void get(void* dst, size_t bytes, int rank, size_t offset) = 0;
+  virtual void flush() = 0;
+};
+
+class MpiComm {
+ public:
+  // `comm_handle` is an MPI_Comm converted to an integer (mpi4py's
+  // MPI.Comm.handle) or 0 for MPI_COMM_WORLD. The communicator is duplicated
+  // so gradflow's traffic never matches the user's messages.
+  MpiComm(uintptr_t comm_handle, double timeout_seconds);
+  ~MpiComm();
+  MpiComm(const MpiComm&) = delete;
+  MpiComm& operator=(const MpiComm&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  int cross_rank() const { return cross_rank_; }
+  int cross_size() const { return cross_size_; }
+  bool all_on_one_node() const { return local_size_ == size_; }
+  double timeout_seconds() const { return timeout_s_; }
+
+  // ---- point to point (bytes <= INT_MAX per call) ----
+  size_t isend(const void* buf, size_t bytes, int dest, int tag, RequestList& reqs);
+  size_t irecv(void* buf, size_t bytes, int src, int tag, RequestList& reqs);
+  // Wait for one request of the list; `what` names the operation in errors.
+  void wait(RequestList& reqs, size_t index, const char* what);
+  void wait_all(RequestList& reqs, const char* what);
+
+  // ---- control collectives (all with deadline) ----
+  void barrier(const char* what);
+  // Element-wise bitwise AND of `n` words across all ranks, in place.
+  void allreduce_band(uint64_t* words, size_t n, const char* what);
+  void allreduce_max_i64(int64_t* values, size_t n, const char* what);
+  // Root's bytes replace everyone's `data` (resized on non-roots).
+  void bcast_vector(std::vector<uint8_t>& data, int root, const char* what);
+  // Every rank sends `mine` to `root`; root gets one vector per rank.
+  // Ranks whose message did not arrive by the deadline are listed in the
+  // exception message.
+  std::vector<std::vector<uint8_t>> gather_to_root(const std::vector<uint8_t>& mine, int root,
+                                                   const char* what);
+
+  // ---- data collectives used by collectives.cc (byte granularity) ----
+  void bcast(void* buf, size_t bytes, int root, const char* what);
+  void allgatherv(const void* send, size_t send_bytes, void* recv,
+                  const std::vector<size_t>& recv_bytes, const char* what);
+  void alltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                 const std::vector<size_t>& recv_bytes, const char* what);
+  // MPI_Allreduce on the builtin types (float32/64, int32/64, uint8); the
+  // "mpi" algorithm and the baseline for benchmarks. Throws for fp16/bf16.
+  void allreduce_builtin(void* buf, size_t count, DataType dt, ReduceOp op, const char* what);
+
+  // ---- RMA ----
+  std::unique_ptr<RmaWindow> create_window(size_t bytes, bool prefer_shared);
+
+  // Library version string of the linked MPI.
+  static std::string library_version();
+
+ private:
+  void wait_request(void* request, const char* what, int peer);
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int rank_ = 0, size_ = 1;
+  int local_rank_ = 0, local_size_ = 1, cross_rank_ = 0, cross_size_ = 1;
+  double timeout_s_ = 60.0;
+};
+
+// Tags used by gradflow's own traffic on its private communicator.
+enum CommTag : int {
+  kTagNegotiate = 1,
+  kTagRing = 2,
+  kTagGather = 3,
+  kTagTwoSync = 4,
+  kTagCollective = 5,
+};
+
+}  // namespace gradflow

@@ -1,0 +1,226 @@
+// python_module.cc — pybind11 bindings only: argument conversion and one
+// def per api function, with a docstring. Holds the process's one Runtime.
+// No communication logic here (it lives in api.cc and below).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+
+#include "api.h"
+#include "fusion_buffer.h"
+#include "reduce_kernels.h"
+#include "sparse_chunks.h"
+#include "wire_codec.h"
+
+namespace py = pybind11;
+using namespace gradflow;
+
+namespace {
+
+std::unique_ptr<Runtime> g_runtime;
+
+Runtime& runtime() {
+  if (!g_runtime)
+    throw GradflowError(
+        "gradflow has not been initialized: call gradflow.init() (or hvd.init()) first");
+  return *g_runtime;
+}
+
+py::object result_to_python(HandleResult r) {
+  if (!r.error.empty()) throw GradflowError(r.error);
+  py::dict out;
+  out["wire_overflow"] = r.wire_overflow;
+  out["shape"] = r.shape;
+  out["recv_splits"] = r.recv_splits;
+  if (r.data) {
+    auto* holder = new std::shared_ptr<std::vector<uint8_t>>(r.data);
+    py::capsule owner(holder, [](void* p) {
+      delete static_cast<std::shared_ptr<std::vector<uint8_t>>*>(p);
+    });
+    out["data"] = py::array_t<uint8_t>({static_cast<py::ssize_t>(r.data->size())},
+                                       {static_cast<py::ssize_t>(1)}, r.data->data(), owner);
+  } else {
+    out["data"] = py::none();
+  }
+  return std::move(out);
+}
+
+template <typename T>
+py::array_t<T> contiguous(py::array_t<T, py::array::c_style | py::array::forcecast> a) {
+  return a;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "gradflow native core (framework-agnostic). Use the gradflow package, not this.";
+  static py::exception<GradflowError> exc(m, "GradflowError", PyExc_RuntimeError);
+
+  m.def("init",
+        [](uintptr_t comm, std::map<std::string, std::string> overrides) {
+          if (g_runtime) return;
+          g_runtime = std::make_unique<Runtime>(comm, overrides);
+        },
+        py::arg("comm_handle"), py::arg("overrides"),
+        "Create the runtime on an MPI communicator handle (0 = MPI_COMM_WORLD).",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("shutdown", [] {
+          std::unique_ptr<Runtime> rt;
+          rt.swap(g_runtime);
+          if (rt) rt->shutdown();
+        },
+        "Stop the background loop and destroy the runtime.",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("is_initialized", [] { return static_cast<bool>(g_runtime); });
+  m.def("rank", [] { return runtime().comm().rank(); });
+  m.def("size", [] { return runtime().comm().size(); });
+  m.def("local_rank", [] { return runtime().comm().local_rank(); });
+  m.def("local_size", [] { return runtime().comm().local_size(); });
+  m.def("cross_rank", [] { return runtime().comm().cross_rank(); });
+  m.def("cross_size", [] { return runtime().comm().cross_size(); });
+
+  m.def("submit",
+        [](int kind, const std::string& name, uintptr_t input, uintptr_t output, int dtype,
+           std::vector<int64_t> shape, int op, int root, int wire, double prescale,
+           double postscale, std::vector<int64_t> splits, double sparse_ratio) {
+          SubmitArgs a;
+          a.kind = static_cast<OpKind>(kind);
+          a.name = name;
+          a.input = input;
+          a.output = output;
+          a.dtype = static_cast<DataType>(dtype);
+          a.shape = std::move(shape);
+          a.op = static_cast<ReduceOp>(op);
+          a.root = root;
+          a.wire = wire;
+          a.prescale = prescale;
+          a.postscale = postscale;
+          a.splits = std::move(splits);
+          a.sparse_ratio = sparse_ratio;
+          return runtime().submit(a);
+        },
+        "Queue one collective on caller-owned buffers (raw addresses); returns a handle.");
+  m.def("poll", [](int64_t h) { return runtime().poll(h); }, "True once the handle is done.");
+  m.def("wait",
+        [](int64_t h) {
+          HandleResult r;
+          {
+            py::gil_scoped_release release;
+            r = runtime().wait(h);
+          }
+          return result_to_python(std::move(r));
+        },
+        "Block until the handle is done; raise GradflowError if it failed; return a dict "
+        "(data, shape, recv_splits, wire_overflow).");
+  m.def("abort", [](const std::string& msg) { if (g_runtime) g_runtime->abort(msg); },
+        "Tell every rank that this rank is failing (their collectives raise `msg`).");
+
+  m.def("stats", [] { return runtime().stats().snapshot(); }, "Counters since the last reset.");
+  m.def("reset_stats", [] { runtime().stats().reset(); });
+
+  m.def("pool_create",
+        [](uintptr_t data, int dtype, std::vector<int64_t> ranges, int64_t bucket_bytes, int op,
+           int wire, double prescale, double postscale, double sparse_ratio) {
+          return runtime().pool_create(data, static_cast<DataType>(dtype), ranges, bucket_bytes,
+                                       static_cast<ReduceOp>(op), wire, prescale, postscale,
+                                       sparse_ratio);
+        },
+        "Register a contiguous gradient pool; ranges are element counts in layout order.");
+  m.def("pool_mark_ready", [](int pool, int64_t r) { return runtime().pool_mark_ready(pool, r); },
+        "Mark a range ready; returns a handle if a bucket was submitted, else -1.");
+  m.def("pool_flush", [](int pool) { return runtime().pool_flush(pool); },
+        "Submit every bucket not yet submitted this step; returns their handles.");
+  m.def("pool_reset", [](int pool) { runtime().pool_reset(pool); });
+  m.def("pool_destroy", [](int pool) { if (g_runtime) g_runtime->pool_destroy(pool); });
+  m.def("pool_bucket_offsets", [](int pool) { return runtime().pool_bucket_offsets(pool); });
+
+  m.def("config_keys", [] {
+          py::list out;
+          for (const ConfigKey& k : config_keys()) {
+            py::dict d;
+            d["env"] = k.env;
+            d["flag"] = k.flag;
+            d["type"] = k.type;
+            d["default"] = k.default_value;
+            d["help"] = k.help;
+            d["scale"] = k.flag_to_env_scale;
+            d["choices"] = k.choices;
+            out.append(d);
+          }
+          return out;
+        },
+        "Every GRADFLOW_* setting: env name, launcher flag, type, default, help, scale, choices.");
+  m.def("validate_config", [](std::map<std::string, std::string> overrides) {
+          Config c = load_config(overrides);
+          (void)c;
+        },
+        "Raise GradflowError if the environment plus `overrides` is not a valid configuration.");
+  m.def("config", [] {
+          const Config& c = runtime().config();
+          py::dict d;
+          d["fusion_threshold_bytes"] = c.fusion_threshold_bytes;
+          d["cycle_time_ms"] = c.cycle_time_ms;
+          d["cache_capacity"] = c.cache_capacity;
+          d["timeout_seconds"] = c.timeout_seconds;
+          d["wire_dtype"] = wire_dtype_name(c.wire_dtype);
+          d["allreduce_algo"] = allreduce_algo_name(c.allreduce_algo);
+          d["sparse_ratio"] = c.sparse_ratio;
+          d["sparse_chunk"] = c.sparse_chunk;
+          d["sparse_warmup_steps"] = c.sparse_warmup_steps;
+          d["sparse_momentum"] = c.sparse_momentum;
+          d["timeline"] = c.timeline;
+          return d;
+        },
+        "The configuration the runtime was started with.");
+  m.def("features", [] {
+          py::dict d;
+          d["allreduce_algos"] = std::vector<std::string>{"ring", "two-sync", "mpi", "auto"};
+          d["wire_dtypes"] = std::vector<std::string>{"fp32", "fp16", "bf16"};
+          d["codec"] = codec_impl_name();
+          d["mpi"] = MpiComm::library_version();
+          d["gpu"] = false;
+          return d;
+        },
+        "What this build supports.");
+
+  // ---- pure kernels, exposed for unit tests ----
+  m.def("encode_f32", [](int wire, py::array_t<float, py::array::c_style | py::array::forcecast> a) {
+          py::array_t<uint16_t> out(a.size());
+          bool overflow = encode_f32(static_cast<WireDtype>(wire), a.data(), out.mutable_data(),
+                                     a.size());
+          return py::make_tuple(out, overflow);
+        });
+  m.def("decode_f32", [](int wire, py::array_t<uint16_t, py::array::c_style> a) {
+          py::array_t<float> out(a.size());
+          decode_f32(static_cast<WireDtype>(wire), a.data(), out.mutable_data(), a.size());
+          return out;
+        });
+  m.def("decode_accumulate_f32",
+        [](int wire, py::array_t<uint16_t, py::array::c_style> src, py::array_t<float> dst) {
+          GF_CHECK(src.size() == dst.size(), "size mismatch");
+          decode_accumulate_f32(static_cast<WireDtype>(wire), src.data(), dst.mutable_data(),
+                                src.size());
+        });
+  m.def("set_codec_simd_enabled", &set_codec_simd_enabled);
+  m.def("codec_simd_available", &codec_simd_available);
+  m.def("codec_impl_name", &codec_impl_name);
+  m.def("select_top_chunks", &select_top_chunks);
+  m.def("chunk_importance", [](py::array_t<float, py::array::c_style | py::array::forcecast> a,
+                               size_t chunk) {
+          std::vector<float> imp;
+          chunk_importance(a.data(), a.size(), chunk, &imp);
+          return imp;
+        });
+  m.def("plan_fusion", [](std::vector<std::tuple<int, int, int, double, double, size_t, bool>> items,
+                          size_t threshold) {
+          std::vector<FusionItem> v;
+          for (auto& t : items)
+            v.push_back(FusionItem{static_cast<DataType>(std::get<0>(t)),
+                                   static_cast<ReduceOp>(std::get<1>(t)),
+                                   static_cast<WireDtype>(std::get<2>(t)), std::get<3>(t),
+                                   std::get<4>(t), std::get<5>(t), std::get<6>(t)});
+          return plan_fusion(v, threshold);
+        },
+        "Fusion planning (pure): items are (dtype, op, wire, prescale, postscale, bytes, fusable).");
+}

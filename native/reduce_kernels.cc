@@ -1,0 +1,203 @@
+// reduce_kernels.cc — dst (op)= src for every DataType x ReduceOp, and in-place
+// scaling. Owns the support table (which pairs are refused and why). Pure
+// element-wise loops: no MPI, no configuration, no allocation on the heap.
+//
+// Semantics, chosen so that reduction order (ring position) never matters:
+// - integer sum/product wrap around (computed unsigned, so no signed-overflow UB);
+// - floating min/max propagate NaN and order -0 < +0, so they are commutative;
+// - fp16/bf16 are widened to fp32, combined, and rounded once. fp32 carries
+//   p' = 24 >= 2p + 2 significand bits (p = 11 for fp16, 8 for bf16), so this
+//   double rounding of a sum or product equals the correctly rounded result.
+// `dst` and `src` must not partially overlap (the loops use __restrict).
+#include "reduce_kernels.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "wire_codec.h"
+
+namespace gradflow {
+
+namespace {
+
+// Element-wise loop over one op. Kept as a plain indexed loop with restrict
+// pointers so the compiler vectorizes the arithmetic cases (fp32 sum above all).
+template <typename T, typename F>
+inline void combine(T* __restrict d, const T* __restrict s, size_t n, F f) {
+  for (size_t i = 0; i < n; ++i) d[i] = f(d[i], s[i]);
+}
+
+template <typename T>
+inline T fmin_nan(T a, T b) {
+  if (a != a) return a;
+  if (b != b) return b;
+  return (b < a || (b == a && std::signbit(b))) ? b : a;
+}
+
+template <typename T>
+inline T fmax_nan(T a, T b) {
+  if (a != a) return a;
+  if (b != b) return b;
+  return (b > a || (b == a && !std::signbit(b))) ? b : a;
+}
+
+// Floating types: sum (average), min, max, product.
+template <typename T>
+void reduce_floating(T* d, const T* s, size_t n, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage: combine(d, s, n, [](T a, T b) { return a + b; }); return;
+    case ReduceOp::kProduct: combine(d, s, n, [](T a, T b) { return a * b; }); return;
+    case ReduceOp::kMin: combine(d, s, n, fmin_nan<T>); return;
+    case ReduceOp::kMax: combine(d, s, n, fmax_nan<T>); return;
+  }
+}
+
+// Integer types: sum and product in the unsigned type U (wrap-around), min
+// and max in the declared type T.
+template <typename T, typename U>
+void reduce_integer(T* d, const T* s, size_t n, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      combine(d, s, n, [](T a, T b) { return static_cast<T>(static_cast<U>(a) + static_cast<U>(b)); });
+      return;
+    case ReduceOp::kProduct:
+      combine(d, s, n, [](T a, T b) { return static_cast<T>(static_cast<U>(a) * static_cast<U>(b)); });
+      return;
+    case ReduceOp::kMin: combine(d, s, n, [](T a, T b) { return b < a ? b : a; }); return;
+    case ReduceOp::kMax: combine(d, s, n, [](T a, T b) { return b > a ? b : a; }); return;
+    case ReduceOp::kAverage: return;  // refused by reduce_supported
+  }
+}
+
+// Bool is one byte, any non-zero byte is true; results are normalised to 0/1.
+void reduce_bool(uint8_t* d, const uint8_t* s, size_t n, ReduceOp op) {
+  if (op == ReduceOp::kMin) {
+    combine(d, s, n, [](uint8_t a, uint8_t b) { return static_cast<uint8_t>(a != 0 && b != 0); });
+  } else {
+    combine(d, s, n, [](uint8_t a, uint8_t b) { return static_cast<uint8_t>(a != 0 || b != 0); });
+  }
+}
+
+// 16-bit floats go through fp32 in stack blocks so the bulk codec (SIMD when
+// available) does the conversions; the codec paths are bitwise identical, so
+// the result does not depend on the CPU.
+constexpr size_t kBlock = 512;
+
+void reduce_16bit(uint16_t* d, const uint16_t* s, size_t n, WireDtype w, ReduceOp op) {
+  float a[kBlock];
+  float b[kBlock];
+  for (size_t off = 0; off < n; off += kBlock) {
+    const size_t m = n - off < kBlock ? n - off : kBlock;
+    decode_f32(w, d + off, a, m);
+    decode_f32(w, s + off, b, m);
+    reduce_floating(a, b, m, op);
+    encode_f32(w, a, d + off, m);
+  }
+}
+
+void scale_16bit(uint16_t* buf, size_t n, WireDtype w, float factor) {
+  float a[kBlock];
+  for (size_t off = 0; off < n; off += kBlock) {
+    const size_t m = n - off < kBlock ? n - off : kBlock;
+    decode_f32(w, buf + off, a, m);
+    for (size_t i = 0; i < m; ++i) a[i] *= factor;
+    encode_f32(w, a, buf + off, m);
+  }
+}
+
+bool known_dtype(DataType dt) {
+  return static_cast<int32_t>(dt) >= 0 && static_cast<int32_t>(dt) <= static_cast<int32_t>(DataType::kBool);
+}
+
+bool known_op(ReduceOp op) {
+  return static_cast<int32_t>(op) >= 0 && static_cast<int32_t>(op) <= static_cast<int32_t>(ReduceOp::kProduct);
+}
+
+}  // namespace
+
+bool reduce_supported(DataType dt, ReduceOp op, std::string* why) {
+  std::string reason;
+  if (!known_dtype(dt)) {
+    reason = "unknown dtype code " + std::to_string(static_cast<int32_t>(dt));
+  } else if (!known_op(op)) {
+    reason = "unknown reduce op code " + std::to_string(static_cast<int32_t>(op));
+  } else if (dt == DataType::kBool && op != ReduceOp::kMin && op != ReduceOp::kMax) {
+    reason = std::string(reduce_op_name(op)) +
+             " of bool tensors is not supported; use Min (logical and) or Max (logical or)";
+  } else if (!is_floating(dt) && op == ReduceOp::kAverage) {
+    reason = std::string("average of ") + dtype_name(dt) +
+             " tensors is not supported; use Sum and divide in your own code";
+  }
+  if (reason.empty()) return true;
+  if (why) *why = reason;
+  return false;
+}
+
+void reduce_into(void* dst, const void* src, size_t count, DataType dt, ReduceOp op) {
+  std::string why;
+  GF_CHECK(reduce_supported(dt, op, &why), "reduce_into: " << why);
+  switch (dt) {
+    case DataType::kUInt8:
+      reduce_integer<uint8_t, uint8_t>(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src),
+                                       count, op);
+      return;
+    case DataType::kInt32:
+      reduce_integer<int32_t, uint32_t>(static_cast<int32_t*>(dst),
+                                        static_cast<const int32_t*>(src), count, op);
+      return;
+    case DataType::kInt64:
+      reduce_integer<int64_t, uint64_t>(static_cast<int64_t*>(dst),
+                                        static_cast<const int64_t*>(src), count, op);
+      return;
+    case DataType::kFloat16:
+      reduce_16bit(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), count,
+                   WireDtype::kFloat16, op);
+      return;
+    case DataType::kBFloat16:
+      reduce_16bit(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), count,
+                   WireDtype::kBFloat16, op);
+      return;
+    case DataType::kFloat32:
+      reduce_floating(static_cast<float*>(dst), static_cast<const float*>(src), count, op);
+      return;
+    case DataType::kFloat64:
+      reduce_floating(static_cast<double*>(dst), static_cast<const double*>(src), count, op);
+      return;
+    case DataType::kBool:
+      reduce_bool(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), count, op);
+      return;
+  }
+}
+
+void scale_buffer(void* buf, size_t count, DataType dt, double factor) {
+  // factor == 1 is what Sum passes; accept it for every dtype so callers need
+  // not special-case integers.
+  if (factor == 1.0) return;
+  GF_CHECK(known_dtype(dt), "scale_buffer: unknown dtype code " << static_cast<int32_t>(dt));
+  GF_CHECK(is_floating(dt), "scale_buffer: cannot scale " << dtype_name(dt) << " tensors by "
+                                << factor << "; averaging is only supported for floating "
+                                   "dtypes (use Sum for integer tensors)");
+  switch (dt) {
+    case DataType::kFloat16:
+      scale_16bit(static_cast<uint16_t*>(buf), count, WireDtype::kFloat16, static_cast<float>(factor));
+      return;
+    case DataType::kBFloat16:
+      scale_16bit(static_cast<uint16_t*>(buf), count, WireDtype::kBFloat16, static_cast<float>(factor));
+      return;
+    case DataType::kFloat32: {
+      float* p = static_cast<float*>(buf);
+      const float f = static_cast<float>(factor);
+      for (size_t i = 0; i < count; ++i) p[i] *= f;
+      return;
+    }
+    case DataType::kFloat64: {
+      double* p = static_cast<double*>(buf);
+      for (size_t i = 0; i < count; ++i) p[i] *= factor;
+      return;
+    }
+    default: return;  // integers refused above
+  }
+}
+
+}  // namespace gradflow

@@ -1,0 +1,307 @@
+// response_executor.cc — executes agreed responses: fusion, algorithm
+// choice, sparse chunks, scaling, and the non-allreduce collectives.
+#include "response_executor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "reduce_kernels.h"
+
+namespace gradflow {
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+size_t elements_of(const std::vector<int64_t>& shape) {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+// The wire dtype only applies to float32 sums; everything else travels native.
+WireDtype effective_wire(WireDtype w, DataType dt, ReduceOp op) {
+  if (dt != DataType::kFloat32) return WireDtype::kNative;
+  if (op != ReduceOp::kSum && op != ReduceOp::kAverage) return WireDtype::kNative;
+  return w;
+}
+
+}  // namespace
+
+ResponseExecutor::ResponseExecutor(MpiComm& comm, const Config& cfg, Stats& stats)
+    : comm_(comm), cfg_(cfg), stats_(stats) {}
+
+ResponseExecutor::~ResponseExecutor() = default;
+
+std::vector<size_t> ResponseExecutor::plan(const std::vector<Response>& responses) const {
+  // Only successful, dense, non-pool allreduces are fusable; every other
+  // response forms a group of one. Groups never reorder responses.
+  std::vector<FusionItem> items;
+  for (const Response& r : responses) {
+    FusionItem it;
+    it.dtype = r.dtype;
+    it.op = r.op;
+    it.wire = r.wire;
+    it.prescale = r.prescale;
+    it.postscale = r.postscale;
+    it.bytes = elements_of(r.shape) * dtype_size(r.dtype);
+    it.fusable = r.kind == OpKind::kAllreduce && r.error.empty() && !r.in_pool &&
+                 r.sparse_ratio >= 1.0;
+    items.push_back(it);
+  }
+  return plan_fusion(items, static_cast<size_t>(cfg_.fusion_threshold_bytes));
+}
+
+AllreduceAlgo ResponseExecutor::choose_algo(size_t bytes, DataType dt) const {
+  AllreduceAlgo a = cfg_.allreduce_algo;
+  if (a == AllreduceAlgo::kAuto) {
+    // Documented table (docs/tuning.md): on one node, small messages go
+    // through the shared-memory two-sync allreduce (two syncs, no ring
+    // hops); larger ones through the pipelined ring.
+    a = (comm_.all_on_one_node() && bytes <= (256u << 10)) ? AllreduceAlgo::kTwoSync
+                                                           : AllreduceAlgo::kRing;
+  }
+  // MPI has no fp16/bf16 types: such data takes the ring.
+  if (a == AllreduceAlgo::kMpi && (dt == DataType::kFloat16 || dt == DataType::kBFloat16))
+    a = AllreduceAlgo::kRing;
+  return a;
+}
+
+void ResponseExecutor::record(const char* kind, AllreduceAlgo algo, WireDtype wire,
+                              const TransferStats& ts) {
+  std::string suffix = std::string(".") + allreduce_algo_name(algo) + "." + wire_dtype_name(wire);
+  stats_.add(std::string(kind) + ".count", 1);
+  stats_.add(std::string(kind) + ".count" + suffix, 1);
+  stats_.add("bytes_sent", static_cast<double>(ts.bytes_sent));
+  stats_.add("bytes_received", static_cast<double>(ts.bytes_received));
+  stats_.add("bytes_sent" + suffix, static_cast<double>(ts.bytes_sent));
+  stats_.add("seconds_codec", ts.codec_seconds);
+  stats_.add("seconds_transfer", ts.transfer_seconds);
+  stats_.add("seconds_transfer" + suffix, ts.transfer_seconds);
+}
+
+void ResponseExecutor::allreduce_dense(void* buf, size_t count, DataType dt, ReduceOp op,
+                                       WireDtype wire, TransferStats* ts) {
+  wire = effective_wire(wire, dt, op);
+  AllreduceAlgo algo = choose_algo(count * dtype_size(dt), dt);
+  TransferStats local;
+  double t0 = now_seconds();
+  if (comm_.size() > 1 && count > 0) {
+    switch (algo) {
+      case AllreduceAlgo::kMpi:
+        comm_.allreduce_builtin(buf, count, dt, op, "allreduce (MPI)");
+        local.bytes_sent = local.bytes_received =
+            2 * count * dtype_size(dt) * (comm_.size() - 1) / comm_.size();
+        break;
+      case AllreduceAlgo::kTwoSync:
+        if (!two_sync_) two_sync_ = std::make_unique<TwoSyncAllreduce>(comm_);
+        two_sync_->allreduce(buf, count, dt, op, wire, &local);
+        break;
+      default: {
+        RingOptions opt;
+        opt.pipeline_bytes = static_cast<size_t>(cfg_.ring_pipeline_bytes);
+        opt.wire = wire;
+        ring_allreduce(comm_, buf, count, dt, op, opt, scratch_, &local);
+      }
+    }
+  }
+  local.transfer_seconds = now_seconds() - t0;
+  record("allreduce", algo, wire, local);
+  ts->bytes_sent += local.bytes_sent;
+  ts->bytes_received += local.bytes_received;
+  ts->codec_seconds += local.codec_seconds;
+  ts->transfer_seconds += local.transfer_seconds;
+  ts->wire_overflow = ts->wire_overflow || local.wire_overflow;
+}
+
+void ResponseExecutor::allreduce_sparse(const std::string& name, float* buf, size_t count,
+                                        ReduceOp op, WireDtype wire, double ratio,
+                                        TransferStats* ts) {
+  SparseState& st = sparse_[name];
+  const size_t chunk = static_cast<size_t>(cfg_.sparse_chunk);
+  if (!st.residual || st.residual->count() != count) {
+    st.residual = std::make_unique<SparseResidual>(count, chunk,
+                                                   static_cast<float>(cfg_.sparse_momentum));
+    st.steps = 0;
+  }
+  st.steps++;
+  if (st.steps <= cfg_.sparse_warmup_steps) {
+    stats_.add("sparse.dense_warmup_steps", 1);
+    allreduce_dense(buf, count, DataType::kFloat32, op, wire, ts);
+    return;
+  }
+  // 1. error feedback: what was not sent before is added to this step's gradient.
+  st.residual->accumulate(buf);
+  // 2. global chunk importance: every rank must choose the same chunks, so
+  //    the per-rank L1 norms are summed first (a tiny allreduce).
+  std::vector<float> importance;
+  st.residual->importance(&importance);
+  allreduce_dense(importance.data(), importance.size(), DataType::kFloat32, ReduceOp::kSum,
+                  WireDtype::kNative, ts);
+  size_t k = static_cast<size_t>(std::ceil(ratio * static_cast<double>(importance.size())));
+  k = std::max<size_t>(1, std::min(k, importance.size()));
+  std::vector<uint32_t> chosen = select_top_chunks(importance, k);
+  // 3. pack the chosen chunks of the residual, reduce them densely, unpack.
+  std::vector<float> packed(packed_size(chosen, count, chunk));
+  pack_chunks(st.residual->residual(), count, chunk, chosen, packed.data());
+  allreduce_dense(packed.data(), packed.size(), DataType::kFloat32, op, wire, ts);
+  std::memset(buf, 0, count * sizeof(float));
+  unpack_chunks(packed.data(), count, chunk, chosen, buf);
+  // 4. what was sent leaves the residual.
+  st.residual->clear_sent(chosen);
+  stats_.add("sparse.steps", 1);
+  stats_.add("sparse.chunks_sent", static_cast<double>(chosen.size()));
+  stats_.add("sparse.chunks_total", static_cast<double>(importance.size()));
+}
+
+void ResponseExecutor::run_group(const std::vector<const Response*>& group,
+                                 const std::vector<TensorEntry*>& entries,
+                                 std::vector<HandleResult>* results) {
+  results->assign(group.size(), HandleResult{});
+  for (size_t i = 0; i < group.size(); ++i)
+    if (!group[i]->error.empty()) (*results)[i].error = group[i]->error;
+  if (group.size() == 1 && !group[0]->error.empty()) return;
+  if (group[0]->kind == OpKind::kAllreduce) {
+    run_allreduces(group, entries, results);
+  } else {
+    run_other(*group[0], entries[0], &(*results)[0]);
+  }
+}
+
+void ResponseExecutor::run_allreduces(const std::vector<const Response*>& group,
+                                      const std::vector<TensorEntry*>& entries,
+                                      std::vector<HandleResult>* results) {
+  const Response& first = *group[0];
+  const DataType dt = first.dtype;
+  const size_t esize = dtype_size(dt);
+  TransferStats ts;
+  // Where the reduction happens: in the caller's output buffer when the
+  // group is one tensor (zero copies), else in the fusion buffer.
+  void* work = nullptr;
+  size_t total = 0;
+  for (const Response* r : group) total += elements_of(r->shape);
+  const bool single = group.size() == 1;
+  const uint64_t copied_before = fusion_.bytes_copied();
+  if (single) {
+    TensorEntry* e = entries[0];
+    if (e) {
+      if (e->input != e->output) {
+        std::memcpy(e->output, e->input, total * esize);
+        stats_.add("copy_in_bytes", static_cast<double>(total * esize));
+      }
+      work = e->output;
+    } else {
+      zeros_.assign(total * esize, 0);
+      work = zeros_.data();
+    }
+  } else {
+    work = fusion_.reserve(total * esize);
+    size_t off = 0;
+    for (size_t i = 0; i < group.size(); ++i) {
+      size_t bytes = elements_of(group[i]->shape) * esize;
+      if (entries[i]) fusion_.pack(off, entries[i]->input, bytes);
+      else std::memset(static_cast<uint8_t*>(work) + off, 0, bytes);
+      off += bytes;
+    }
+  }
+  scale_buffer(work, total, dt, first.prescale);
+  if (first.sparse_ratio < 1.0 && dt == DataType::kFloat32 && comm_.size() > 1) {
+    allreduce_sparse(first.name, static_cast<float*>(work), total, first.op, first.wire,
+                     first.sparse_ratio, &ts);
+  } else {
+    allreduce_dense(work, total, dt, first.op, first.wire, &ts);
+  }
+  double post = first.postscale;
+  if (first.op == ReduceOp::kAverage) post /= comm_.size();
+  scale_buffer(work, total, dt, post);
+  if (!single) {
+    size_t off = 0;
+    for (size_t i = 0; i < group.size(); ++i) {
+      size_t bytes = elements_of(group[i]->shape) * esize;
+      if (entries[i]) fusion_.unpack(off, entries[i]->output, bytes);
+      off += bytes;
+    }
+    stats_.add("fusion.groups", 1);
+    stats_.add("fusion.tensors", static_cast<double>(group.size()));
+  }
+  stats_.add("fusion.bytes_copied", static_cast<double>(fusion_.bytes_copied() - copied_before));
+  for (auto& r : *results) r.wire_overflow = ts.wire_overflow;
+}
+
+void ResponseExecutor::run_other(const Response& r, TensorEntry* e, HandleResult* result) {
+  TransferStats ts;
+  double t0 = now_seconds();
+  GF_CHECK(e != nullptr || r.kind == OpKind::kJoin || r.kind == OpKind::kBarrier,
+           "gradflow: internal error: no local entry for " << op_kind_name(r.kind) << " '"
+                                                           << r.name << "'");
+  const size_t esize = dtype_size(r.dtype);
+  switch (r.kind) {
+    case OpKind::kBroadcast: {
+      size_t bytes = elements_of(r.shape) * esize;
+      if (e->input != e->output && comm_.rank() == r.root) std::memcpy(e->output, e->input, bytes);
+      broadcast(comm_, e->output, bytes, r.root, &ts);
+      break;
+    }
+    case OpKind::kAllgather: {
+      size_t row = r.shape.size() > 1 ? elements_of({r.shape.begin() + 1, r.shape.end()}) : 1;
+      int64_t rows = 0;
+      for (int64_t d : r.first_dims) rows += d;
+      result->data = std::make_shared<std::vector<uint8_t>>(rows * row * esize);
+      allgather(comm_, e->input, result->data->data(), r.first_dims, row, r.dtype, &ts);
+      result->shape = e->request.shape.empty() ? std::vector<int64_t>{rows} : e->request.shape;
+      result->shape[0] = rows;
+      break;
+    }
+    case OpKind::kAlltoall: {
+      const int n = comm_.size(), me = comm_.rank();
+      size_t row = r.shape.size() > 1 ? elements_of({r.shape.begin() + 1, r.shape.end()}) : 1;
+      std::vector<int64_t> send(r.splits.begin() + me * n, r.splits.begin() + (me + 1) * n);
+      std::vector<int64_t> recv(n);
+      int64_t rows = 0;
+      for (int p = 0; p < n; ++p) rows += (recv[p] = r.splits[p * n + me]);
+      result->data = std::make_shared<std::vector<uint8_t>>(rows * row * esize);
+      alltoall(comm_, e->input, result->data->data(), send, recv, row, r.dtype, &ts);
+      result->shape = e->request.shape.empty() ? std::vector<int64_t>{rows} : e->request.shape;
+      result->shape[0] = rows;
+      result->recv_splits = recv;
+      break;
+    }
+    case OpKind::kReducescatter: {
+      const int n = comm_.size();
+      int64_t dim0 = r.shape[0];
+      size_t row = elements_of({r.shape.begin() + 1, r.shape.end()});
+      std::vector<int64_t> rows(n);
+      for (int p = 0; p < n; ++p) rows[p] = dim0 / n + (p < dim0 % n ? 1 : 0);
+      RingOptions opt;
+      opt.pipeline_bytes = static_cast<size_t>(cfg_.ring_pipeline_bytes);
+      opt.wire = effective_wire(r.wire, r.dtype, r.op);
+      std::vector<int64_t> out_shape = r.shape;
+      out_shape[0] = rows[comm_.rank()];
+      result->data = std::make_shared<std::vector<uint8_t>>(rows[comm_.rank()] * row * esize);
+      reducescatter(comm_, e->input, result->data->data(), rows, row, r.dtype, r.op, opt, scratch_,
+                    &ts);
+      double post = r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / n : 1.0);
+      scale_buffer(result->data->data(), rows[comm_.rank()] * row, r.dtype, post);
+      result->shape = out_shape;
+      break;
+    }
+    case OpKind::kBarrier:
+      break;  // agreement itself is the barrier
+    case OpKind::kJoin:
+      result->shape = {r.root};  // the last rank to join
+      break;
+    case OpKind::kAllreduce:
+      break;  // handled by run_allreduces
+  }
+  ts.transfer_seconds = now_seconds() - t0;
+  stats_.add(std::string(op_kind_name(r.kind)) + ".count", 1);
+  stats_.add("bytes_sent", static_cast<double>(ts.bytes_sent));
+  stats_.add("bytes_received", static_cast<double>(ts.bytes_received));
+  stats_.add("seconds_transfer", ts.transfer_seconds);
+}
+
+}  // namespace gradflow

@@ -1,0 +1,71 @@
+// response_executor.h — runs agreed responses on this rank: fuses
+// allreduces (fusion_buffer), picks the algorithm (ring / two-sync / MPI),
+// applies coarse-grained sparse communication and scaling, and runs the
+// other collectives. Owns per-communicator algorithm state (RMA windows,
+// sparse residuals, scratch). Called only from the background thread.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives.h"
+#include "config.h"
+#include "fusion_buffer.h"
+#include "message.h"
+#include "mpi_comm.h"
+#include "ring_allreduce.h"
+#include "sparse_chunks.h"
+#include "stats.h"
+#include "tensor_queue.h"
+#include "two_sync_allreduce.h"
+
+namespace gradflow {
+
+class ResponseExecutor {
+ public:
+  ResponseExecutor(MpiComm& comm, const Config& cfg, Stats& stats);
+  ~ResponseExecutor();
+
+  // Fusion plan for a response list (pure function of the list, so the
+  // same on every rank): sizes of consecutive groups.
+  std::vector<size_t> plan(const std::vector<Response>& responses) const;
+
+  // Runs one group from plan(). `entries[i]` is this rank's entry for
+  // group[i], or nullptr if this rank has joined (it contributes zeros).
+  // Fills one result per response.
+  void run_group(const std::vector<const Response*>& group, const std::vector<TensorEntry*>& entries,
+                 std::vector<HandleResult>* results);
+
+  // Which algorithm an allreduce of `bytes` would use (for stats/timeline).
+  AllreduceAlgo choose_algo(size_t bytes, DataType dt) const;
+
+ private:
+  // In-place allreduce of a contiguous buffer (dense), any algorithm.
+  void allreduce_dense(void* buf, size_t count, DataType dt, ReduceOp op, WireDtype wire,
+                       TransferStats* ts);
+  // Coarse-grained sparse allreduce of a float32 buffer (see sparse_chunks.h).
+  void allreduce_sparse(const std::string& name, float* buf, size_t count, ReduceOp op,
+                        WireDtype wire, double ratio, TransferStats* ts);
+  void run_allreduces(const std::vector<const Response*>& group,
+                      const std::vector<TensorEntry*>& entries, std::vector<HandleResult>* results);
+  void run_other(const Response& r, TensorEntry* entry, HandleResult* result);
+  void record(const char* kind, AllreduceAlgo algo, WireDtype wire, const TransferStats& ts);
+
+  struct SparseState {
+    std::unique_ptr<SparseResidual> residual;
+    int64_t steps = 0;
+  };
+
+  MpiComm& comm_;
+  Config cfg_;
+  Stats& stats_;
+  FusionBuffer fusion_;
+  std::vector<uint8_t> scratch_;
+  std::vector<uint8_t> zeros_;  // a joined rank's stand-in input
+  std::unique_ptr<TwoSyncAllreduce> two_sync_;
+  std::map<std::string, SparseState> sparse_;
+};
+
+}  // namespace gradflow

@@ -1,0 +1,267 @@
+// ring_allreduce.cc — the segmented, pipelined ring allreduce and the ring
+// reduce-scatter it is built from. Sees only MpiComm point-to-point, the wire
+// codec and the reduce kernels; never configuration or the runtime.
+//
+// The algorithm
+// -------------
+// N ranks form a ring: rank r sends to right = r+1 and receives from
+// left = r-1 (mod N). The buffer is cut into N segments; segment k is owned
+// by rank k. Segments are balanced: count/N elements each, the remainder
+// spread one element each over the first segments.
+//
+//   Phase 1, reduce-scatter (N-1 steps). At step s rank r sends segment
+//   (r-1-s) to the right and receives segment (r-2-s) from the left, reducing
+//   it into its own copy. What rank r receives at step s is what it sends at
+//   step s+1, so after N-1 steps segment r holds the reduction over all ranks
+//   on its owner, rank r.
+//   Phase 2, allgather (N-1 steps). At step s rank r sends segment (r-s) and
+//   receives segment (r-1-s), storing it; what it receives is what it
+//   forwards at step s+1.
+//
+// Pipelining. Each segment moves in pieces of at most opt.pipeline_bytes.
+// Receives for a step are posted as whole-segment batches; as soon as piece j
+// of a step has arrived and been reduced, it is sent onward as piece j of the
+// next step. So piece j+1 is on the wire while piece j is being reduced, and
+// step s+1 starts before step s has finished. The owner's last reduced piece
+// goes out straight away as allgather step 0: the phases also overlap.
+//
+// Cost. 2(N-1) steps; each rank sends and receives 2(N-1)/N of the buffer,
+// independent of N (bandwidth-optimal). Latency: 2(N-1) hops plus one piece
+// of pipeline fill per hop.
+//
+// Wire format (Note [16-bit wire]). For float32 sum/average with opt.wire =
+// fp16/bf16 the data travels as 16-bit: each hop decodes the arriving piece
+// and accumulates it in fp32 (one rounding per hop when it is re-encoded to
+// go on); the owner of a fully reduced segment rounds it once to 16-bit,
+// overwrites its own fp32 values with decode(encode(x)), and the allgather
+// forwards those 16-bit bytes unchanged, so every rank ends bitwise
+// identical. A 16-bit shadow of the whole buffer holds what is on the wire.
+//
+// Message order. All traffic is left -> right on kTagRing; MPI matches
+// messages between one pair in order, and both sides enumerate (step, piece)
+// in the same order, so piece sizes always agree.
+#include "ring_allreduce.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "reduce_kernels.h"
+#include "wire_codec.h"
+
+namespace gradflow {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+size_t align64(size_t n) { return (n + 63) & ~size_t{63}; }
+
+// State of one ring collective: the buffer, its segments, the wire format
+// and the staging memory (all carved out of the caller's scratch).
+class Ring {
+ public:
+  Ring(MpiComm& comm, void* buf, const std::vector<size_t>& seg_counts, DataType dt, ReduceOp op,
+       const RingOptions& opt, std::vector<uint8_t>& scratch, TransferStats* stats)
+      : comm_(comm), n_(comm.size()), r_(comm.rank()), buf_(static_cast<uint8_t*>(buf)),
+        dt_(dt), op_(op), es_(dtype_size(dt)), stats_(stats) {
+    std::string why;
+    GF_CHECK(reduce_supported(dt, op, &why), "gradflow: ring allreduce: " << why);
+    cnt_ = seg_counts;
+    off_.assign(n_, 0);
+    for (int k = 1; k < n_; ++k) off_[k] = off_[k - 1] + cnt_[k - 1];
+    size_t total = off_[n_ - 1] + cnt_[n_ - 1];
+    wire_ = opt.wire != WireDtype::kNative && dt == DataType::kFloat32 &&
+            (op == ReduceOp::kSum || op == ReduceOp::kAverage);
+    wdt_ = opt.wire;
+    ws_ = wire_ ? 2 : es_;
+    // Pieces: at least one element, at most 1 GiB (an int count for MPI).
+    piece_ = std::max<size_t>(1, std::min(opt.pipeline_bytes, size_t{1} << 30) / ws_);
+    // Scratch: [16-bit shadow of the buffer][receive buffer A][receive buffer B].
+    size_t max_seg = *std::max_element(cnt_.begin(), cnt_.end());
+    size_t shadow = wire_ ? align64(total * 2) : 0;
+    size_t rbytes = align64(max_seg * ws_);
+    if (scratch.size() < shadow + 2 * rbytes) scratch.resize(shadow + 2 * rbytes);
+    shadow_ = scratch.data();
+    rbuf_[0] = scratch.data() + shadow;
+    rbuf_[1] = rbuf_[0] + rbytes;
+  }
+
+  // Phase 1. With `then_allgather`, the owner finalizes its segment piece by
+  // piece (16-bit rounding on the wire path) and starts allgather step 0.
+  void reduce_scatter(bool then_allgather) {
+    const int first = mod(r_ - 1);
+    // Step 0: push segment r-1 whole, piece by piece.
+    for (size_t j = 0; j < pieces(first); ++j) {
+      if (wire_) encode_piece(first, j);
+      send_piece(first, j, rs_sends_);
+    }
+    RequestList recvs[2];
+    post_recvs_rs(0, recvs[0]);
+    for (int s = 0; s < n_ - 1; ++s) {
+      const int k = mod(r_ - 2 - s);  // the segment arriving at this step
+      const bool last = s == n_ - 2;  // k == r: we are its owner
+      if (!last) post_recvs_rs(s + 1, recvs[(s + 1) % 2]);
+      const uint8_t* in = rbuf_[s % 2];
+      for (size_t j = 0; j < pieces(k); ++j) {
+        comm_.wait(recvs[s % 2], j, "ring reduce-scatter");
+        reduce_piece(k, j, in + j * piece_ * ws_);
+        if (!last) {  // k-2 steps: reduce and send on
+          if (wire_) encode_piece(k, j);
+          send_piece(k, j, rs_sends_);
+        } else if (then_allgather) {  // owner: finalize and start the allgather
+          if (wire_) {
+            encode_piece(k, j);
+            decode_piece(k, j);  // own values = decode(encode(x)), as every peer will see
+          }
+          send_piece(k, j, ag_sends_);
+        }
+      }
+      recvs[s % 2].clear();
+    }
+    comm_.wait_all(rs_sends_, "ring reduce-scatter");
+  }
+
+  // Phase 2. Receives land directly in their final place (the buffer, or the
+  // 16-bit shadow on the wire path): segments are distinct per step, so all
+  // steps are posted at once. Reduce-scatter sends were completed first since
+  // they read the memory these receives overwrite.
+  void allgather() {
+    RequestList recvs;
+    for (int s = 0; s < n_ - 1; ++s) {
+      const int k = mod(r_ - 1 - s);
+      for (size_t j = 0; j < pieces(k); ++j) {
+        comm_.irecv(wire_at(k, j), piece_len(k, j) * ws_, left(), kTagRing, recvs);
+        stats_->bytes_received += piece_len(k, j) * ws_;
+      }
+    }
+    size_t idx = 0;
+    for (int s = 0; s < n_ - 1; ++s) {
+      const int k = mod(r_ - 1 - s);
+      for (size_t j = 0; j < pieces(k); ++j, ++idx) {
+        comm_.wait(recvs, idx, "ring allgather");
+        if (s < n_ - 2) send_piece(k, j, ag_sends_);  // forward the bytes unchanged
+        if (wire_) decode_piece(k, j);
+      }
+    }
+    comm_.wait_all(ag_sends_, "ring allgather");
+  }
+
+ private:
+  int mod(int k) const { return ((k % n_) + n_) % n_; }
+  int left() const { return mod(r_ - 1); }
+  int right() const { return mod(r_ + 1); }
+  size_t pieces(int k) const { return (cnt_[k] + piece_ - 1) / piece_; }
+  size_t piece_len(int k, size_t j) const { return std::min(piece_, cnt_[k] - j * piece_); }
+  size_t elem(int k, size_t j) const { return off_[k] + j * piece_; }
+  uint8_t* buf_at(int k, size_t j) { return buf_ + elem(k, j) * es_; }
+  // Where the bytes that travel for (segment k, piece j) live.
+  uint8_t* wire_at(int k, size_t j) {
+    return wire_ ? shadow_ + elem(k, j) * 2 : buf_at(k, j);
+  }
+
+  void send_piece(int k, size_t j, RequestList& sends) {
+    size_t bytes = piece_len(k, j) * ws_;
+    comm_.isend(wire_at(k, j), bytes, right(), kTagRing, sends);
+    stats_->bytes_sent += bytes;
+  }
+
+  // Receives of reduce-scatter step s (segment r-2-s) into receive buffer s%2.
+  void post_recvs_rs(int s, RequestList& recvs) {
+    const int k = mod(r_ - 2 - s);
+    for (size_t j = 0; j < pieces(k); ++j) {
+      size_t bytes = piece_len(k, j) * ws_;
+      comm_.irecv(rbuf_[s % 2] + j * piece_ * ws_, bytes, left(), kTagRing, recvs);
+      stats_->bytes_received += bytes;
+    }
+  }
+
+  void reduce_piece(int k, size_t j, const uint8_t* in) {
+    if (!wire_) {
+      reduce_into(buf_at(k, j), in, piece_len(k, j), dt_, op_);
+      return;
+    }
+    auto t = Clock::now();
+    decode_accumulate_f32(wdt_, reinterpret_cast<const uint16_t*>(in),
+                          reinterpret_cast<float*>(buf_at(k, j)), piece_len(k, j));
+    stats_->codec_seconds += seconds_since(t);
+  }
+
+  void encode_piece(int k, size_t j) {
+    auto t = Clock::now();
+    if (encode_f32(wdt_, reinterpret_cast<const float*>(buf_at(k, j)),
+                   reinterpret_cast<uint16_t*>(wire_at(k, j)), piece_len(k, j)))
+      stats_->wire_overflow = true;
+    stats_->codec_seconds += seconds_since(t);
+  }
+
+  void decode_piece(int k, size_t j) {
+    auto t = Clock::now();
+    decode_f32(wdt_, reinterpret_cast<const uint16_t*>(wire_at(k, j)),
+               reinterpret_cast<float*>(buf_at(k, j)), piece_len(k, j));
+    stats_->codec_seconds += seconds_since(t);
+  }
+
+  MpiComm& comm_;
+  const int n_, r_;
+  uint8_t* buf_;
+  const DataType dt_;
+  const ReduceOp op_;
+  const size_t es_;          // element size in the buffer
+  TransferStats* stats_;
+  std::vector<size_t> cnt_, off_;  // per segment, in elements
+  bool wire_ = false;        // 16-bit wire in use
+  WireDtype wdt_ = WireDtype::kNative;
+  size_t ws_ = 0;            // element size on the wire
+  size_t piece_ = 1;         // elements per piece
+  uint8_t* shadow_ = nullptr;  // wire path: 16-bit image of the buffer
+  uint8_t* rbuf_[2] = {nullptr, nullptr};  // reduce-scatter receive buffers
+  RequestList rs_sends_, ag_sends_;
+};
+
+std::vector<size_t> balanced_segments(size_t count, int n) {
+  std::vector<size_t> c(n, count / n);
+  for (size_t k = 0; k < count % n; ++k) ++c[k];
+  return c;
+}
+
+}  // namespace
+
+void ring_allreduce(MpiComm& comm, void* buf, size_t count, DataType dt, ReduceOp op,
+                    const RingOptions& opt, std::vector<uint8_t>& scratch, TransferStats* stats) {
+  TransferStats local;
+  TransferStats* st = stats ? stats : &local;
+  auto t0 = Clock::now();
+  if (comm.size() > 1 && count > 0) {
+    Ring ring(comm, buf, balanced_segments(count, comm.size()), dt, op, opt, scratch, st);
+    ring.reduce_scatter(/*then_allgather=*/true);
+    ring.allgather();
+  }
+  st->transfer_seconds += seconds_since(t0);
+}
+
+void ring_reducescatter(MpiComm& comm, void* buf, const std::vector<size_t>& counts, DataType dt,
+                        ReduceOp op, const RingOptions& opt, std::vector<uint8_t>& scratch,
+                        TransferStats* stats) {
+  GF_CHECK(counts.size() == static_cast<size_t>(comm.size()),
+           "gradflow: reducescatter needs one block size per rank, got " << counts.size()
+                                                                           << " for "
+                                                                           << comm.size()
+                                                                           << " ranks");
+  TransferStats local;
+  TransferStats* st = stats ? stats : &local;
+  auto t0 = Clock::now();
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  if (comm.size() > 1 && total > 0) {
+    // The owner keeps its block in fp32 on the wire path: no final rounding
+    // is needed when no other rank has to match it.
+    Ring ring(comm, buf, counts, dt, op, opt, scratch, st);
+    ring.reduce_scatter(/*then_allgather=*/false);
+  }
+  st->transfer_seconds += seconds_since(t0);
+}
+
+}  // namespace gradflow

@@ -1,0 +1,182 @@
+// sparse_chunks.cc — coarse-grained sparse communication (CSC): chunk
+// importance, global top-k selection, pack/unpack and the error-feedback
+// residual with optional momentum correction. Pure computation: no MPI, no
+// configuration, no threads; the background loop does the allreduces.
+//
+// Note [Coarse-grained sparse communication]
+// ------------------------------------------
+// Glossary. A *buffer* is one flat float32 gradient range (usually a whole
+// gradient pool) of `count` elements. It is cut into *chunks* of
+// `chunk_elems` consecutive elements; chunk c covers [c*chunk_elems,
+// min((c+1)*chunk_elems, count)), so only the last chunk may be short. The
+// *residual* is what a rank has not sent yet; the *importance* of a chunk is
+// the L1 norm of its residual (residual + this step's gradient).
+//
+// One step, on every rank:
+//   1. accumulate: residual += grad (or, with momentum correction,
+//      velocity = m*velocity + grad; residual += velocity — Deep Gradient
+//      Compression, Lin et al. 2018, so momentum is not lost on chunks that
+//      wait several steps).
+//   2. importance: one float per chunk (num_chunks floats, tiny); the caller
+//      allreduces this vector with a sum, so every rank holds the same one.
+//   3. select: the k chunks with the largest global importance.
+//   4. pack the chosen chunks of the residual contiguously, allreduce that
+//      dense buffer (so ring/two-sync and the fp16 wire still apply), unpack.
+//   5. clear_sent: the sent chunks leave the residual (and velocity); the
+//      rest waits for a later step. Nothing is ever dropped, only delayed
+//      (error feedback): sum of sent + final residual == sum of gradients.
+//
+// Why ties are broken by index: the dense allreduce in step 4 only works if
+// every rank packs the *same* chunks in the *same* order; a rank that picked a
+// different chunk would add unrelated numbers (or hang on a different size).
+// All ranks hold a bitwise identical importance vector after step 2, so a
+// deterministic total order on (importance desc, index asc) gives every rank
+// the same set, whatever the std::nth_element implementation does with equal
+// keys. NaN importances (a NaN gradient) rank above everything, so a NaN is
+// sent and surfaces at once instead of hiding in the residual.
+//
+// Cost: importance is one pass over the buffer; selection is O(C + k log k)
+// for C chunks (nth_element, then sorting only the k winners by index);
+// pack/unpack are one memcpy per chosen chunk.
+#include "sparse_chunks.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "common.h"
+
+namespace gradflow {
+
+namespace {
+
+// [begin, end) element range of chunk c; checks c is in range.
+void chunk_range(uint32_t c, size_t count, size_t chunk_elems, size_t* begin, size_t* end) {
+  size_t n = num_chunks(count, chunk_elems);
+  GF_CHECK(c < n, "sparse chunk index " << c << " out of range: the buffer of " << count
+                                        << " elements has " << n << " chunks of "
+                                        << chunk_elems);
+  *begin = static_cast<size_t>(c) * chunk_elems;
+  *end = std::min(*begin + chunk_elems, count);
+}
+
+// Strict total order "a is more important than b": NaN first, then larger
+// value, then lower index. Every rank evaluates it on identical inputs.
+struct MoreImportant {
+  const std::vector<float>* imp;
+  bool operator()(uint32_t a, uint32_t b) const {
+    float x = (*imp)[a], y = (*imp)[b];
+    bool xn = std::isnan(x), yn = std::isnan(y);
+    if (xn != yn) return xn;
+    if (!xn && x != y) return x > y;
+    return a < b;
+  }
+};
+
+}  // namespace
+
+size_t num_chunks(size_t count, size_t chunk_elems) {
+  GF_CHECK(chunk_elems > 0, "sparse chunk size must be > 0 elements (GRADFLOW_SPARSE_CHUNK)");
+  return count / chunk_elems + (count % chunk_elems != 0 ? 1 : 0);
+}
+
+void chunk_importance(const float* values, size_t count, size_t chunk_elems,
+                      std::vector<float>* importance) {
+  size_t n = num_chunks(count, chunk_elems);
+  importance->assign(n, 0.0f);
+  for (size_t c = 0; c < n; ++c) {
+    size_t begin = c * chunk_elems;
+    size_t end = std::min(begin + chunk_elems, count);
+    double sum = 0.0;  // double: a 32768-element float sum loses ~3 digits
+    for (size_t i = begin; i < end; ++i) sum += std::fabs(static_cast<double>(values[i]));
+    (*importance)[c] = static_cast<float>(sum);
+  }
+}
+
+std::vector<uint32_t> select_top_chunks(const std::vector<float>& importance, size_t k) {
+  const size_t n = importance.size();
+  GF_CHECK(n <= static_cast<size_t>(UINT32_MAX),
+           "too many sparse chunks (" << n << "); raise GRADFLOW_SPARSE_CHUNK");
+  std::vector<uint32_t> order(n);
+  std::iota(order.begin(), order.end(), 0u);
+  if (k >= n) return order;  // everything, already ascending
+  if (k == 0) return {};
+  MoreImportant more{&importance};
+  // Afterwards order[0..k) are the k most important chunks (in any order).
+  std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                   more);
+  order.resize(k);
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
+size_t packed_size(const std::vector<uint32_t>& chunks, size_t count, size_t chunk_elems) {
+  size_t total = 0;
+  for (uint32_t c : chunks) {
+    size_t begin, end;
+    chunk_range(c, count, chunk_elems, &begin, &end);
+    total += end - begin;
+  }
+  return total;
+}
+
+void pack_chunks(const float* src, size_t count, size_t chunk_elems,
+                 const std::vector<uint32_t>& chunks, float* packed) {
+  size_t out = 0;
+  for (uint32_t c : chunks) {
+    size_t begin, end;
+    chunk_range(c, count, chunk_elems, &begin, &end);
+    std::memcpy(packed + out, src + begin, (end - begin) * sizeof(float));
+    out += end - begin;
+  }
+}
+
+void unpack_chunks(const float* packed, size_t count, size_t chunk_elems,
+                   const std::vector<uint32_t>& chunks, float* dst) {
+  size_t in = 0;
+  for (uint32_t c : chunks) {
+    size_t begin, end;
+    chunk_range(c, count, chunk_elems, &begin, &end);
+    std::memcpy(dst + begin, packed + in, (end - begin) * sizeof(float));
+    in += end - begin;
+  }
+}
+
+SparseResidual::SparseResidual(size_t count, size_t chunk_elems, float momentum)
+    : residual_(count, 0.0f), chunk_elems_(chunk_elems), momentum_(momentum) {
+  GF_CHECK(chunk_elems > 0, "sparse chunk size must be > 0 elements (GRADFLOW_SPARSE_CHUNK)");
+  GF_CHECK(momentum >= 0.0f && momentum < 1.0f,
+           "sparse momentum must be in [0, 1), got " << momentum
+                                                     << " (GRADFLOW_SPARSE_MOMENTUM)");
+  if (momentum_ > 0.0f) velocity_.assign(count, 0.0f);
+}
+
+void SparseResidual::accumulate(const float* grad) {
+  const size_t n = residual_.size();
+  if (velocity_.empty()) {
+    for (size_t i = 0; i < n; ++i) residual_[i] += grad[i];
+    return;
+  }
+  // Momentum correction: accumulate the velocity, not the raw gradient.
+  for (size_t i = 0; i < n; ++i) {
+    velocity_[i] = momentum_ * velocity_[i] + grad[i];
+    residual_[i] += velocity_[i];
+  }
+}
+
+void SparseResidual::importance(std::vector<float>* out) const {
+  chunk_importance(residual_.data(), residual_.size(), chunk_elems_, out);
+}
+
+void SparseResidual::clear_sent(const std::vector<uint32_t>& chunks) {
+  for (uint32_t c : chunks) {
+    size_t begin, end;
+    chunk_range(c, residual_.size(), chunk_elems_, &begin, &end);
+    std::fill(residual_.begin() + begin, residual_.begin() + end, 0.0f);
+    // Momentum factor masking (DGC): sent chunks restart their velocity.
+    if (!velocity_.empty()) std::fill(velocity_.begin() + begin, velocity_.begin() + end, 0.0f);
+  }
+}
+
+}  // namespace gradflow

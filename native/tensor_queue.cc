@@ -1,0 +1,95 @@
+// tensor_queue.cc — submit queue, handle table and in-flight name set.
+#include "tensor_queue.h"
+
+namespace gradflow {
+
+int64_t TensorQueue::submit(TensorEntry entry) {
+  std::lock_guard<std::mutex> lock(mu_);
+  GF_CHECK(!closed_, close_reason_);
+  GF_CHECK(!in_flight_names_.count(entry.request.name),
+           "gradflow: " << op_kind_name(entry.request.kind) << " '" << entry.request.name
+                        << "' was submitted twice on rank " << entry.request.rank
+                        << " before the first one completed; use distinct names or wait "
+                           "for the first handle");
+  entry.handle = next_handle_++;
+  entry.submitted = std::chrono::steady_clock::now();
+  in_flight_names_.insert(entry.request.name);
+  in_flight_handles_.insert(entry.handle);
+  int64_t h = entry.handle;
+  queue_.push_back(std::move(entry));
+  return h;
+}
+
+std::vector<TensorEntry> TensorQueue::drain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<TensorEntry> out(std::make_move_iterator(queue_.begin()),
+                               std::make_move_iterator(queue_.end()));
+  queue_.clear();
+  return out;
+}
+
+void TensorQueue::complete(const TensorEntry& entry, HandleResult result) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_names_.erase(entry.request.name);
+    in_flight_handles_.erase(entry.handle);
+    finished_[entry.handle] = std::make_unique<HandleResult>(std::move(result));
+  }
+  done_cv_.notify_all();
+}
+
+bool TensorQueue::poll(int64_t handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (finished_.count(handle)) return true;
+  GF_CHECK(in_flight_handles_.count(handle), "gradflow: unknown or already waited handle "
+                                                 << handle);
+  return false;
+}
+
+HandleResult TensorQueue::wait(int64_t handle) {
+  std::unique_lock<std::mutex> lock(mu_);
+  GF_CHECK(finished_.count(handle) || in_flight_handles_.count(handle),
+           "gradflow: unknown or already waited handle " << handle);
+  done_cv_.wait(lock, [&] { return finished_.count(handle) > 0; });
+  HandleResult r = std::move(*finished_[handle]);
+  finished_.erase(handle);
+  return r;
+}
+
+std::vector<TensorEntry> TensorQueue::close(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!closed_) {
+    closed_ = true;
+    close_reason_ = reason;
+  }
+  std::vector<TensorEntry> out(std::make_move_iterator(queue_.begin()),
+                               std::make_move_iterator(queue_.end()));
+  queue_.clear();
+  return out;
+}
+
+bool TensorQueue::closed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return closed_;
+}
+
+std::string TensorQueue::close_reason() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return close_reason_;
+}
+
+void TensorQueue::notify() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    woken_ = true;
+  }
+  wake_cv_.notify_all();
+}
+
+void TensorQueue::sleep_until(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  wake_cv_.wait_until(lock, deadline, [&] { return woken_; });
+  woken_ = false;
+}
+
+}  // namespace gradflow

@@ -1,0 +1,79 @@
+// tensor_queue.h — the hand-off between framework threads and the
+// background loop: submitted entries (request + caller-owned buffers), the
+// handle table that callers poll and wait on, and the in-flight name set
+// that rejects a name submitted twice. Thread-safe; no MPI.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "message.h"
+
+namespace gradflow {
+
+// One submitted collective on this rank. Buffers belong to the caller, who
+// keeps them alive until the handle completes (gradflow/_handles.py does).
+struct TensorEntry {
+  Request request;
+  const void* input = nullptr;  // may equal output (in place)
+  void* output = nullptr;       // null for allgather / alltoall (core allocates)
+  int64_t handle = -1;
+  std::chrono::steady_clock::time_point submitted;
+};
+
+// What a finished handle yields.
+struct HandleResult {
+  std::string error;                      // non-empty: the collective failed
+  std::shared_ptr<std::vector<uint8_t>> data;  // allgather / alltoall output
+  std::vector<int64_t> shape;             // shape of `data`
+  std::vector<int64_t> recv_splits;       // alltoall: rows received per rank
+  bool wire_overflow = false;             // a value overflowed the 16-bit wire
+};
+
+class TensorQueue {
+ public:
+  // Registers a handle and queues the entry. Throws GradflowError if the
+  // name is already in flight on this rank or the queue is closed.
+  int64_t submit(TensorEntry entry);
+  // Moves every queued entry to the caller (the background loop).
+  std::vector<TensorEntry> drain();
+
+  // Marks a handle done; wakes waiters. Frees the name for reuse.
+  void complete(const TensorEntry& entry, HandleResult result);
+  bool poll(int64_t handle);
+  // Blocks until done, removes the handle and returns its result.
+  HandleResult wait(int64_t handle);
+
+  // After a fatal error or shutdown: every queued and future submit fails
+  // with `reason`; returns the entries still queued so the caller can fail them.
+  std::vector<TensorEntry> close(const std::string& reason);
+  bool closed() const;
+  std::string close_reason() const;
+  // Wakes the background loop early (used by shutdown).
+  void notify();
+  // Background loop sleeps here until `deadline` or notify().
+  void sleep_until(std::chrono::steady_clock::time_point deadline);
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable done_cv_;
+  std::condition_variable wake_cv_;
+  std::deque<TensorEntry> queue_;
+  std::map<int64_t, std::unique_ptr<HandleResult>> finished_;
+  std::set<int64_t> in_flight_handles_;
+  std::set<std::string> in_flight_names_;
+  int64_t next_handle_ = 1;
+  bool closed_ = false;
+  bool woken_ = false;
+  std::string close_reason_;
+};
+
+}  // namespace gradflow
