@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 
-from pybind11.setup_helpers import Pybind11Extension, build_ext
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import setup
 
 
@@ -42,6 +42,9 @@ def mpi_flags(mpicxx: str):
             libs.append(tok[2:])
     return inc, libdirs, libs
 
+
+# Compile native/*.cc in parallel (GRADFLOW_BUILD_JOBS, default: all cores).
+ParallelCompile("GRADFLOW_BUILD_JOBS", default=0).install()
 
 inc, libdirs, libs = mpi_flags(find_mpicxx())
 sources = sorted(glob.glob("native/*.cc"))

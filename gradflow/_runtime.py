@@ -5,6 +5,7 @@ on one rank makes every rank's pending collectives raise).
 from __future__ import annotations
 
 import atexit
+import os
 import itertools
 import sys
 import threading
@@ -152,4 +153,16 @@ def _install_hooks() -> None:
     sys.excepthook = excepthook
     # Registered after mpi4py's own atexit handler, so it runs first: the
     # background thread stops before MPI is finalized.
-    atexit.register(_native.shutdown)
+    atexit.register(_at_exit)
+
+
+def _at_exit() -> None:
+    failed = _native.failed_fatally()
+    _native.shutdown()
+    if failed:
+        # A peer is dead or unreachable: MPI_Finalize would wait for it forever.
+        sys.stdout.flush()
+        sys.stderr.write(f"[gradflow rank {_comm.Get_rank() if _comm else '?'}] communication "
+                         "failed; exiting with code 1 without MPI_Finalize\n")
+        sys.stderr.flush()
+        os._exit(1)

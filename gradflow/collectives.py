@@ -32,7 +32,9 @@ Sum, Average, Min, Max, Product = (ReduceOp.Sum, ReduceOp.Average, ReduceOp.Min,
 
 
 def _prepare(array) -> np.ndarray:
-    a = np.ascontiguousarray(array)
+    a = np.asarray(array)
+    if not a.flags.c_contiguous:  # (ascontiguousarray would turn 0-d into 1-d)
+        a = np.ascontiguousarray(a)
     _dtypes.code_of_numpy(a.dtype)  # raises TypeError for unsupported dtypes
     return a
 

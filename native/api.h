@@ -52,6 +52,7 @@ class Runtime {
   HandleResult wait(int64_t handle);  // blocks; callers release the GIL
   void shutdown();
   void abort(const std::string& message);
+  bool failed_fatally() const { return loop_ && loop_->failed_fatally(); }
 
   // Gradient pools (lazy allreduce); see grad_pool.h.
   int pool_create(uintptr_t data, DataType dt, const std::vector<int64_t>& range_elems,

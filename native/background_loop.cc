@@ -57,6 +57,7 @@ void BackgroundLoop::run() {
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "[gradflow rank %d] ERROR: %s\n", comm_.rank(), e.what());
+    fatal_ = true;
     fail_all(std::string(e.what()));
   }
   fail_all("gradflow has been shut down");
@@ -107,6 +108,7 @@ bool BackgroundLoop::cycle() {
     }
   }
   if (!res.abort_message.empty()) {
+    fatal_ = true;
     fail_all("gradflow: aborting because " + res.abort_message);
     return false;
   }

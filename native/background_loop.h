@@ -32,6 +32,9 @@ class BackgroundLoop {
   void abort(const std::string& message);
   // Why the loop stopped, or "" while it runs.
   std::string failure() const;
+  // True if the loop died of a communication failure (timeout, MPI error,
+  // another rank's abort): MPI may be unusable, so MPI_Finalize could hang.
+  bool failed_fatally() const { return fatal_; }
 
  private:
   void run();
@@ -46,6 +49,7 @@ class BackgroundLoop {
   ResponseExecutor executor_;
   std::map<std::string, TensorEntry> pending_;  // this rank's submitted, not yet run
   std::atomic<bool> shutdown_requested_{false};
+  std::atomic<bool> fatal_{false};
   mutable std::mutex mu_;
   std::string abort_message_;
   std::string failure_;

@@ -262,6 +262,8 @@ bool Coordinator::stall_action_due() const {
   for (const auto& kv : table_) {
     double age = seconds_since(kv.second.first_seen);
     if (cfg_.stall_shutdown_seconds > 0 && age > cfg_.stall_shutdown_seconds) return true;
+    if (cfg_.stall_check_seconds > 0 && age > cfg_.stall_check_seconds && !kv.second.warned)
+      return true;
   }
   return false;
 }

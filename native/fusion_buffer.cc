@@ -50,7 +50,8 @@ std::vector<size_t> plan_fusion(const std::vector<FusionItem>& items, size_t thr
 }
 
 void* FusionBuffer::reserve(size_t bytes) {
-  if (data_.size() < bytes) data_.resize(bytes);  // grow only: keeps the pointer stable after warm-up
+  // Grow only: after warm-up the pointer stays stable and nothing reallocates.
+  if (data_.size() < bytes) data_.resize(bytes);
   return data_.data();
 }
 

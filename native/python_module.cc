@@ -55,7 +55,7 @@ py::array_t<T> contiguous(py::array_t<T, py::array::c_style | py::array::forceca
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "gradflow native core (framework-agnostic). Use the gradflow package, not this.";
-  static py::exception<GradflowError> exc(m, "GradflowError", PyExc_RuntimeError);
+  py::register_exception<GradflowError>(m, "GradflowError", PyExc_RuntimeError);
 
   m.def("init",
         [](uintptr_t comm, std::map<std::string, std::string> overrides) {
@@ -116,6 +116,8 @@ PYBIND11_MODULE(_native, m) {
   m.def("abort", [](const std::string& msg) { if (g_runtime) g_runtime->abort(msg); },
         "Tell every rank that this rank is failing (their collectives raise `msg`).");
 
+  m.def("failed_fatally", [] { return g_runtime && g_runtime->failed_fatally(); },
+        "True if communication failed (dead/stalled rank, abort): MPI_Finalize may hang.");
   m.def("stats", [] { return runtime().stats().snapshot(); }, "Counters since the last reset.");
   m.def("reset_stats", [] { runtime().stats().reset(); });
 

@@ -191,9 +191,8 @@ GF_SIMD inline __m128i bf16_round8(__m256i x) {
 
 GF_SIMD bool encode_simd(WireDtype wire, const float* src, uint16_t* dst, size_t n) {
   const bool fp16 = wire == WireDtype::kFloat16;
-  // Overflow <=> finite input whose magnitude rounds to inf on the wire.
-  const __m256i over_lo = _mm256_set1_epi32(static_cast<int>(fp16 ? kHalfOverflowBits - 1
-                                                                 : 0x7F7FFFFFu));
+  // fp16 overflow <=> finite input with magnitude >= 65520 (rounds to inf).
+  const __m256i over_lo = _mm256_set1_epi32(static_cast<int>(kHalfOverflowBits - 1));
   const __m256i inf = _mm256_set1_epi32(static_cast<int>(kFloatInfBits));
   const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF);
   __m256i over = _mm256_setzero_si256();

@@ -25,7 +25,7 @@ def check_build(native: Any, native_note: str) -> str:
         for name, value in sorted(dict(features()).items()):
             if isinstance(value, (list, tuple)):
                 value = ", ".join(str(v) for v in value)
-            lines.append(f"    {name}: {value}")
+            lines.append(f"    {name}: " + str(value).strip().replace("\n", "\n        "))
     return "\n".join(lines)
 
 

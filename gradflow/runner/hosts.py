@@ -142,7 +142,8 @@ def is_local_host(name: str) -> bool:
     if name in local:
         return True
     try:
-        return socket.gethostbyname(name) in ("127.0.0.1", socket.gethostbyname(socket.gethostname()))
+        here = socket.gethostbyname(socket.gethostname())
+        return socket.gethostbyname(name) in ("127.0.0.1", here)
     except OSError:
         return False
 

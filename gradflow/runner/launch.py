@@ -28,8 +28,7 @@ except ImportError:  # run as a script: python gradflow/runner/launch.py
 
 MPIEXEC_ENV = "GRADFLOW_MPIEXEC"
 FAILURE_GRACE_SECONDS = 1.0  # after a rank fails, let mpiexec stop the job itself first
-KILL_GRACE_SECONDS = 5.0  # after forwarding a signal, SIGKILL what is left
-_KEY_FIELDS = ("env", "flag", "type", "default", "help", "scale", "choices")
+KILL_GRACE_SECONDS = 5.0  # between the stages of stopping a job (see _Stopper)
 
 
 def normalize_config_keys(config_keys: Sequence[Any]) -> List[Dict[str, Any]]:
@@ -41,7 +40,8 @@ def normalize_config_keys(config_keys: Sequence[Any]) -> List[Dict[str, Any]]:
         key = {
             "env": get("env"), "flag": get("flag"), "type": get("type") or "string",
             "default": get("default", get("default_value", "")) or "",
-            "help": get("help") or "", "scale": float(get("scale", get("flag_to_env_scale", 1.0)) or 1.0),
+            "help": get("help") or "",
+            "scale": float(get("scale", get("flag_to_env_scale", 1.0)) or 1.0),
             "choices": list(get("choices") or []),
         }
         if not key["env"] or not key["flag"] or not str(key["flag"]).startswith("--"):
@@ -75,9 +75,18 @@ def _default_in_flag_unit(key: Dict[str, Any]) -> str:
     return str(int(value)) if value.is_integer() else repr(value)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Adds why settings flags may be missing to every usage error."""
+
+    note = ""
+
+    def error(self, message: str):  # type: ignore[override]
+        super().error(message + (f"\n({self.note})" if self.note else ""))
+
+
 def build_parser(config_keys: Sequence[Any], native_note: str = "") -> argparse.ArgumentParser:
     """The gradflowrun parser: launcher options plus one flag per config key."""
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="gradflowrun", allow_abbrev=False,
         description="Launch a gradflow data-parallel job: one process per rank, via mpiexec.",
         epilog="example: gradflowrun -np 4 -H host1:2,host2:2 python train.py --epochs 3"
@@ -99,9 +108,12 @@ def build_parser(config_keys: Sequence[Any], native_note: str = "") -> argparse.
                    help='extra arguments for mpiexec, one quoted string, e.g. "-bind-to core"')
     settings = p.add_argument_group("gradflow settings (each sets a GRADFLOW_* variable)")
     for key in normalize_config_keys(config_keys):
-        kwargs: Dict[str, Any] = {"dest": key["env"], "default": None, "type": _flag_value_type(key)}
+        kwargs: Dict[str, Any] = {"dest": key["env"], "default": None,
+                                  "type": _flag_value_type(key)}
         if key["type"] == "choice":
             kwargs["choices"] = key["choices"]
+        else:
+            kwargs["metavar"] = {"int": "N", "float": "X"}.get(key["type"], "VALUE")
         kwargs["help"] = (f"{key['help']} [{key['env']}; default: {_default_in_flag_unit(key)}]"
                           .replace("%", "%%"))
         try:
@@ -110,6 +122,7 @@ def build_parser(config_keys: Sequence[Any], native_note: str = "") -> argparse.
             raise ValueError(f"config key {key['env']}: flag {key['flag']} clashes with a "
                              f"gradflowrun option ({e})") from None
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
+    p.note = native_note
     return p
 
 
@@ -229,66 +242,82 @@ def load_native() -> Tuple[Any, str]:
         return None, f"gradflow._native is not importable ({e}); settings flags are unavailable"
 
 
+class _Stopper:
+    """Stops mpiexec in stages: the first signal (SIGTERM, or the user's
+    SIGINT), then SIGINT (hydra's "force abort": SIGKILL to every rank) after
+    KILL_GRACE_SECONDS, then SIGKILL of mpiexec after as long again."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc, self.stage, self.since, self.why = proc, 0, 0.0, ""
+
+    def start(self, signum: int, why: str) -> None:
+        if self.stage == 0:
+            self.why = why
+            self._send(signum)
+
+    def escalate(self, force: bool = False) -> None:
+        if self.stage and (force or time.monotonic() - self.since > KILL_GRACE_SECONDS):
+            if self.stage == 1:
+                self._send(signal.SIGINT)
+            elif self.stage == 2:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                self.stage, self.since = 3, float("inf")
+
+    def _send(self, signum: int) -> None:
+        try:
+            self.proc.send_signal(signum)
+        except OSError:
+            pass
+        self.stage, self.since = self.stage + 1, time.monotonic()
+
+
 def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence[int],
             start_timeout: float, status_dir: str) -> int:
-    """Run mpiexec until it ends; stop the job on a failed rank, a start
-    timeout or SIGINT/SIGTERM/SIGHUP; report failed ranks; return the exit code."""
-    stdin = subprocess.DEVNULL if sys.stdin is None or sys.stdin.isatty() else None
-    proc = subprocess.Popen(argv, env=env, stdin=stdin, start_new_session=True)
+    """Run mpiexec until it ends; stop the job when a rank fails, a local rank
+    misses --start-timeout, or on SIGINT/SIGTERM/SIGHUP (a second one skips the
+    grace period); report failed ranks; return the exit code."""
     received: List[int] = []
-    stop = {"sent": None, "why": ""}
+    seen = 0
 
     def on_signal(signum: int, _frame: Any) -> None:
         received.append(signum)
 
+    # Handlers before Popen: mpiexec then starts with default dispositions,
+    # even when this process was started with SIGINT ignored.
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-
-    def stop_job(signum: int, why: str) -> None:
-        if stop["sent"] is None:
-            stop["sent"], stop["why"] = time.monotonic(), why
-            _signal(proc, signum)
-
-    started = time.monotonic()
-    failed_at = None
     try:
+        stdin = subprocess.DEVNULL if sys.stdin is None or sys.stdin.isatty() else None
+        proc = subprocess.Popen(argv, env=env, stdin=stdin, start_new_session=True)
+        stopper = _Stopper(proc)
+        started, failed_at = time.monotonic(), None
         while proc.poll() is None:
-            if received:
-                if len(received) > 1:
-                    _kill_group(proc)  # second Ctrl-C: no more grace
-                stop_job(received[0], "interrupted")
-            statuses = _read_statuses(status_dir, np)
-            if failed_at is None and any(code != 0 for code, _ in statuses.values()):
+            if len(received) > seen:
+                if seen:
+                    stopper.escalate(force=True)
+                stopper.start(received[0], "interrupted")
+                seen = len(received)
+            codes = [c for c, _ in _read_statuses(status_dir, np).values()]
+            if failed_at is None and any(c != 0 for c in codes):
                 failed_at = time.monotonic()
             if failed_at and time.monotonic() - failed_at > FAILURE_GRACE_SECONDS:
-                stop_job(signal.SIGTERM, "failed")
-            missing = [r for r in local_ranks if not os.path.exists(
-                os.path.join(status_dir, f"rank.{r}.start"))]
-            if missing and time.monotonic() - started > start_timeout:
-                print(f"gradflowrun: rank(s) {_ranks(missing)} did not start within "
-                      f"{start_timeout:g} s (--start-timeout); stopping the job",
-                      file=sys.stderr, flush=True)
-                stop_job(signal.SIGTERM, "start timeout")
-            if stop["sent"] and time.monotonic() - stop["sent"] > KILL_GRACE_SECONDS:
-                _kill_group(proc)
+                stopper.start(signal.SIGTERM, "failed")
+            if stopper.stage == 0 and time.monotonic() - started > start_timeout:
+                missing = [r for r in local_ranks if not os.path.exists(
+                    os.path.join(status_dir, f"rank.{r}.start"))]
+                if missing:
+                    print(f"gradflowrun: rank(s) {_ranks(missing)} did not start within "
+                          f"{start_timeout:g} s (--start-timeout); stopping the job",
+                          file=sys.stderr, flush=True)
+                    stopper.start(signal.SIGTERM, "start timeout")
+            stopper.escalate()
             time.sleep(0.05)
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
-    return _report(proc.returncode, _read_statuses(status_dir, np), np, received, stop["why"])
-
-
-def _signal(proc: subprocess.Popen, signum: int) -> None:
-    try:
-        proc.send_signal(signum)
-    except OSError:
-        pass
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        pass
+    return _report(proc.returncode, _read_statuses(status_dir, np), np, received, stopper.why)
 
 
 def _read_statuses(status_dir: str, np: int) -> Dict[int, Tuple[int, bool]]:
@@ -359,9 +388,10 @@ def main(argv: Optional[Sequence[str]] = None, config_keys: Optional[Sequence[An
     try:
         rank_hosts = validate(args)
         mpiexec = find_mpiexec()
-        status_dir = tempfile.mkdtemp(prefix="gradflowrun-")
     except ValueError as e:
-        parser.error(str(e))
+        print(f"gradflowrun: error: {e}", file=sys.stderr)
+        return 2
+    status_dir = tempfile.mkdtemp(prefix="gradflowrun-")
     try:
         cmd, env = build_launch(args, config_keys, mpiexec=mpiexec,
                                 flavor=detect_flavor(mpiexec), status_dir=status_dir)
@@ -370,6 +400,9 @@ def main(argv: Optional[Sequence[str]] = None, config_keys: Optional[Sequence[An
         is_local = {h: _hosts.is_local_host(h) for h in set(rank_hosts)}
         local = [r for r, h in enumerate(rank_hosts) if is_local[h]]
         return run_job(cmd, env, args.np, local, args.start_timeout, status_dir)
+    except OSError as e:
+        print(f"gradflowrun: error: cannot run {mpiexec}: {e.strerror}", file=sys.stderr)
+        return 127
     finally:
         shutil.rmtree(status_dir, ignore_errors=True)
 

@@ -114,8 +114,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     env.setdefault("PYTHONUNBUFFERED", "1")  # Python ranks: lines arrive as printed
     try:
         # Own session: a signal reaches the command once, through forward().
+        # close_fds=False: the MPI launcher's inherited descriptors (hydra's
+        # PMI_FD) must reach the command; our own fds are non-inheritable.
         child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 env=env, start_new_session=True,
+                                 env=env, start_new_session=True, close_fds=False,
                                  preexec_fn=_die_with_parent_fn())
     except OSError as e:
         msg = f"[{rank}]<stderr>: gradflowrun: cannot run {argv[0]!r}: {e.strerror}\n"

@@ -1,6 +1,7 @@
 // codec_kernels_test.cc — standalone checks of wire_codec and reduce_kernels:
 // SIMD vs scalar bitwise, known bit patterns, round trips, reduce_into against
 // plain reference loops, and refusal of unsupported (dtype, op) pairs.
+
 // Build: g++ -O2 -std=c++17 -I native native/common.cc native/wire_codec.cc
 //        native/reduce_kernels.cc native/tests/codec_kernels_test.cc -o /tmp/codec_test
 // Run with --exhaustive to also check all 2^32 float inputs of the encoders.
@@ -195,6 +196,15 @@ void check_encode_paths(const std::vector<float>& in, const char* what) {
                what, wire_dtype_name(w), simd, off, bad, in[first], got[first], ref[first]);
         if (off == 0) EXPECT(over == ref_over, "%s overflow flag simd=%d", what, simd);
       }
+      // The flag per small block (so it is not trivially true), against the elements.
+      size_t bad_flags = 0;
+      const uint16_t inf = w == WireDtype::kFloat16 ? 0x7C00 : 0x7F80;
+      for (size_t b = 0; b + 37 <= in.size(); b += 37) {
+        bool want = false;
+        for (size_t i = b; i < b + 37; ++i) want |= !std::isinf(in[i]) && !std::isnan(in[i]) && (ref[i] & 0x7FFF) == inf;
+        bad_flags += encode_f32(w, in.data() + b, got.data() + b, 37) != want;
+      }
+      EXPECT(bad_flags == 0, "%s %s overflow flag simd=%d wrong in %zu blocks", what, wire_dtype_name(w), simd, bad_flags);
     });
   }
 }
@@ -211,9 +221,12 @@ void test_overflow_flag() {
       {WireDtype::kBFloat16, {fmax}, true},
   };
   for (const Case& c : cases) {
-    for (size_t pad : {0, 8, 13}) {  // the offending value in the SIMD body or the tail
+    // Lead/trail padding puts the cases in the SIMD body (8-wide) or in the scalar tail.
+    const std::pair<size_t, size_t> pads[] = {{0, 16}, {3, 16}, {13, 16}, {8, 0}, {16, 2}};
+    for (auto [pad, trail] : pads) {
       std::vector<float> v(pad, 0.5f);
       v.insert(v.end(), c.v.begin(), c.v.end());
+      v.insert(v.end(), trail, -0.25f);
       std::vector<uint16_t> out(v.size());
       both_paths([&](bool simd) {
         EXPECT(encode_f32(c.w, v.data(), out.data(), v.size()) == c.want,

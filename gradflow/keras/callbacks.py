@@ -1,0 +1,271 @@
+# gradflow/keras/callbacks.py — Keras 3 callbacks for data-parallel training:
+# variable broadcast, metric averaging, Horovod's learning-rate warmup and
+# schedule, rank-0 best-model checkpoints, sparse-communication warmup.
+# Backend-agnostic: values cross as numpy arrays through gradflow's numpy API.
+"""Keras callbacks (Horovod semantics where Horovod has the callback).
+
+Order matters: put `BroadcastGlobalVariablesCallback` first and
+`MetricAverageCallback` before any callback that reads epoch metrics
+(`BestModelCheckpoint`, `ReduceLROnPlateau`, `EarlyStopping`), so that every
+rank sees the same averaged values and takes the same decisions.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, Dict, Optional, Union
+
+import keras
+import numpy as np
+
+from .. import collectives as _c
+from .._runtime import GradflowError, rank, size
+from .optimizer import is_distributed
+
+
+def _variables_of(model: keras.Model):
+    opt = model.optimizer
+    if opt is not None and not opt.built:
+        # Optimizer slots only exist after the first apply: build them now so
+        # they are broadcast too (and every rank creates them identically).
+        opt.build(model.trainable_variables)
+    return list(model.variables) + (list(opt.variables) if opt is not None else [])
+
+
+def broadcast_keras_variables(variables, root_rank: int, name: str) -> None:
+    """Assign root's values to Keras variables on every rank: all broadcasts
+    submitted, then waited. Variable i is named `<name>.<i>`; a mismatch names
+    the tensor and the ranks, and this adds the variable's path."""
+    arrays = [np.ascontiguousarray(keras.ops.convert_to_numpy(v)) for v in variables]
+    handles = [_c.broadcast_async(a, root_rank, f"{name}.{i}") for i, a in enumerate(arrays)]
+    errors = []
+    for i, (v, h) in enumerate(zip(variables, handles)):
+        try:
+            v.assign(h.wait())
+        except RuntimeError as e:
+            errors.append(f"{e} [variable {i}: {getattr(v, 'path', v.name)} shape {tuple(v.shape)}]")
+    if errors:
+        raise GradflowError("gradflow: broadcast of model variables failed (do all ranks build "
+                            "the same model?):\n" + "\n".join(errors))
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """At the start of training, make every rank's model and optimizer
+    variables equal to `root_rank`'s (optimizer variables are built first).
+    Also makes sure a DistributedOptimizer is not compiled under XLA."""
+
+    def __init__(self, root_rank: int = 0):
+        super().__init__()
+        self.root_rank = int(root_rank)
+        self.broadcast_done = False
+
+    def on_train_begin(self, logs: Optional[Dict] = None) -> None:
+        if self.broadcast_done:
+            return
+        model = self.model
+        if (is_distributed(model.optimizer) and keras.backend.backend() == "tensorflow"
+                and getattr(model, "jit_compile", False)):
+            model.jit_compile = False  # host callbacks cannot run under XLA
+            model.make_train_function(force=True)
+        broadcast_keras_variables(_variables_of(model), self.root_rank,
+                                  "BroadcastGlobalVariablesCallback")
+        self.broadcast_done = True
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """At each epoch end, replace every numeric value in `logs` by its mean
+    across ranks (one allreduce of all values, in sorted-key order)."""
+
+    def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
+        if not logs:
+            return
+        keys = sorted(k for k, v in logs.items()
+                      if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number))
+        values = np.array([float(logs[k]) for k in keys], np.float64)
+        averaged = _c.allreduce(values, _c.Average, name="MetricAverageCallback")
+        for k, v in zip(keys, averaged):
+            logs[k] = float(v)
+
+
+def _get_lr(optimizer) -> float:
+    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+
+
+def _momentum_buffers(optimizer):
+    for attr in ("momentums", "_momentums"):
+        buffers = getattr(optimizer, attr, None)
+        if buffers:
+            return list(buffers)
+    return []
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """Horovod's LearningRateScheduleCallback: from `start_epoch` until
+    `end_epoch` (exclusive) the learning rate is `initial_lr * multiplier(epoch)`,
+    set at the first batch of each epoch (`staircase=True`) or at every batch
+    with a fractional epoch `epoch + batch / steps_per_epoch` (`staircase=False`).
+    A float multiplier means a constant factor (staircase).
+
+    momentum_correction: when the rate changes from old to new, the momentum
+    buffers (SGD's `momentums`) are scaled by new/old before the batch — the
+    same update as Horovod's one-batch momentum change (Goyal et al.) for plain
+    momentum, done on variables because Keras 3 compiles `momentum` into the step.
+    `logs['lr']` gets the rate at each epoch end."""
+
+    def __init__(self, initial_lr: float, multiplier: Union[float, Callable[[float], float]],
+                 start_epoch: int = 0, end_epoch: Optional[int] = None, staircase: bool = True,
+                 momentum_correction: bool = True, steps_per_epoch: Optional[int] = None):
+        super().__init__()
+        if initial_lr is None:
+            raise ValueError("gradflow: LearningRateScheduleCallback needs initial_lr")
+        self.initial_lr = float(initial_lr)
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self.current_epoch = 0
+        if callable(multiplier):
+            self.multiplier = multiplier
+        else:
+            self.staircase = True
+            self.multiplier = lambda epoch: multiplier
+
+    def _autodetect_steps_per_epoch(self) -> int:
+        steps = (self.params or {}).get("steps")
+        if steps:
+            return int(steps)
+        raise ValueError("gradflow: could not find steps per epoch in the fit parameters; pass "
+                         "steps_per_epoch= to the callback")
+
+    def _adjust_learning_rate(self, epoch: float) -> None:
+        opt = self.model.optimizer
+        old_lr = _get_lr(opt)
+        new_lr = self.initial_lr * self.multiplier(epoch)
+        opt.learning_rate = new_lr
+        if self.momentum_correction and old_lr > 0 and new_lr != old_lr:
+            ratio = new_lr / old_lr
+            for m in _momentum_buffers(opt):
+                m.assign(keras.ops.multiply(m, ratio))
+
+    def on_train_begin(self, logs: Optional[Dict] = None) -> None:
+        if not self.staircase and not self.steps_per_epoch:
+            self.steps_per_epoch = self._autodetect_steps_per_epoch()
+
+    def on_epoch_begin(self, epoch: int, logs: Optional[Dict] = None) -> None:
+        self.current_epoch = epoch
+
+    def on_train_batch_begin(self, batch: int, logs: Optional[Dict] = None) -> None:
+        e = self.current_epoch
+        if e < self.start_epoch or (self.end_epoch is not None and e >= self.end_epoch):
+            return
+        if self.staircase:
+            if batch == 0:
+                self._adjust_learning_rate(e)
+        else:
+            self._adjust_learning_rate(e + float(batch) / self.steps_per_epoch)
+
+    def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
+        if logs is not None:
+            logs["lr"] = _get_lr(self.model.optimizer)
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Horovod's gradual warmup (Goyal et al.): over `warmup_epochs` the rate
+    rises per batch from `initial_lr / size` to `initial_lr`:
+    lr(e) = initial_lr / size * (e' * (size - 1) / warmup_epochs + 1) with
+    e' = e + 1 / steps_per_epoch and e the fractional epoch."""
+
+    def __init__(self, initial_lr: float, warmup_epochs: int = 5, momentum_correction: bool = True,
+                 steps_per_epoch: Optional[int] = None, verbose: int = 0):
+        def multiplier(epoch: float) -> float:
+            epoch += 1.0 / self.steps_per_epoch  # round numbers at each epoch's end
+            return 1.0 / size() * (epoch * (size() - 1) / warmup_epochs + 1)
+
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
+                         staircase=False, momentum_correction=momentum_correction,
+                         steps_per_epoch=steps_per_epoch)
+        self.verbose = verbose
+
+    def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.end_epoch - 1 and self.verbose > 0 and rank() == 0:
+            print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
+                  f"{_get_lr(self.model.optimizer):g}.")
+
+
+class BestModelCheckpoint(keras.callbacks.Callback):
+    """Save the model when `monitor` improves; only rank 0 writes. The file is
+    written to a temporary name in the same folder and renamed over `filepath`
+    (os.replace), so a reader never sees a half-written file. `filepath` may
+    hold `{epoch}` and log keys, as in keras.callbacks.ModelCheckpoint; it must
+    end in `.keras` (or `.weights.h5` with save_weights_only=True). Put
+    MetricAverageCallback before it so the decision uses averaged metrics."""
+
+    def __init__(self, filepath: str, monitor: str = "val_loss", mode: str = "auto",
+                 save_weights_only: bool = False, verbose: int = 0):
+        super().__init__()
+        if mode not in ("auto", "min", "max"):
+            raise ValueError(f"gradflow: BestModelCheckpoint mode must be auto, min or max, got {mode!r}")
+        if mode == "auto":
+            mode = "max" if ("acc" in monitor or monitor.startswith("fmeasure")
+                             or "auc" in monitor) else "min"
+        self.filepath = os.fspath(filepath)
+        self.monitor = monitor
+        self.mode = mode
+        self.save_weights_only = save_weights_only
+        self.verbose = verbose
+        self.best: Optional[float] = None
+        self.last_saved: Optional[str] = None
+
+    def _improved(self, value: float) -> bool:
+        if self.best is None:
+            return True
+        return value < self.best if self.mode == "min" else value > self.best
+
+    def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
+        logs = logs or {}
+        if self.monitor not in logs:
+            raise KeyError(f"gradflow: BestModelCheckpoint monitors {self.monitor!r}, which is not "
+                           f"in the logs ({sorted(logs)})")
+        value = float(logs[self.monitor])
+        if not self._improved(value):
+            return
+        self.best = value
+        path = self.filepath.format(epoch=epoch + 1, **logs)
+        self.last_saved = path
+        if rank() != 0:
+            return
+        folder, base = os.path.split(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        tmp = os.path.join(folder, f".tmp-{os.getpid()}-{base}")  # keeps the required suffix
+        try:
+            if self.save_weights_only:
+                self.model.save_weights(tmp)
+            else:
+                self.model.save(tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        if self.verbose:
+            print(f"\nEpoch {epoch + 1}: {self.monitor} improved to {value:.5f}, saved {path}")
+
+
+class SparseWarmupCallback(keras.callbacks.Callback):
+    """Dense communication (sparse_ratio 1.0) for the first `warmup_epochs`
+    epochs, then `sparse_ratio` (the fraction of gradient chunks sent per
+    step). Needs a gradflow DistributedOptimizer; it reads the ratio per step."""
+
+    def __init__(self, warmup_epochs: int, sparse_ratio: float):
+        super().__init__()
+        if not 0 < sparse_ratio <= 1:
+            raise ValueError(f"gradflow: sparse_ratio must be in (0, 1], got {sparse_ratio}")
+        self.warmup_epochs = int(warmup_epochs)
+        self.sparse_ratio = float(sparse_ratio)
+
+    def on_epoch_begin(self, epoch: int, logs: Optional[Dict] = None) -> None:
+        opt = self.model.optimizer
+        if not is_distributed(opt):
+            raise TypeError("gradflow: SparseWarmupCallback needs a model compiled with "
+                            "gradflow.keras.DistributedOptimizer")
+        opt.sparse_ratio = 1.0 if epoch < self.warmup_epochs else self.sparse_ratio

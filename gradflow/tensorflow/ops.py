@@ -1,0 +1,337 @@
+# gradflow/tensorflow/ops.py — TensorFlow collectives on tf.Tensor / tf.Variable,
+# eager and inside tf.function, each with a gradient. Owns how tensors cross to
+# the numpy core (see `_cross`); must not hold communication logic (that is the
+# core's) nor import torch/keras.
+"""TensorFlow ops: `allreduce`, `grouped_allreduce`, `allgather`, `broadcast`,
+`alltoall`, `reducescatter`, plus the runtime queries re-exported from gradflow.
+
+How tensors cross to the core
+-----------------------------
+Every op hands numpy arrays to `gradflow.collectives` (the numpy API):
+
+* eagerly, the op calls the numpy API directly on `np.asarray(tensor)`, a
+  read-only view of the tensor's host buffer (no copy);
+* inside `tf.function`, the op is one `tf.numpy_function(..., stateful=True)`
+  node whose static output shape is set at trace time. TensorFlow hands the
+  Python function numpy views of its inputs (no copy) and adopts the returned
+  arrays as output tensors.
+
+The core writes results into fresh numpy arrays, so on CPU a collective costs
+at most one host copy per direction (in: none or one to make the array
+C-contiguous; out: the result array TF adopts), plus one Python call per op
+(per gradient *list* for `grouped_allreduce` / `DistributedGradientTape`).
+Stateful numpy_function nodes run in program order inside a tf.function
+(automatic control dependencies), so every rank issues its collectives in the
+same order. A host callback cannot run under XLA: ops raise when traced with
+`jit_compile=True`.
+
+Names: a name given by the caller is used as is. Otherwise, eagerly, names come
+from gradflow's per-kind counter (`allreduce.noname.<n>`); while tracing, from a
+per-graph counter (`allreduce.tf.<n>`), so every rank tracing the same function
+produces the same names whatever the name scopes or graph uids are.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Callable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import tensorflow as tf
+
+from .. import _dtypes
+from .. import collectives as _c
+from .._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCESCATTER, GradflowError,
+                        auto_name, cross_rank, cross_size, init, is_initialized, local_rank,
+                        local_size, mpi_comm, rank, shutdown, size)
+from ..collectives import Average, Max, Min, Product, ReduceOp, Sum
+from ..compression import Compression, wire_code
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "cross_rank", "cross_size", "mpi_comm", "GradflowError", "ReduceOp", "Sum", "Average", "Min",
+    "Max", "Product", "Compression", "allreduce", "grouped_allreduce", "allgather", "broadcast",
+    "alltoall", "reducescatter",
+]
+
+TensorLike = Union[tf.Tensor, tf.Variable, np.ndarray]
+SparseRatio = Union[None, float, Callable[[], Optional[float]]]
+
+_KIND_CODES = {"allreduce": ALLREDUCE, "allgather": ALLGATHER, "broadcast": BROADCAST,
+               "reducescatter": REDUCESCATTER, "alltoall": ALLTOALL}
+_graph_counters: "weakref.WeakKeyDictionary[tf.Graph, itertools.count]" = weakref.WeakKeyDictionary()
+
+
+# ---- helpers: names, XLA guard, the crossing itself ----
+
+def op_name(kind: str, name: Optional[str]) -> str:
+    """The collective name for one op: `name`, else a counter-based name that
+    every rank derives identically (eager: gradflow's counter; tracing: a
+    counter per graph)."""
+    if name is not None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"gradflow: name must be a non-empty string, got {name!r}")
+        return name
+    if tf.executing_eagerly():
+        return auto_name(_KIND_CODES[kind], None)
+    graph = tf.compat.v1.get_default_graph()
+    counter = _graph_counters.setdefault(graph, itertools.count())
+    return f"{kind}.tf.{next(counter)}"
+
+
+def _check_not_xla(what: str) -> None:
+    try:
+        from tensorflow.python.ops import control_flow_util
+        in_xla = control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+    except (ImportError, AttributeError):  # private helper moved: let XLA report it
+        return
+    if in_xla:
+        raise GradflowError(
+            f"gradflow: {what} cannot run under XLA (jit_compile=True): gradflow collectives are "
+            "host callbacks (tf.numpy_function). Use jit_compile=False (Keras: "
+            "model.compile(..., jit_compile=False)).")
+
+
+def _check_dtype(t: tf.Tensor, what: str) -> None:
+    try:
+        _dtypes.code_of_name(t.dtype.name)
+    except TypeError as e:
+        raise TypeError(f"gradflow: {what} of {t.dtype.name} tensor: {e}") from None
+
+
+def _cross(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
+           touts: Sequence[tf.DType], shapes: Sequence[Optional[Sequence[Optional[int]]]],
+           what: str) -> List[tf.Tensor]:
+    """Run numpy function `fn` on `inputs`: directly when eager, as one
+    stateful tf.numpy_function node (output shapes set) when tracing."""
+    if tf.executing_eagerly():
+        outs = fn(*[np.asarray(t) for t in inputs])
+        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]
+    _check_not_xla(what)
+    outs = tf.numpy_function(lambda *a: list(fn(*a)), list(inputs), list(touts), stateful=True,
+                             name="gradflow_" + what.split(" ")[0])
+    if not isinstance(outs, (list, tuple)):
+        outs = [outs]
+    outs = list(outs)
+    for o, s in zip(outs, shapes):
+        o.set_shape(s)
+    return outs
+
+
+def _as_tensor(tensor: TensorLike) -> tf.Tensor:
+    return tf.convert_to_tensor(tensor)
+
+
+def _resolve_ratio(sparse_ratio: SparseRatio) -> Optional[float]:
+    return sparse_ratio() if callable(sparse_ratio) else sparse_ratio
+
+
+# ---- allreduce ----
+
+def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op: ReduceOp = Average,
+                          compression=Compression.none, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0,
+                          sparse_ratio: SparseRatio = None) -> List[tf.Tensor]:
+    """Allreduce several dense tensors in one crossing (no gradient): every
+    tensor is submitted before any is waited on, so the core can fuse them.
+    `sparse_ratio` may be a callable, read at run time on every call."""
+    if not tensors:
+        return []
+    tensors = [_as_tensor(t) for t in tensors]
+    for t in tensors:
+        _check_dtype(t, "allreduce")
+    op = ReduceOp(op)
+    wire_code(compression)  # validate now, not inside the callback
+
+    def fn(*arrays):
+        ratio = _resolve_ratio(sparse_ratio)
+        handles = [_c.allreduce_async(a, op, n, prescale_factor, postscale_factor, compression,
+                                      ratio) for a, n in zip(arrays, names)]
+        return [h.wait() for h in handles]
+
+    return _cross(fn, tensors, [t.dtype for t in tensors], [t.shape for t in tensors],
+                  f"allreduce {names[0]!r}")
+
+
+def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: ReduceOp, name: str) -> tf.IndexedSlices:
+    # As Horovod: gather every rank's values and indices; the optimizer sums
+    # duplicate indices. Average divides the values by the number of ranks.
+    if op not in (Sum, Average):
+        raise NotImplementedError(f"gradflow: allreduce of tf.IndexedSlices supports Sum and Average, not {op!r}")
+    values = allgather(slices.values, name=f"{name}.values")
+    indices = allgather(slices.indices, name=f"{name}.indices")
+    if op == Average:
+        values = values / tf.cast(size(), values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+def allreduce(tensor: Union[TensorLike, tf.IndexedSlices], op: ReduceOp = Average,
+              name: Optional[str] = None, compression=Compression.none,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              sparse_ratio: Optional[float] = None) -> Union[tf.Tensor, tf.IndexedSlices]:
+    """Reduce `tensor` across ranks (default: average); same shape and dtype.
+    tf.IndexedSlices are allgathered (values and indices), as in Horovod.
+    Gradient: the upstream gradient allreduced with the same op (Sum/Average)."""
+    op = ReduceOp(op)
+    name = op_name("allreduce", name)
+    if isinstance(tensor, tf.IndexedSlices):
+        return _allreduce_indexed_slices(tensor, op, name)
+
+    @tf.custom_gradient
+    def _allreduce(x):
+        y = grouped_allreduce_raw([x], [name], op, compression, prescale_factor, postscale_factor,
+                                  sparse_ratio)[0]
+
+        def grad(dy):
+            if op not in (Sum, Average):
+                raise NotImplementedError(f"gradflow: no gradient for allreduce with op {op!r}")
+            return allreduce(dy, op, f"{name}.grad", compression, prescale_factor, postscale_factor)
+
+        return y, grad
+
+    return _allreduce(_as_tensor(tensor))
+
+
+def grouped_allreduce(tensors: Sequence[TensorLike], op: ReduceOp = Average,
+                      name: Optional[str] = None, compression=Compression.none,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      sparse_ratio: Optional[float] = None) -> List[tf.Tensor]:
+    """Allreduce a list of tensors in one host crossing, fused by the core.
+    Tensor i is named `<name>.<i>`. Gradient: grouped allreduce of the gradients."""
+    op = ReduceOp(op)
+    base = op_name("allreduce", name)
+    tensors = [_as_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+
+    @tf.custom_gradient
+    def _grouped(*xs):
+        ys = grouped_allreduce_raw(list(xs), [f"{base}.{i}" for i in range(len(xs))], op,
+                                   compression, prescale_factor, postscale_factor, sparse_ratio)
+
+        def grad(*dys):
+            if op not in (Sum, Average):
+                raise NotImplementedError(f"gradflow: no gradient for allreduce with op {op!r}")
+            return grouped_allreduce_raw(list(dys), [f"{base}.grad.{i}" for i in range(len(dys))],
+                                         op, compression, prescale_factor, postscale_factor)
+
+        return ys, grad
+
+    return list(_grouped(*tensors))
+
+
+# ---- allgather, broadcast, reducescatter, alltoall ----
+
+def allgather(tensor: TensorLike, name: Optional[str] = None) -> tf.Tensor:
+    """Concatenate every rank's `tensor` along dimension 0, in rank order (the
+    first dimension may differ between ranks; a scalar counts as shape [1]).
+    Gradient: this rank's rows of the summed upstream gradient."""
+    name = op_name("allgather", name)
+    x = _as_tensor(tensor)
+    _check_dtype(x, "allgather")
+    rest = x.shape[1:] if x.shape.rank else []
+    out_shape = [None] + list(rest) if x.shape.rank is not None else None
+
+    @tf.custom_gradient
+    def _allgather(x):
+        y = _cross(lambda a: [_c.allgather(a, name)], [x], [x.dtype], [out_shape],
+                   f"allgather {name!r}")[0]
+
+        def grad(dy):
+            summed = allreduce(dy, Sum, f"{name}.grad")
+            rows = tf.reshape(tf.shape(tf.reshape(x, [-1]) if x.shape.rank == 0 else x)[0], [1])
+            counts = allgather(rows, name=f"{name}.grad.rows")
+            start = tf.reduce_sum(counts[:rank()])
+            mine = summed[start:start + rows[0]]
+            return tf.reshape(mine, tf.shape(x))
+
+        return y, grad
+
+    return _allgather(x)
+
+
+def broadcast(tensor: TensorLike, root_rank: int, name: Optional[str] = None) -> tf.Tensor:
+    """Root's `tensor` on every rank (shapes and dtypes must match).
+    Gradient (as Horovod): the root gets the summed gradient, others zeros."""
+    name = op_name("broadcast", name)
+    x = _as_tensor(tensor)
+    _check_dtype(x, "broadcast")
+    root = int(root_rank)
+
+    @tf.custom_gradient
+    def _broadcast(x):
+        y = _cross(lambda a: [_c.broadcast(a, root, name)], [x], [x.dtype], [x.shape],
+                   f"broadcast {name!r}")[0]
+
+        def grad(dy):
+            summed = allreduce(dy, Sum, f"{name}.grad")
+            return summed if rank() == root else tf.zeros_like(summed)
+
+        return y, grad
+
+    return _broadcast(x)
+
+
+def _reducescatter_rows(n: Optional[int]) -> Optional[int]:
+    if n is None:
+        return None
+    return n // size() + (1 if rank() < n % size() else 0)
+
+
+def reducescatter(tensor: TensorLike, op: ReduceOp = Average, name: Optional[str] = None) -> tf.Tensor:
+    """Reduce `tensor` across ranks and return this rank's block of rows (rows
+    split as evenly as possible, earlier ranks get the remainder).
+    Gradient: allgather of the upstream gradient (divided by size for Average)."""
+    op = ReduceOp(op)
+    name = op_name("reducescatter", name)
+    x = _as_tensor(tensor)
+    _check_dtype(x, "reducescatter")
+    if x.shape.rank == 0:
+        raise ValueError("gradflow: reducescatter needs a tensor with at least one dimension")
+    out_shape = ([_reducescatter_rows(x.shape[0])] + list(x.shape[1:])
+                 if x.shape.rank is not None else None)
+
+    @tf.custom_gradient
+    def _reducescatter(x):
+        y = _cross(lambda a: [_c.reducescatter(a, op, name)], [x], [x.dtype], [out_shape],
+                   f"reducescatter {name!r}")[0]
+
+        def grad(dy):
+            if op not in (Sum, Average):
+                raise NotImplementedError(f"gradflow: no gradient for reducescatter with op {op!r}")
+            g = allgather(dy, f"{name}.grad")
+            return g / tf.cast(size(), g.dtype) if op == Average else g
+
+        return y, grad
+
+    return _reducescatter(x)
+
+
+def alltoall(tensor: TensorLike, splits: Optional[Union[Sequence[int], tf.Tensor]] = None,
+             name: Optional[str] = None) -> Tuple[tf.Tensor, tf.Tensor]:
+    """Send `splits[p]` rows to rank p (default: even split). Returns the rows
+    received from every rank in rank order and how many came from each (int64).
+    Gradient: alltoall of the upstream gradient with the received splits."""
+    name = op_name("alltoall", name)
+    x = _as_tensor(tensor)
+    _check_dtype(x, "alltoall")
+    sp = tf.zeros([0], tf.int64) if splits is None else tf.cast(_as_tensor(splits), tf.int64)
+    out_shape = [None] + list(x.shape[1:]) if x.shape.rank else [None]
+
+    def fn(a, s):
+        y, received = _c.alltoall(a, None if s.size == 0 else s.tolist(), name)
+        return [y, received.astype(np.int64)]
+
+    @tf.custom_gradient
+    def _alltoall(x):
+        y, received = _cross(fn, [x, sp], [x.dtype, tf.int64], [out_shape, [size()]],
+                             f"alltoall {name!r}")
+
+        def grad(dy, _unused):
+            back, _ = alltoall(dy, received, f"{name}.grad")
+            return tf.reshape(back, tf.shape(x))
+
+        return (y, received), grad
+
+    y, received = _alltoall(x)
+    return y, received

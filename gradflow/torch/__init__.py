@@ -1,0 +1,29 @@
+# gradflow.torch — the PyTorch binding, a drop-in for horovod.torch:
+# `import gradflow.torch as hvd`. Re-exports only; the tensor collectives are
+# in ops.py, model/optimizer state helpers in functions.py and the
+# DistributedOptimizer in optimizer.py.
+"""PyTorch binding of gradflow with Horovod's API (``import gradflow.torch as hvd``)."""
+from .._runtime import (GradflowError, cross_rank, cross_size, init, is_initialized, local_rank,
+                        local_size, mpi_comm, rank, reset_stats, shutdown, size, stats)
+from ..collectives import Average, Max, Min, Product, ReduceOp, Sum
+from ..compression import Compression
+from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
+                        broadcast_parameters)
+from .ops import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,
+                  allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
+                  broadcast_async, broadcast_async_, grouped_allreduce, grouped_allreduce_,
+                  grouped_allreduce_async, grouped_allreduce_async_, join, poll, reducescatter,
+                  reducescatter_async, sparse_allreduce_async, synchronize)
+from .optimizer import DistributedOptimizer
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
+    "cross_size", "mpi_comm", "stats", "reset_stats", "GradflowError", "ReduceOp", "Average", "Sum",
+    "Min", "Max", "Product", "Compression", "allreduce", "allreduce_", "allreduce_async",
+    "allreduce_async_", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "sparse_allreduce_async", "allgather", "allgather_async",
+    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
+    "reducescatter", "reducescatter_async", "synchronize", "poll", "join", "barrier",
+    "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
+    "DistributedOptimizer",
+]

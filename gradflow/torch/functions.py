@@ -1,0 +1,166 @@
+# functions.py — whole-model helpers built on the tensor collectives:
+# broadcast_parameters, broadcast_optimizer_state, broadcast_object,
+# allgather_object. Objects travel pickled as numpy uint8 arrays; tensors
+# travel through ops.broadcast_async_. No communication logic of its own.
+"""Model/optimizer state helpers for ``import gradflow.torch as hvd``."""
+from __future__ import annotations
+
+import pickle
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+
+import numpy as np
+import torch
+
+from .. import collectives as _np_coll
+from .._runtime import ALLGATHER, BROADCAST, GradflowError, auto_name, rank
+from .ops import broadcast_async_
+
+__all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
+           "allgather_object", "check_same_everywhere"]
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -> Any:
+    """Root's `obj` (any picklable object) on every rank; other ranks' `obj`
+    is ignored. Ranks must call it in the same order."""
+    base = name or auto_name(BROADCAST, None)
+    if rank() == root_rank:
+        data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+        count = np.array([data.size], np.int64)
+    else:
+        data, count = None, np.zeros(1, np.int64)
+    count = _np_coll.broadcast(count, root_rank, name=base + ".size")
+    if data is None:
+        data = np.empty(int(count[0]), np.uint8)
+    data = _np_coll.broadcast(data, root_rank, name=base + ".data")
+    return obj if rank() == root_rank else pickle.loads(data.tobytes())
+
+
+def allgather_object(obj: Any, name: Optional[str] = None) -> List[Any]:
+    """Every rank's `obj`, in rank order (pickled, one uint8 allgather)."""
+    base = name or auto_name(ALLGATHER, None)
+    data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    sizes = _np_coll.allgather(np.array([data.size], np.int64), name=base + ".size")
+    gathered = _np_coll.allgather(data, name=base + ".data")
+    out, off = [], 0
+    for n in sizes.tolist():
+        out.append(pickle.loads(gathered[off:off + n].tobytes()))
+        off += n
+    return out
+
+
+def _describe(entries: List[Tuple[str, Tuple[int, ...], str]]) -> Dict[str, Tuple]:
+    return {n: (s, d) for n, s, d in entries}
+
+
+def check_same_everywhere(entries: List[Tuple[str, Tuple[int, ...], str]], what: str) -> None:
+    """Collective check that every rank passes the same (name, shape, dtype)
+    list; raises GradflowError on every rank naming the first difference."""
+    everyone = allgather_object(entries, name=None)
+    ref = everyone[0]
+    if all(e == ref for e in everyone):
+        return
+    ref_map = _describe(ref)
+    for r, e in enumerate(everyone):
+        if e == ref:
+            continue
+        mine = _describe(e)
+        for n in list(ref_map) + list(mine):
+            if ref_map.get(n) != mine.get(n):
+                a = ref_map.get(n, "absent")
+                b = mine.get(n, "absent")
+                raise GradflowError(
+                    f"gradflow: {what}: tensor '{n}' is {_fmt(a)} on rank 0 but {_fmt(b)} on rank "
+                    f"{r}; every rank must build the same model")
+        raise GradflowError(f"gradflow: {what}: rank 0 and rank {r} list the same tensors in a "
+                            "different order; every rank must build the same model")
+
+
+def _fmt(sig) -> str:
+    if sig == "absent":
+        return "absent"
+    shape, dtype = sig
+    return f"shape {tuple(shape)} {dtype}"
+
+
+def broadcast_parameters(params: Union[Dict[str, torch.Tensor], Iterable[Tuple[str, torch.Tensor]]],
+                         root_rank: int) -> None:
+    """Overwrite `params` in place with root's values. `params` is a
+    `state_dict()` (items taken in sorted order) or `named_parameters()`.
+    Checks first that every rank has the same names, shapes and dtypes."""
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, Iterable):
+        items = list(params)
+    else:
+        raise ValueError(f"gradflow: broadcast_parameters: invalid params of type {type(params)}")
+    items = [(n, p) for n, p in items if p is not None]
+    for n, p in items:
+        if not torch.is_tensor(p):
+            raise ValueError(f"gradflow: broadcast_parameters: '{n}' is a {type(p).__name__}, "
+                             "not a tensor")
+    check_same_everywhere([(n, tuple(p.shape), str(p.dtype)) for n, p in items],
+                          "broadcast_parameters")
+    handles = [broadcast_async_(p, root_rank, name=f"broadcast_parameters.{n}") for n, p in items]
+    for h in handles:
+        h.wait()
+
+
+class _TensorRef:
+    """Placeholder for a tensor inside a pickled optimizer state skeleton."""
+
+    def __init__(self, index: int, shape: Tuple[int, ...], dtype: torch.dtype):
+        self.index, self.shape, self.dtype = index, shape, dtype
+
+
+def _strip(obj: Any, tensors: List[torch.Tensor]) -> Any:
+    if torch.is_tensor(obj):
+        tensors.append(obj)
+        return _TensorRef(len(tensors) - 1, tuple(obj.shape), obj.dtype)
+    if isinstance(obj, dict):
+        return {k: _strip(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_strip(v, tensors) for v in obj)
+    return obj
+
+
+def _fill(obj: Any, tensors: List[torch.Tensor]) -> Any:
+    if isinstance(obj, _TensorRef):
+        return tensors[obj.index]
+    if isinstance(obj, dict):
+        return {k: _fill(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_fill(v, tensors) for v in obj)
+    return obj
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
+    """Make every rank's optimizer state (hyperparameters of each param
+    group, per-parameter state such as momentum buffers and step counts)
+    equal to root's. The structure travels pickled; every tensor travels
+    by an in-place broadcast; non-root ranks then `load_state_dict` it, so
+    ranks whose state was still empty get root's."""
+    root = rank() == root_rank
+    tensors: List[torch.Tensor] = []
+    skeleton = _strip(optimizer.state_dict(), tensors) if root else None
+    skeleton = broadcast_object(skeleton, root_rank, name="broadcast_optimizer_state.skeleton")
+    if not root:
+        refs: List[_TensorRef] = []
+        _collect_refs(skeleton, refs)
+        tensors = [torch.empty(r.shape, dtype=r.dtype) for r in sorted(refs, key=lambda r: r.index)]
+    handles = [broadcast_async_(t, root_rank, name=f"broadcast_optimizer_state.{i}")
+               for i, t in enumerate(tensors)]
+    for h in handles:
+        h.wait()
+    if not root:
+        optimizer.load_state_dict(_fill(skeleton, tensors))
+
+
+def _collect_refs(obj: Any, out: List[_TensorRef]) -> None:
+    if isinstance(obj, _TensorRef):
+        out.append(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _collect_refs(v, out)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _collect_refs(v, out)

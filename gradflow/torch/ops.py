@@ -1,0 +1,427 @@
+# ops.py — torch tensor collectives with Horovod's names (allreduce, allreduce_,
+# allreduce_async, ..., synchronize, poll) and their autograd gradients.
+# Owns only the tensor <-> raw-buffer translation; all communication is the
+# native core's (through gradflow._runtime.submit). CUDA tensors are staged
+# through a CPU copy (never run on this machine: no GPU here).
+"""Tensor collectives for ``import gradflow.torch as hvd``."""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from .. import _dtypes
+from .._handles import Handle
+from .._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, JOIN, REDUCESCATTER,
+                        auto_name, rank, size, submit)
+from ..collectives import Average, ReduceOp, Sum
+from ..compression import Compression, wire_code
+
+__all__ = [
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
+    "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "allgather",
+    "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+    "sparse_allreduce_async", "synchronize", "poll", "join", "barrier",
+]
+
+
+# ---------------------------------------------------------------- helpers
+
+def dtype_code(dtype: torch.dtype) -> int:
+    """Native DataType code of a torch dtype (mapped by name; TypeError if unsupported)."""
+    return _dtypes.code_of_name(str(dtype).rsplit(".", 1)[-1])
+
+
+def _op_of(average: Optional[bool], op: Optional[int]) -> int:
+    if average is not None and op is not None:
+        raise ValueError("gradflow: pass either average= (deprecated) or op=, not both")
+    if op is None:
+        op = Sum if average is False else Average
+    try:
+        return int(ReduceOp(op))
+    except ValueError:
+        raise ValueError(f"gradflow: unknown reduce op {op!r}; use Sum, Average, Min, Max or "
+                         "Product") from None
+
+
+def _staged(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU tensor with the same values: `tensor` itself when it
+    already is one, else a copy (CUDA: device -> host, not run here)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"gradflow: expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.is_sparse:
+        raise TypeError("gradflow: sparse tensors go through sparse_allreduce_async")
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.to("cpu")
+    return t.contiguous()
+
+
+def _write_back(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    if src.data_ptr() != dst.data_ptr():
+        with torch.no_grad():
+            dst.copy_(src)
+    return dst
+
+
+def _from_result(result: dict, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Wrap the core's byte result (numpy uint8) as a tensor without copying."""
+    raw = torch.from_numpy(result["data"])
+    t = raw.view(dtype).reshape(list(result["shape"]))
+    return t if device.type == "cpu" else t.to(device)
+
+
+class GroupHandle:
+    """Handles of a grouped collective; `synchronize` returns the list of results."""
+
+    def __init__(self, handles: List[Any]):
+        self.handles = handles
+
+    def poll(self) -> bool:
+        return all(h.poll() for h in self.handles)
+
+    def wait(self) -> List[torch.Tensor]:
+        return [h.wait() for h in self.handles]
+
+
+class SparseHandle:
+    """A sparse allreduce in flight: allgathers of indices and values."""
+
+    def __init__(self, indices: Handle, values: Handle, like: torch.Tensor, op: int):
+        self.indices, self.values, self.like, self.op = indices, values, like, op
+
+    def poll(self) -> bool:
+        return self.indices.poll() and self.values.poll()
+
+    def wait(self) -> torch.Tensor:
+        idx, val = self.indices.wait(), self.values.wait()
+        if self.op == Average:
+            val = val / size()
+        out = torch.sparse_coo_tensor(idx.t(), val, self.like.shape, dtype=self.like.dtype)
+        return out.to(self.like.device)
+
+
+# ---------------------------------------------------------------- allreduce
+
+def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+                     op: Optional[int] = None, prescale_factor: float = 1.0,
+                     postscale_factor: float = 1.0, compression=Compression.none,
+                     sparse_ratio: Optional[float] = None) -> Handle:
+    """Start an in-place allreduce of `tensor`; `synchronize(handle)` returns it."""
+    buf = _staged(tensor)
+    name = auto_name(ALLREDUCE, name)
+    return submit(ALLREDUCE, name, buf.data_ptr(), buf.data_ptr(), dtype_code(buf.dtype), buf.shape,
+                  (buf, tensor), lambda r: _write_back(tensor, buf), op=_op_of(average, op),
+                  wire=wire_code(compression), prescale=prescale_factor,
+                  postscale=postscale_factor,
+                  sparse_ratio=-1.0 if sparse_ratio is None else float(sparse_ratio))
+
+
+def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+                    op: Optional[int] = None, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0, compression=Compression.none,
+                    sparse_ratio: Optional[float] = None) -> Handle:
+    """Start an allreduce into a new tensor; `synchronize(handle)` returns it."""
+    src = _staged(tensor)
+    out = torch.empty_like(src)
+    name = auto_name(ALLREDUCE, name)
+    device = tensor.device
+    return submit(ALLREDUCE, name, src.data_ptr(), out.data_ptr(), dtype_code(src.dtype), src.shape,
+                  (src, out), lambda r: out if device.type == "cpu" else out.to(device),
+                  op=_op_of(average, op), wire=wire_code(compression), prescale=prescale_factor,
+                  postscale=postscale_factor,
+                  sparse_ratio=-1.0 if sparse_ratio is None else float(sparse_ratio))
+
+
+class _AllreduceFn(torch.autograd.Function):
+    """allreduce with a gradient: the gradient is the allreduce (same op and
+    scaling) of the incoming gradient, as in Horovod."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, pre, post, compression):
+        ctx.args = (name, op, pre, post, compression)
+        return allreduce_async(tensor, None, name, op, pre, post, compression).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        name, op, pre, post, compression = ctx.args
+        gname = None if name is None else name + ".grad"
+        return (allreduce_async(grad, None, gname, op, pre, post, compression).wait(),
+                None, None, None, None, None)
+
+
+def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+              compression=Compression.none, op: Optional[int] = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduce `tensor` across ranks (default: average) into a new tensor,
+    bitwise identical on every rank; differentiable."""
+    return _AllreduceFn.apply(tensor, name, _op_of(average, op), prescale_factor, postscale_factor,
+                              compression)
+
+
+def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+               op: Optional[int] = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0, compression=Compression.none) -> torch.Tensor:
+    """In-place allreduce; returns `tensor`."""
+    return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
+                            compression).wait()
+
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int = Average) -> SparseHandle:
+    """Allreduce of a sparse COO tensor as Horovod does it: allgather the
+    indices and the values; the result (duplicates summed on coalesce) is
+    divided by size for Average. Only Sum and Average are meaningful."""
+    if int(op) not in (Sum, Average):
+        raise ValueError("gradflow: sparse allreduce supports only Sum and Average")
+    t = tensor.detach().coalesce().cpu()
+    idx = t.indices().t().contiguous()
+    val = t.values().contiguous()
+    return SparseHandle(allgather_async(idx, name + ".indices"), allgather_async(val, name + ".values"),
+                        tensor, int(op))
+
+
+# ---------------------------------------------------------------- grouped allreduce
+
+def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                             name: Optional[str] = None, op: Optional[int] = None,
+                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             compression=Compression.none) -> GroupHandle:
+    """In-place allreduce of a list of tensors (the core fuses them)."""
+    base = auto_name(ALLREDUCE, name)
+    return GroupHandle([allreduce_async_(t, average, f"{base}.{i}", op, prescale_factor,
+                                         postscale_factor, compression)
+                        for i, t in enumerate(tensors)])
+
+
+def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                            name: Optional[str] = None, op: Optional[int] = None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            compression=Compression.none) -> GroupHandle:
+    """Allreduce of a list of tensors into new tensors."""
+    base = auto_name(ALLREDUCE, name)
+    return GroupHandle([allreduce_async(t, average, f"{base}.{i}", op, prescale_factor,
+                                        postscale_factor, compression)
+                        for i, t in enumerate(tensors)])
+
+
+class _GroupedAllreduceFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, args, *tensors):
+        ctx.args = args
+        return tuple(grouped_allreduce_async(tensors, None, *args).wait())
+
+    @staticmethod
+    def backward(ctx, *grads):
+        name = ctx.args[0]
+        args = (None if name is None else name + ".grad",) + ctx.args[1:]
+        return (None,) + tuple(grouped_allreduce_async(grads, None, *args).wait())
+
+
+def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                      name: Optional[str] = None, compression=Compression.none,
+                      op: Optional[int] = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0) -> List[torch.Tensor]:
+    """Allreduce every tensor of the list; differentiable."""
+    args = (name, _op_of(average, op), prescale_factor, postscale_factor, compression)
+    return list(_GroupedAllreduceFn.apply(args, *tensors))
+
+
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                       name: Optional[str] = None, op: Optional[int] = None,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       compression=Compression.none) -> List[torch.Tensor]:
+    """In-place grouped allreduce; returns the tensors."""
+    return grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
+                                    compression).wait()
+
+
+# ---------------------------------------------------------------- allgather
+
+def allgather_async(tensor: torch.Tensor, name: Optional[str] = None) -> Handle:
+    """Start an allgather along dim 0 (sizes of dim 0 may differ between ranks)."""
+    src = _staged(tensor)
+    if src.dim() == 0:
+        src = src.reshape(1)
+    name = auto_name(ALLGATHER, name)
+    dtype, device = src.dtype, tensor.device
+    return submit(ALLGATHER, name, src.data_ptr(), 0, dtype_code(dtype), src.shape, (src,),
+                  lambda r: _from_result(r, dtype, device))
+
+
+class _AllgatherFn(torch.autograd.Function):
+    """Gradient as Horovod: average the incoming gradient over ranks, keep
+    this rank's rows."""
+
+    @staticmethod
+    def forward(ctx, tensor, name):
+        ctx.rows = tensor.shape[0] if tensor.dim() > 0 else 1
+        ctx.name = name
+        return allgather_async(tensor, name).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = None if ctx.name is None else ctx.name + ".grad"
+        reduced = allreduce_async(grad, None, g, Average).wait()
+        rows = allgather_async(torch.tensor([ctx.rows], dtype=torch.int64),
+                               None if g is None else g + ".rows").wait()
+        offset = int(rows[:rank()].sum())
+        return reduced.narrow(0, offset, ctx.rows), None
+
+
+def allgather(tensor: torch.Tensor, name: Optional[str] = None) -> torch.Tensor:
+    """Concatenate every rank's `tensor` along dim 0 in rank order; differentiable."""
+    return _AllgatherFn.apply(tensor, name)
+
+
+# ---------------------------------------------------------------- broadcast
+
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) -> Handle:
+    """Start an in-place broadcast of root's `tensor`."""
+    buf = _staged(tensor)
+    name = auto_name(BROADCAST, name)
+    return submit(BROADCAST, name, buf.data_ptr(), buf.data_ptr(), dtype_code(buf.dtype), buf.shape,
+                  (buf, tensor), lambda r: _write_back(tensor, buf), root=int(root_rank))
+
+
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) -> Handle:
+    """Start a broadcast of root's `tensor` into a new tensor."""
+    src = _staged(tensor)
+    out = torch.empty_like(src)
+    name = auto_name(BROADCAST, name)
+    device = tensor.device
+    return submit(BROADCAST, name, src.data_ptr(), out.data_ptr(), dtype_code(src.dtype), src.shape,
+                  (src, out), lambda r: out if device.type == "cpu" else out.to(device),
+                  root=int(root_rank))
+
+
+class _BroadcastFn(torch.autograd.Function):
+    """Gradient as Horovod: the averaged gradient on the root, zero elsewhere."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root, ctx.name = root_rank, name
+        return broadcast_async(tensor, root_rank, name).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = None if ctx.name is None else ctx.name + ".grad"
+        reduced = allreduce_async(grad, None, g, Average).wait()
+        if rank() != ctx.root:
+            reduced = reduced * 0
+        return reduced, None, None
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) -> torch.Tensor:
+    """Root's `tensor` on every rank, as a new tensor; differentiable."""
+    return _BroadcastFn.apply(tensor, root_rank, name)
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) -> torch.Tensor:
+    """In-place broadcast; returns `tensor`."""
+    return broadcast_async_(tensor, root_rank, name).wait()
+
+
+# ---------------------------------------------------------------- alltoall, reducescatter
+
+def alltoall_async(tensor: torch.Tensor, splits=None, name: Optional[str] = None) -> Handle:
+    """Start an alltoall; the result is (tensor, received_splits)."""
+    src = _staged(tensor)
+    if src.dim() == 0:
+        src = src.reshape(1)
+    sp = [] if splits is None else [int(s) for s in (splits.tolist() if torch.is_tensor(splits)
+                                                      else splits)]
+    if any(s < 0 for s in sp):
+        raise ValueError(f"gradflow: alltoall splits must be >= 0, got {sp}")
+    name = auto_name(ALLTOALL, name)
+    dtype, device = src.dtype, tensor.device
+    return submit(ALLTOALL, name, src.data_ptr(), 0, dtype_code(dtype), src.shape, (src,),
+                  lambda r: (_from_result(r, dtype, device),
+                             torch.tensor(list(r["recv_splits"]), dtype=torch.int32)),
+                  splits=sp)
+
+
+class _AlltoallFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name):
+        ctx.name = name
+        out, received = alltoall_async(tensor, splits, name).wait()
+        ctx.received = received
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        g = None if ctx.name is None else ctx.name + ".grad"
+        back, _ = alltoall_async(grad, ctx.received, g).wait()
+        return back, None, None
+
+
+def alltoall(tensor: torch.Tensor, splits=None, name: Optional[str] = None
+             ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Send `splits[p]` rows to rank p (default: even split). Returns the
+    received rows in rank order, and (when `splits` is given) how many rows
+    came from each rank, as Horovod does. Differentiable."""
+    out, received = _AlltoallFn.apply(tensor, splits, name)
+    return out if splits is None else (out, received)
+
+
+def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: int = Average,
+                        postscale_factor: float = 1.0) -> Handle:
+    """Start a reducescatter: rank r gets block r of dim 0 of the reduction."""
+    src = _staged(tensor)
+    if src.dim() == 0:
+        raise ValueError("gradflow: reducescatter needs a tensor with at least one dimension")
+    name = auto_name(REDUCESCATTER, name)
+    dtype, device = src.dtype, tensor.device
+    return submit(REDUCESCATTER, name, src.data_ptr(), 0, dtype_code(dtype), src.shape, (src,),
+                  lambda r: _from_result(r, dtype, device), op=_op_of(None, op),
+                  postscale=postscale_factor)
+
+
+class _ReducescatterFn(torch.autograd.Function):
+    """Gradient: allgather of the incoming gradient (divided by size for Average)."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op):
+        ctx.name, ctx.op = name, op
+        return reducescatter_async(tensor, name, op).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = None if ctx.name is None else ctx.name + ".grad"
+        full = allgather_async(grad, g).wait()
+        return (full / size() if ctx.op == Average else full), None, None
+
+
+def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression=Compression.none,
+                  op: int = Average) -> torch.Tensor:
+    """Reduce `tensor` across ranks; this rank keeps its block of dim-0 rows
+    (earlier ranks get the remainder). `compression` is accepted for
+    Horovod compatibility and ignored. Differentiable."""
+    return _ReducescatterFn.apply(tensor, name, _op_of(None, op))
+
+
+# ---------------------------------------------------------------- control
+
+def synchronize(handle) -> Any:
+    """Wait for an async handle and return its result (the output tensor)."""
+    return handle.wait()
+
+
+def poll(handle) -> bool:
+    """True if the async handle has completed."""
+    return handle.poll()
+
+
+def join(device: int = -1) -> int:
+    """Declare this rank done: it contributes zeros to the other ranks'
+    allreduces until every rank has joined. Returns the last rank to join."""
+    r = submit(JOIN, auto_name(JOIN, None), 0, 0, _dtypes.UINT8, [0], ()).wait()
+    return int(r["shape"][0])
+
+
+def barrier() -> None:
+    """Block until every rank reaches the barrier."""
+    submit(BARRIER, auto_name(BARRIER, None), 0, 0, _dtypes.UINT8, [0], ()).wait()
+

@@ -1,0 +1,395 @@
+# optimizer.py — DistributedOptimizer: wraps any torch optimizer so each
+# gradient is submitted to the core while backward runs, and step() waits
+# for the reductions before the wrapped step. Owns hooks, the pool layout and
+# the step protocol; never communicates itself (the core does, via handles).
+"""DistributedOptimizer, in the manner of PyTorch DDP's reducer.
+
+Terms:
+  range   one parameter's gradient, `numel` elements of the pool.
+  pool    one flat tensor per dtype holding the gradients of all pooled
+          parameters, laid out in backward order; each `param.grad` is a view
+          of it. The native core knows it as (pool id, list of range sizes).
+  bucket  a run of whole ranges, <= bucket_mb (default GRADFLOW_FUSION_THRESHOLD);
+          cut once by the core (grad_pool.h). When the last range of a bucket
+          is marked ready, the core allreduces it in place: no fusion copy.
+  pass    one backward; `backward_passes_per_step` passes make one step.
+
+Life of the wrapper:
+  step 1 (copy path). Hooks (`register_post_accumulate_grad_hook`) fire in
+    backward order; each gradient goes out with `allreduce_async_` under the
+    name "<prefix>.<param name>", and the order is recorded. In step(), after
+    waiting, every rank adopts rank 0's order (one small allgather, so all
+    ranks agree), builds one pool per dtype in that order, copies the reduced
+    gradients in and points every `param.grad` at its view.
+  step >= 2 (pool path). A hook calls `pool_mark_ready(pool, range)`, which
+    returns a handle when it completed a bucket; step() calls `pool_flush`
+    for the buckets not complete (parameters that got no gradient this step
+    contribute the zeros `zero_grad` left there), waits every handle, then
+    `pool_reset`, then runs the wrapped optimizer's step.
+  use_pool=False keeps the copy path for ever (the core fuses small tensors
+    through its fusion buffer: that is the copy the pool avoids).
+
+Invariants:
+  * Every rank creates the same pools (same parameters, same order, same
+    range sizes, same bucket size), so bucket names
+    "gradflow.pool<id>.bucket<b>" and sizes agree everywhere (deadlock
+    freedom: the coordinator matches buckets by name; any order is fine).
+  * A range is marked at most once per step: hooks are counted per parameter
+    and only the `backward_passes_per_step`-th call submits. A further call
+    before step() raises.
+  * Pool views survive: `zero_grad(set_to_none=True)` zeroes the pool in
+    place instead of dropping views (documented deviation). If something
+    else replaces `param.grad` (e.g. `model.zero_grad()`), the hook copies
+    the new gradient into its view and re-points `param.grad` (one copy).
+  * Sparse gradients (embedding(sparse=True)) never enter a pool: they are
+    densified (sparse_as_dense=True, then pooled like the rest) or reduced
+    by allgathering indices and values, as Horovod does.
+  * Frozen parameters (requires_grad=False at wrap time) are excluded.
+  * The pool lives on CPU. With CUDA parameters the wrapper stays on the copy
+    path, which stages through host memory (not run here: no GPU).
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import warnings
+import weakref
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import torch
+
+from .. import _native
+from .._runtime import GradflowError
+from ..collectives import Average, ReduceOp
+from ..compression import Compression, wire_code
+from .functions import allgather_object, check_same_everywhere
+from .ops import allreduce_async_, dtype_code, sparse_allreduce_async
+
+__all__ = ["DistributedOptimizer"]
+
+_instances = itertools.count()
+
+
+class _Pool:
+    """One dtype's flat gradient buffer and its native pool id."""
+
+    def __init__(self, buf: torch.Tensor, pool_id: int):
+        self.buf, self.id = buf, pool_id
+
+
+class _State:
+    """Everything the wrapper adds, kept off the optimizer's own attributes."""
+
+    def __init__(self):
+        self.prefix = ""
+        self.params: List[torch.Tensor] = []      # requires_grad params, param-group order
+        self.names: List[str] = []                # "<prefix>.<name>", same order
+        self.index: Dict[int, int] = {}           # id(param) -> position in params
+        self.passes: Dict[int, int] = {}          # id(param) -> hook calls since last sync
+        self.handles: Dict[int, object] = {}      # id(param) -> copy-path handle
+        self.pool_handles: List[int] = []         # native handles of submitted buckets
+        self.order: List[int] = []                # step-1 hook order (indices)
+        self.sparse: set = set()                  # indices whose grads are sparse (not pooled)
+        self.pools: List[_Pool] = []
+        self.range_of: Dict[int, Tuple[int, int, torch.Tensor]] = {}  # id -> (pool, range, view)
+        self.pool_built = False
+        self.fired = False                        # a hook ran since the last synchronize
+        self.synchronized = False                 # synchronize() ran since the last hook
+        self.should_sync = True                   # False inside skip_synchronize()
+        self.wire_overflow = False                # some 16-bit wire value overflowed last step
+
+
+def _destroy_pools(ids: List[int]) -> None:
+    for i in ids:
+        try:
+            _native.pool_destroy(i)
+        except Exception:
+            pass
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """Methods mixed into a dynamic subclass of the user's optimizer class."""
+
+    # ------------------------------------------------------------ set-up
+    def _gradflow_setup(self, named_parameters, compression, backward_passes_per_step, op,
+                        gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
+                        sparse_as_dense) -> None:
+        s = self._gradflow = _State()
+        op = int(ReduceOp(op))
+        if gradient_predivide_factor != 1.0 and op != Average:
+            raise ValueError("gradflow: gradient_predivide_factor != 1.0 needs op=Average")
+        if backward_passes_per_step < 1:
+            raise ValueError("gradflow: backward_passes_per_step must be >= 1")
+        if sparse_ratio is not None and not 0 < sparse_ratio <= 1:
+            raise ValueError(f"gradflow: sparse_ratio must be in (0, 1], got {sparse_ratio}")
+        s.op, s.bpps, s.sparse_as_dense = op, int(backward_passes_per_step), sparse_as_dense
+        s.wire = wire_code(compression)
+        s.compression = compression
+        s.prescale = 1.0 / gradient_predivide_factor
+        s.postscale = float(gradient_predivide_factor)
+        s.sparse_ratio = -1.0 if sparse_ratio is None else float(sparse_ratio)
+        s.bucket_bytes = -1 if bucket_mb is None else int(bucket_mb * (1 << 20))
+        s.prefix = f"DistributedOptimizer{next(_instances)}"
+
+        seen = set()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    if p.requires_grad:
+                        s.index[id(p)] = len(s.params)
+                        s.params.append(p)
+        s.names = self._gradflow_names(named_parameters)
+        s.use_pool = use_pool and all(p.device.type == "cpu" for p in s.params)
+        if use_pool and not s.use_pool:
+            warnings.warn("gradflow: the gradient pool is CPU-only; CUDA parameters use the copy path")
+        check_same_everywhere([(n, tuple(p.shape), str(p.dtype)) for n, p in zip(s.names, s.params)],
+                              f"DistributedOptimizer '{s.prefix}'")
+        me = weakref.ref(self)  # hooks must not keep the optimizer alive
+
+        def hook(p: torch.Tensor) -> None:
+            opt = me()
+            if opt is not None:
+                opt._gradflow_hook(p)
+
+        s.hook_handles = [p.register_post_accumulate_grad_hook(hook) for p in s.params]
+        self._gradflow_finalizer = weakref.finalize(self, _destroy_pools, [])
+
+    def _gradflow_names(self, named_parameters) -> List[str]:
+        s = self._gradflow
+        if named_parameters is None:
+            where = {}
+            for g, group in enumerate(self.param_groups):
+                for i, p in enumerate(group["params"]):
+                    where.setdefault(id(p), f"group{g}.param{i}")
+            return [f"{s.prefix}.{where[id(p)]}" for p in s.params]
+        named = list(named_parameters)
+        if any(not isinstance(x, tuple) or len(x) != 2 for x in named):
+            raise ValueError("gradflow: named_parameters should be a sequence of (name, parameter), "
+                             "usually model.named_parameters()")
+        names = [n for n, _ in named]
+        dups = sorted({n for n in names if names.count(n) > 1})
+        if dups:
+            raise ValueError(f"gradflow: named_parameters contains duplicate names: {dups}")
+        by_id = {}
+        for n, p in named:
+            by_id.setdefault(id(p), n)
+        missing = [i for i, p in enumerate(s.params) if id(p) not in by_id]
+        if missing:
+            raise ValueError(f"gradflow: named_parameters was given but {len(missing)} optimizer "
+                             "parameter(s) are not in it; name every parameter")
+        return [f"{s.prefix}.{by_id[id(p)]}" for p in s.params]
+
+    # ------------------------------------------------------------ hooks
+    def _gradflow_hook(self, p: torch.Tensor) -> None:
+        s = self._gradflow
+        s.fired, s.synchronized = True, False
+        n = s.passes[id(p)] = s.passes.get(id(p), 0) + 1
+        if n < s.bpps:
+            return
+        if n > s.bpps:
+            raise GradflowError(
+                f"gradflow: gradient of '{s.names[s.index[id(p)]]}' was computed {n} times before "
+                f"step() but backward_passes_per_step={s.bpps}; raise backward_passes_per_step to "
+                "accumulate gradients locally")
+        self._gradflow_submit(p)
+
+    def _gradflow_submit(self, p: torch.Tensor) -> None:
+        s = self._gradflow
+        i = s.index[id(p)]
+        slot = s.range_of.get(id(p))
+        if slot is not None:
+            pool, r, view = slot
+            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
+                # replaced (e.g. model.zero_grad()): re-adopt the view, one copy
+                with torch.no_grad():
+                    view.copy_(p.grad if p.grad is not None else torch.zeros_like(view))
+                p.grad = view
+            h = _native.pool_mark_ready(s.pools[pool].id, r)
+            if h >= 0:
+                s.pool_handles.append(h)
+            return
+        if not s.pool_built and i not in s.order:
+            s.order.append(i)
+        grad = p.grad
+        if grad.is_sparse:
+            if not s.sparse_as_dense:
+                s.sparse.add(i)
+                s.handles[id(p)] = sparse_allreduce_async(grad, s.names[i], s.op)
+                return
+            p.grad = grad = grad.to_dense()
+        s.handles[id(p)] = allreduce_async_(grad, name=s.names[i], op=s.op,
+                                            prescale_factor=s.prescale,
+                                            postscale_factor=s.postscale,
+                                            compression=s.compression,
+                                            sparse_ratio=None if s.sparse_ratio < 0 else s.sparse_ratio)
+
+    # ------------------------------------------------------------ step protocol
+    def synchronize(self) -> None:
+        """Wait until every gradient of this step is reduced (submitting the
+        ones no hook submitted). Raises GradflowError if no gradient was
+        produced since the last step, or if a reduction failed."""
+        s = self._gradflow
+        if not s.fired:
+            raise GradflowError(
+                f"gradflow: {s.prefix}.step()/synchronize() called but no backward pass produced a "
+                "gradient since the last step (step() called twice without backward?)")
+        for p in s.params:  # parameters without a gradient this step: reduce zeros
+            if id(p) not in s.handles and id(p) not in s.range_of:
+                i = s.index[id(p)]
+                if p.grad is None:
+                    p.grad = (torch.sparse_coo_tensor(torch.zeros(p.dim(), 0, dtype=torch.int64),
+                                                      torch.zeros((0,), dtype=p.dtype), p.shape)
+                              if i in s.sparse and not s.sparse_as_dense else torch.zeros_like(p))
+                self._gradflow_submit(p)
+        errors: List[BaseException] = []
+        for p in s.params:
+            h = s.handles.get(id(p))
+            if h is None:
+                continue
+            try:
+                out = h.wait()
+                if p.grad is not None and p.grad.is_sparse:
+                    p.grad = out
+            except BaseException as e:  # keep draining so no buffer is left in flight
+                errors.append(e)
+        overflow = False
+        for pool in s.pools:
+            try:
+                s.pool_handles.extend(_native.pool_flush(pool.id))
+            except BaseException as e:
+                errors.append(e)
+        for h in s.pool_handles:
+            try:
+                overflow |= bool(_native.wait(h)["wire_overflow"])
+            except BaseException as e:
+                errors.append(e)
+        for pool in s.pools:
+            _native.pool_reset(pool.id)
+        s.handles.clear()
+        s.pool_handles.clear()
+        s.passes.clear()
+        s.fired, s.wire_overflow = False, overflow
+        if errors:
+            raise errors[0]
+        if s.use_pool and not s.pool_built:
+            self._gradflow_build_pools()
+        s.synchronized = True
+
+    def _gradflow_build_pools(self) -> None:
+        """Lay the gradients out in rank 0's step-1 order, one pool per dtype."""
+        s = self._gradflow
+        everyone = allgather_object((s.order, sorted(s.sparse)), name=f"{s.prefix}.layout")
+        sparse = s.sparse = set().union(*(set(sp) for _, sp in everyone))
+        order = list(everyone[0][0]) + [i for i in range(len(s.params)) if i not in everyone[0][0]]
+        layout = [i for i in order if i not in sparse and s.params[i].numel() > 0]
+        by_dtype: Dict[torch.dtype, List[int]] = {}
+        for i in layout:
+            by_dtype.setdefault(s.params[i].dtype, []).append(i)
+        for dtype, idxs in by_dtype.items():
+            total = sum(s.params[i].numel() for i in idxs)
+            buf = torch.zeros(total, dtype=dtype)
+            off, ranges = 0, []
+            pool_index = len(s.pools)
+            with torch.no_grad():
+                for r, i in enumerate(idxs):
+                    p = s.params[i]
+                    view = buf[off:off + p.numel()].view(p.shape)
+                    if p.grad is not None:
+                        view.copy_(p.grad)
+                    p.grad = view
+                    s.range_of[id(p)] = (pool_index, r, view)
+                    ranges.append(p.numel())
+                    off += p.numel()
+            pid = _native.pool_create(buf.data_ptr(), dtype_code(dtype), ranges, s.bucket_bytes,
+                                      s.op, s.wire, s.prescale, s.postscale, s.sparse_ratio)
+            s.pools.append(_Pool(buf, pid))
+            self._gradflow_finalizer.detach()
+            self._gradflow_finalizer = weakref.finalize(self, _destroy_pools,
+                                                        [q.id for q in s.pools])
+        s.pool_built = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Inside this block step() does not synchronize: call synchronize()
+        yourself first (gradient clipping, GradScaler.unscale_)."""
+        s = self._gradflow
+        s.should_sync = False
+        try:
+            yield
+        finally:
+            s.should_sync = True
+
+    def step(self, closure=None):
+        """Wait for this step's reductions (unless inside skip_synchronize()
+        or synchronize() was already called), then run the wrapped step."""
+        s = self._gradflow
+        if s.should_sync:
+            if s.synchronized:
+                warnings.warn("optimizer.step() called after optimizer.synchronize() outside "
+                              "optimizer.skip_synchronize(); not synchronizing again")
+            else:
+                self.synchronize()
+        s.synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the gradients. Pooled gradients are always zeroed in place
+        (whatever `set_to_none` says) so they stay views of the pool; other
+        gradients follow `set_to_none`."""
+        s = self._gradflow
+        for pool in s.pools:
+            pool.buf.zero_()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                slot = s.range_of.get(id(p))
+                if slot is not None and p.grad.data_ptr() == slot[2].data_ptr():
+                    continue
+                if set_to_none:
+                    p.grad = None
+                else:
+                    if p.grad.grad_fn is not None:
+                        p.grad.detach_()
+                    else:
+                        p.grad.requires_grad_(False)
+                    p.grad.zero_()
+
+    @property
+    def wire_overflow(self) -> bool:
+        """True if a 16-bit wire value overflowed in the last pooled step."""
+        return self._gradflow.wire_overflow
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
+                         named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
+                         compression=Compression.none, backward_passes_per_step: int = 1,
+                         op: int = Average, gradient_predivide_factor: float = 1.0,
+                         sparse_ratio: Optional[float] = None, use_pool: bool = True,
+                         bucket_mb: Optional[float] = None,
+                         sparse_as_dense: bool = False) -> torch.optim.Optimizer:
+    """Wrap `optimizer` so gradients are averaged (op) across ranks.
+
+    Returns an instance of a subclass of the optimizer's own class (same
+    param groups, state and hyperparameters), so isinstance, state_dict and
+    LR schedulers keep working. Collective: every rank must wrap the same
+    parameters (checked; a mismatch raises GradflowError on every rank).
+
+    compression: Compression.none / .fp16 / .bf16 (16-bit wire, fp32 sums).
+    backward_passes_per_step: gradients accumulate locally for that many
+      backward passes; the last one submits.
+    gradient_predivide_factor: scale by 1/f before the sum and f after.
+    sparse_ratio: CSC sparse communication ratio (None: GRADFLOW_SPARSE_RATIO).
+    use_pool: lazy allreduce over a contiguous gradient pool (zero copy).
+    bucket_mb: pool bucket size (None: GRADFLOW_FUSION_THRESHOLD).
+    sparse_as_dense: densify sparse gradients instead of allgathering them.
+    """
+    base = optimizer.__class__
+    cls = type(base.__name__, (base,), dict(_DistributedOptimizer.__dict__))
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(optimizer.__dict__)  # same groups, state, defaults, hooks
+    wrapped._gradflow_setup(named_parameters, compression, backward_passes_per_step, op,
+                            gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
+                            sparse_as_dense)
+    return wrapped

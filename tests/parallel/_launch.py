@@ -1,0 +1,52 @@
+"""Runs a test script under the MPI launcher with a timeout (the one way
+parallel tests start processes). Ranks > cores are fine: MPICH is told to
+yield while polling so oversubscribed runs stay fast."""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+from typing import Dict, Optional, Sequence
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def in_place_build() -> bool:
+    """True if the source tree has its own built extension (developer mode);
+    otherwise the installed gradflow is tested."""
+    return bool(glob.glob(os.path.join(ROOT, "gradflow", "_native*.so"))) and \
+        not os.environ.get("GRADFLOW_TEST_INSTALLED")
+
+
+def mpiexec() -> str:
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return beside if os.path.exists(beside) else (shutil.which("mpiexec") or "mpiexec")
+
+
+def run_mpi(n: int, script: str, *args: str, timeout: float = 180,
+            env: Optional[Dict[str, str]] = None, expect_fail: bool = False,
+            mpi_args: Sequence[str] = ()) -> subprocess.CompletedProcess:
+    """Run `script` (a path, or a name relative to tests/parallel) on `n` ranks.
+    Asserts exit code 0 (or non-zero with expect_fail) and returns the result."""
+    path = script if os.path.isabs(script) else os.path.join(HERE, script)
+    full_env = dict(os.environ)
+    full_env.setdefault("MPIR_CVAR_POLLS_BEFORE_YIELD", "10")
+    if in_place_build():
+        full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    if env:
+        full_env.update(env)
+    cmd = [mpiexec(), *mpi_args, "-n", str(n), sys.executable, path, *args]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"{' '.join(cmd)} timed out after {timeout} s\n"
+                             f"stdout:\n{e.stdout}\nstderr:\n{e.stderr}") from None
+    ok = (proc.returncode != 0) if expect_fail else (proc.returncode == 0)
+    assert ok, (f"{' '.join(cmd)} exited with {proc.returncode}\n"
+                f"stdout:\n{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-6000:]}")
+    return proc

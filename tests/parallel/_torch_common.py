@@ -1,0 +1,112 @@
+# _torch_common.py — shared pieces of the torch SPMD test scripts: models,
+# deterministic data (every rank can rebuild every rank's batch, so rank 0
+# computes a single-process reference with plain torch) and cross-rank checks.
+"""Helpers for tests/parallel/torch_*_script.py (run under mpiexec)."""
+from __future__ import annotations
+
+import hashlib
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import gradflow.torch as hvd
+
+torch.set_num_threads(1)
+
+
+def digits():
+    """sklearn digits as float tensors (N, 64) and labels (N,)."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.tensor(d.data / 16.0, dtype=torch.float32)
+    y = torch.tensor(d.target, dtype=torch.int64)
+    return x, y
+
+
+def mlp(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+
+
+class SmallCNN(torch.nn.Module):
+    """8x8 digits -> conv -> relu -> linear (several dtypes-free shapes)."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.conv = torch.nn.Conv2d(1, 4, 3, padding=1)
+        self.fc = torch.nn.Linear(4 * 8 * 8, 10)
+
+    def forward(self, x):
+        return self.fc(F.relu(self.conv(x.view(-1, 1, 8, 8))).flatten(1))
+
+
+def batch(x, y, step: int, rank: int, size: int, per_rank: int):
+    """Rank `rank`'s shard of global batch `step` (deterministic)."""
+    g = torch.Generator().manual_seed(1000 + step)
+    idx = torch.randperm(x.shape[0], generator=g)[: per_rank * size]
+    mine = idx[rank * per_rank:(rank + 1) * per_rank]
+    return x[mine], y[mine]
+
+
+def global_batch(x, y, step: int, size: int, per_rank: int):
+    g = torch.Generator().manual_seed(1000 + step)
+    idx = torch.randperm(x.shape[0], generator=g)[: per_rank * size]
+    return x[idx], y[idx]
+
+
+def train(model, opt, steps: int, rank: int, size: int, per_rank: int, bpps: int = 1,
+          start: int = 0, x=None, y=None):
+    """Plain training loop used both distributed (rank's shard) and as the
+    single-process reference (rank 0 of size 1 with the global batch)."""
+    if x is None:
+        x, y = digits()
+    for step in range(start, start + steps):
+        opt.zero_grad()
+        for p in range(bpps):
+            xb, yb = batch(x, y, step * bpps + p, rank, size, per_rank)
+            F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+
+
+def flat(params) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1).double() for p in params])
+
+
+def digest(t: torch.Tensor) -> np.ndarray:
+    h = hashlib.sha256(t.detach().contiguous().numpy().tobytes()).digest()
+    return np.frombuffer(h, np.uint8).copy()
+
+
+def assert_identical(params, what: str) -> None:
+    """Parameters bitwise identical on every rank (allgather of a hash)."""
+    mine = digest(torch.cat([p.detach().reshape(-1).float() for p in params]))
+    every = hvd.allgather_object(mine.tobytes())
+    assert all(e == every[0] for e in every), f"{what}: parameters differ between ranks"
+
+
+def assert_close(a: torch.Tensor, b: torch.Tensor, what: str, tol: float = 1e-5) -> None:
+    err = (a - b).abs().max().item()
+    scale = max(1.0, b.abs().max().item())
+    assert err <= tol * scale, f"{what}: max abs difference {err} (tolerance {tol * scale})"
+
+
+def expect_error(fn: Callable, *needles: str) -> str:
+    """Run fn; it must raise GradflowError whose message contains every needle."""
+    try:
+        fn()
+    except hvd.GradflowError as e:
+        msg = str(e)
+        for n in needles:
+            assert n in msg, f"error message lacks {n!r}: {msg}"
+        return msg
+    raise AssertionError(f"expected GradflowError containing {needles}")
+
+
+def ok(name: str) -> None:
+    if hvd.rank() == 0:
+        print(f"ok {name} (size {hvd.size()})", flush=True)
+
