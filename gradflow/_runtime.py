@@ -28,6 +28,7 @@ _KIND_NAMES = ["allreduce", "allgather", "broadcast", "reducescatter", "alltoall
 _lock = threading.Lock()
 _counters: Dict[str, itertools.count] = {}
 _hooks_installed = False
+_uncaught_exception = False
 _comm: Optional[MPI.Comm] = None
 
 
@@ -143,9 +144,11 @@ def _install_hooks() -> None:
 
     def excepthook(exc_type, exc, tb):
         # Tell the other ranks before this one dies, so they raise instead of waiting.
+        global _uncaught_exception
         try:
             if _native.is_initialized():
                 _native.abort(f"{exc_type.__name__}: {exc}")
+                _uncaught_exception = True
         except Exception:
             pass
         previous(exc_type, exc, tb)
@@ -158,11 +161,12 @@ def _install_hooks() -> None:
 
 def _at_exit() -> None:
     failed = _native.failed_fatally()
-    _native.shutdown()
-    if failed:
-        # A peer is dead or unreachable: MPI_Finalize would wait for it forever.
+    _native.shutdown()  # its last cycle carries this rank's abort message, if any
+    if failed or _uncaught_exception:
+        # A peer is dead, or the peers were told to give up: MPI_Finalize
+        # would wait for them forever.
         sys.stdout.flush()
         sys.stderr.write(f"[gradflow rank {_comm.Get_rank() if _comm else '?'}] communication "
-                         "failed; exiting with code 1 without MPI_Finalize\n")
+                         "failed or aborted; exiting with code 1 without MPI_Finalize\n")
         sys.stderr.flush()
         os._exit(1)

@@ -40,7 +40,7 @@ def broadcast_keras_variables(variables, root_rank: int, name: str) -> None:
     errors = []
     for i, (v, h) in enumerate(zip(variables, handles)):
         try:
-            v.assign(h.wait())
+            v.assign(np.reshape(h.wait(), tuple(v.shape)))
         except RuntimeError as e:
             errors.append(f"{e} [variable {i}: {getattr(v, 'path', v.name)} shape {tuple(v.shape)}]")
     if errors:

@@ -104,6 +104,13 @@ def _cross(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
            what: str) -> List[tf.Tensor]:
     """Run numpy function `fn` on `inputs`: directly when eager, as one
     stateful tf.numpy_function node (output shapes set) when tracing."""
+    full = [tuple(tf.TensorShape(s).as_list()) if s is not None and tf.TensorShape(s).is_fully_defined()
+            else None for s in shapes]
+    inner = fn
+
+    def fn(*arrays):  # the numpy API returns 0-d inputs as shape [1]: restore static shapes
+        return [o if f is None else np.reshape(o, f) for o, f in zip(inner(*arrays), full)]
+
     if tf.executing_eagerly():
         outs = fn(*[np.asarray(t) for t in inputs])
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]

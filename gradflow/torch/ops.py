@@ -98,7 +98,8 @@ class SparseHandle:
         idx, val = self.indices.wait(), self.values.wait()
         if self.op == Average:
             val = val / size()
-        out = torch.sparse_coo_tensor(idx.t(), val, self.like.shape, dtype=self.like.dtype)
+        out = torch.sparse_coo_tensor(idx.t(), val, self.like.shape, dtype=self.like.dtype,
+                                      check_invariants=False).coalesce()
         return out.to(self.like.device)
 
 

@@ -1,4 +1,4 @@
-# tests/parallel/tf_ops_check.py — SPMD script (run by test_tensorflow.py under
+# tests/parallel/tf_ops_script.py — SPMD script (run by test_tensorflow.py under
 # mpiexec): every gradflow.tensorflow op eagerly and in tf.function against a
 # numpy closed form in rank and index, their gradients, DistributedGradientTape,
 # broadcast_variables and the cross-rank mismatch error. Exits non-zero on failure.

@@ -1,0 +1,34 @@
+"""gradflow.tensorflow and gradflow.keras on 2 ranks (TF import is ~5-10 s per
+process, so each script combines many checks): ops eager and in tf.function
+with gradients, DistributedGradientTape, Keras fit vs single-process training,
+every callback, mismatch errors, and one runtime shared with gradflow.torch."""
+import importlib.util
+import os
+
+import pytest
+
+from _launch import ROOT, run_mpi
+
+TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTEROP_THREADS": "1",
+          "TF_NUM_INTRAOP_THREADS": "1", "KERAS_BACKEND": "tensorflow"}
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
+                                 reason="tensorflow is not installed")
+
+
+def test_tf_ops_eager_graph_gradients_tape():
+    out = run_mpi(2, "tf_ops_script.py", env=TF_ENV, timeout=240)
+    assert out.stdout.count("tf ops OK") == 2, out.stdout
+
+
+def test_keras_fit_and_callbacks():
+    out = run_mpi(2, "keras_fit_script.py", env=TF_ENV, timeout=300)
+    assert out.stdout.count("keras OK") == 2, out.stdout
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "gradflow", "torch", "__init__.py"))
+                    or importlib.util.find_spec("torch") is None,
+                    reason="gradflow.torch (or torch) is not available")
+def test_torch_and_tensorflow_share_one_runtime():
+    out = run_mpi(2, "tf_torch_script.py", env=TF_ENV, timeout=240)
+    assert out.stdout.count("one runtime OK") == 2, out.stdout
