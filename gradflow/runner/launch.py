@@ -27,7 +27,12 @@ except ImportError:  # run as a script: python gradflow/runner/launch.py
     import rank_wrapper as _wrapper  # type: ignore[no-redef]
 
 MPIEXEC_ENV = "GRADFLOW_MPIEXEC"
-FAILURE_GRACE_SECONDS = 1.0  # after a rank fails, let mpiexec stop the job itself first
+# After a rank fails, the others get time to raise their own error before the
+# launcher stops them (hydra's auto-cleanup is off so they can): gradflow
+# ranks learn of a peer's exception within a cycle (FAILURE_GRACE_SECONDS is
+# plenty), of a peer killed by a signal only after GRADFLOW_TIMEOUT.
+FAILURE_GRACE_SECONDS = 5.0
+DEFAULT_TIMEOUT_SECONDS = 60.0
 KILL_GRACE_SECONDS = 5.0  # between the stages of stopping a job (see _Stopper)
 
 
@@ -195,7 +200,8 @@ def build_launch(args: argparse.Namespace, config_keys: Sequence[Any], *,
         for name, value in {**settings, **runner_env}.items():
             argv += ["-x", f"{name}={value}"]
     else:
-        argv += ["-n", str(args.np)]
+        # Survivors of a failed rank must live long enough to raise (see above).
+        argv += ["-disable-auto-cleanup", "-n", str(args.np)]
         if host_list:
             argv += ["-hosts", _hosts.hydra_hosts_arg(host_list, args.np)]
         for name, value in {**settings, **runner_env}.items():
@@ -281,6 +287,11 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
     grace period); report failed ranks; return the exit code."""
     received: List[int] = []
     seen = 0
+    try:
+        grace = float(env.get("GRADFLOW_TIMEOUT", DEFAULT_TIMEOUT_SECONDS)) + FAILURE_GRACE_SECONDS
+    except ValueError:
+        grace = DEFAULT_TIMEOUT_SECONDS + FAILURE_GRACE_SECONDS
+    wait_for = grace
 
     def on_signal(signum: int, _frame: Any) -> None:
         received.append(signum)
@@ -302,7 +313,9 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
             codes = [c for c, _ in _read_statuses(status_dir, np).values()]
             if failed_at is None and any(c != 0 for c in codes):
                 failed_at = time.monotonic()
-            if failed_at and time.monotonic() - failed_at > FAILURE_GRACE_SECONDS:
+                killed = any(c < 0 or c > 128 for c in codes)
+                wait_for = grace if killed else FAILURE_GRACE_SECONDS
+            if failed_at and time.monotonic() - failed_at > wait_for:
                 stopper.start(signal.SIGTERM, "failed")
             if stopper.stage == 0 and time.monotonic() - started > start_timeout:
                 missing = [r for r in local_ranks if not os.path.exists(

@@ -110,6 +110,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         logs = {k: os.path.join(rank_dir, k) for k in logs}
     write_status(status_dir, rank, "start", f"{os.getpid()} {socket.gethostname()}\n")
 
+    # With -disable-auto-cleanup hydra tells a rank that another one ended by
+    # sending it SIGUSR1, whose default action kills it even after a clean
+    # MPI_Finalize. Ignored here, ignored in the command (the disposition
+    # survives exec); gradflow detects dead peers by GRADFLOW_TIMEOUT instead.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")  # Python ranks: lines arrive as printed
     try:

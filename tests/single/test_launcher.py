@@ -177,7 +177,7 @@ def test_build_launch_hydra():
                   "--mpi-args", "-bind-to core", "python", "train.py", "--epochs", "2"])
     argv, env = L.build_launch(args, FAKE_KEYS, mpiexec="/opt/mpi/mpiexec", python="/py",
                                status_dir="/tmp/st", base_env={"PATH": "/bin"})
-    assert argv[:3] == ["/opt/mpi/mpiexec", "-n", "3"]
+    assert argv[:4] == ["/opt/mpi/mpiexec", "-disable-auto-cleanup", "-n", "3"]
     assert argv[argv.index("-hosts") + 1] == "h1:2,h2:1"
     i = argv.index("GRADFLOW_FUSION_THRESHOLD")
     assert argv[i - 1:i + 2] == ["-genv", "GRADFLOW_FUSION_THRESHOLD", "1048576"]
@@ -192,7 +192,7 @@ def test_build_launch_hydra():
 def test_build_launch_local_no_hosts_and_output_dir(tmp_path):
     args = parse(["-np", "2", "--output-filename", "logs", "python", "-c", "pass"])
     argv, env = L.build_launch(args, FAKE_KEYS, base_env={})
-    assert argv[:3] == ["mpiexec", "-n", "2"] and "-hosts" not in argv
+    assert argv[:4] == ["mpiexec", "-disable-auto-cleanup", "-n", "2"] and "-hosts" not in argv
     assert not any(a.startswith("GRADFLOW_") for a in argv)
     assert env[W.OUTPUT_DIR_ENV] == os.path.abspath("logs")
     assert argv[-3:] == ["python", "-c", "pass"]
