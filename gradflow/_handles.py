@@ -14,7 +14,8 @@ from . import _native
 class Handle:
     """An in-flight collective. Pass to `gradflow.synchronize` or `gradflow.poll`."""
 
-    __slots__ = ("native", "keep_alive", "finish", "_done", "_value", "_error", "name")
+    __slots__ = ("native", "keep_alive", "finish", "_done", "_value", "_error", "name",
+                 "wire_overflow")
 
     def __init__(self, native: int, keep_alive: tuple, finish: Optional[Callable[[dict], Any]], name: str):
         self.native = native
@@ -24,6 +25,9 @@ class Handle:
         self._done = False
         self._value: Any = None
         self._error: Optional[BaseException] = None
+        #: True once done if a finite value overflowed the 16-bit wire (became
+        #: inf): mixed-precision loss scaling treats it like a gradient overflow.
+        self.wire_overflow = False
 
     def poll(self) -> bool:
         """True once the collective has completed (successfully or not)."""
@@ -34,6 +38,7 @@ class Handle:
         if not self._done:
             try:
                 result = _native.wait(self.native)
+                self.wire_overflow = bool(result.get("wire_overflow", False))
                 self._value = self.finish(result) if self.finish else result
             except BaseException as e:  # remembered so a second wait raises too
                 self._error = e

@@ -209,7 +209,8 @@ void ResponseExecutor::run_allreduces(const std::vector<const Response*>& group,
     }
   }
   scale_buffer(work, total, dt, first.prescale);
-  if (first.sparse_ratio < 1.0 && dt == DataType::kFloat32 && comm_.size() > 1) {
+  // Sparse even on one rank: training behaves the same at every size.
+  if (first.sparse_ratio < 1.0 && dt == DataType::kFloat32) {
     allreduce_sparse(first.name, static_cast<float*>(work), total, first.op, first.wire,
                      first.sparse_ratio, &ts);
   } else {
