@@ -115,6 +115,11 @@ def reset_stats() -> None:
     _native.reset_stats()
 
 
+def timeline_mark(name: str) -> None:
+    """Add an instant event (e.g. "step 12") to the GRADFLOW_TIMELINE trace, if enabled."""
+    _native.timeline_mark(str(name))
+
+
 def auto_name(kind: int, name: Optional[str]) -> str:
     """The given name, or `<kind>.noname.<n>` counting per kind (as Horovod
     does); ranks that issue unnamed collectives in the same order agree."""

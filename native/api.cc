@@ -12,7 +12,10 @@ Runtime::Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>
     : cfg_(load_config(overrides)) {
   comm_ = std::make_unique<MpiComm>(comm_handle, cfg_.timeout_seconds);
   check_config_matches_everywhere();
-  loop_ = std::make_unique<BackgroundLoop>(*comm_, cfg_, queue_, stats_);
+  // Rank 0 writes the timeline (as in Horovod): negotiation spans there
+  // show when the *last* rank submitted each tensor.
+  if (comm_->rank() == 0) timeline_.open(cfg_.timeline, comm_->rank());
+  loop_ = std::make_unique<BackgroundLoop>(*comm_, cfg_, queue_, stats_, timeline_);
   loop_->start();
 }
 
@@ -92,6 +95,7 @@ HandleResult Runtime::wait(int64_t handle) { return queue_.wait(handle); }
 
 void Runtime::shutdown() {
   if (loop_) loop_->shutdown();
+  timeline_.close();
 }
 
 void Runtime::abort(const std::string& message) {

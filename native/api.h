@@ -16,6 +16,7 @@
 #include "mpi_comm.h"
 #include "stats.h"
 #include "tensor_queue.h"
+#include "timeline.h"
 
 namespace gradflow {
 
@@ -46,6 +47,7 @@ class Runtime {
   const MpiComm& comm() const { return *comm_; }
   const Config& config() const { return cfg_; }
   Stats& stats() { return stats_; }
+  Timeline& timeline() { return timeline_; }
 
   int64_t submit(const SubmitArgs& args);  // validates early, returns a handle
   bool poll(int64_t handle);
@@ -75,6 +77,7 @@ class Runtime {
   Config cfg_;
   std::unique_ptr<MpiComm> comm_;
   Stats stats_;
+  Timeline timeline_;
   TensorQueue queue_;
   std::unique_ptr<BackgroundLoop> loop_;
   std::mutex pools_mu_;

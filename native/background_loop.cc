@@ -2,15 +2,18 @@
 #include "background_loop.h"
 
 #include <chrono>
+#include <cctype>
 #include <cstdio>
 
 namespace gradflow {
 
-BackgroundLoop::BackgroundLoop(MpiComm& comm, const Config& cfg, TensorQueue& queue, Stats& stats)
+BackgroundLoop::BackgroundLoop(MpiComm& comm, const Config& cfg, TensorQueue& queue, Stats& stats,
+                               Timeline& timeline)
     : comm_(comm),
       cfg_(cfg),
       queue_(queue),
       stats_(stats),
+      timeline_(timeline),
       coordinator_(comm, cfg),
       executor_(comm, cfg, stats) {}
 
@@ -78,6 +81,7 @@ bool BackgroundLoop::cycle() {
     abort_message = abort_message_;
   }
   CycleResult res = coordinator_.cycle(fresh, shutdown_requested_, abort_message);
+  agreed_at_ = clock::now();
   stats_.add("seconds_negotiation", res.negotiation_seconds);
   if (res.used_slow_path) stats_.add("negotiation.slow_path_cycles", 1);
   if (!res.responses.empty()) stats_.add("negotiation.cycles_with_work", 1);
@@ -100,7 +104,9 @@ bool BackgroundLoop::cycle() {
     // stall error for another rank's name) needs no work here.
     if (!any_local && !group[0]->error.empty()) continue;
     std::vector<HandleResult> results;
+    auto started = clock::now();
     executor_.run_group(group, entries, &results);
+    if (timeline_.enabled()) trace_group(group, entries, started);
     for (size_t i = 0; i < group.size(); ++i) {
       if (!entries[i]) continue;
       queue_.complete(*entries[i], std::move(results[i]));
@@ -118,6 +124,28 @@ bool BackgroundLoop::cycle() {
   }
   queue_.sleep_until(next);
   return true;
+}
+
+void BackgroundLoop::trace_group(const std::vector<const Response*>& group,
+                                 const std::vector<TensorEntry*>& entries,
+                                 std::chrono::steady_clock::time_point started) {
+  auto ended = std::chrono::steady_clock::now();
+  const auto& run = executor_.last_run();
+  for (size_t i = 0; i < group.size(); ++i) {
+    const Response& r = *group[i];
+    if (entries[i]) timeline_.span(r.name, "NEGOTIATE", entries[i]->submitted, agreed_at_, "");
+    std::string args = "\"fused_with\": " + std::to_string(group.size() - 1) +
+                       ", \"bytes_sent\": " + std::to_string(run.transfer.bytes_sent) +
+                       ", \"codec_us\": " + std::to_string(run.transfer.codec_seconds * 1e6);
+    if (r.kind == OpKind::kAllreduce)
+      args += std::string(", \"algo\": \"") + allreduce_algo_name(run.algo) +
+              "\", \"wire\": \"" + wire_dtype_name(run.wire) +
+              "\", \"sparse\": " + (run.sparse ? "true" : "false");
+    if (!r.error.empty()) args += ", \"error\": \"" + json_escape(r.error) + "\"";
+    std::string name = op_kind_name(r.kind);
+    for (auto& c : name) c = static_cast<char>(std::toupper(c));
+    timeline_.span(r.name, name.c_str(), started, ended, args);
+  }
 }
 
 }  // namespace gradflow

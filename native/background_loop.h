@@ -5,6 +5,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <vector>
 #include <map>
 #include <mutex>
 #include <string>
@@ -16,12 +18,14 @@
 #include "response_executor.h"
 #include "stats.h"
 #include "tensor_queue.h"
+#include "timeline.h"
 
 namespace gradflow {
 
 class BackgroundLoop {
  public:
-  BackgroundLoop(MpiComm& comm, const Config& cfg, TensorQueue& queue, Stats& stats);
+  BackgroundLoop(MpiComm& comm, const Config& cfg, TensorQueue& queue, Stats& stats,
+                 Timeline& timeline);
   ~BackgroundLoop();
 
   void start();
@@ -40,11 +44,15 @@ class BackgroundLoop {
   void run();
   bool cycle();  // one tick; false when the loop must stop
   void fail_all(const std::string& reason);
+  void trace_group(const std::vector<const Response*>& group,
+                   const std::vector<TensorEntry*>& entries,
+                   std::chrono::steady_clock::time_point started);
 
   MpiComm& comm_;
   Config cfg_;
   TensorQueue& queue_;
   Stats& stats_;
+  Timeline& timeline_;
   Coordinator coordinator_;
   ResponseExecutor executor_;
   std::map<std::string, TensorEntry> pending_;  // this rank's submitted, not yet run
@@ -54,6 +62,7 @@ class BackgroundLoop {
   std::string abort_message_;
   std::string failure_;
   std::thread thread_;
+  std::chrono::steady_clock::time_point agreed_at_;  // end of this cycle's negotiation
 };
 
 }  // namespace gradflow

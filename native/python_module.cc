@@ -118,6 +118,8 @@ PYBIND11_MODULE(_native, m) {
 
   m.def("failed_fatally", [] { return g_runtime && g_runtime->failed_fatally(); },
         "True if communication failed (dead/stalled rank, abort): MPI_Finalize may hang.");
+  m.def("timeline_mark", [](const std::string& name) { runtime().timeline().mark(name); },
+        "Add an instant event (e.g. a step boundary) to the timeline, if one is being written.");
   m.def("stats", [] { return runtime().stats().snapshot(); }, "Counters since the last reset.");
   m.def("reset_stats", [] { runtime().stats().reset(); });
 

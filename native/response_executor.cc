@@ -111,6 +111,8 @@ void ResponseExecutor::allreduce_dense(void* buf, size_t count, DataType dt, Red
   }
   local.transfer_seconds = now_seconds() - t0;
   record("allreduce", algo, wire, local);
+  last_.algo = algo;
+  last_.wire = wire;
   ts->bytes_sent += local.bytes_sent;
   ts->bytes_received += local.bytes_received;
   ts->codec_seconds += local.codec_seconds;
@@ -162,6 +164,7 @@ void ResponseExecutor::run_group(const std::vector<const Response*>& group,
                                  const std::vector<TensorEntry*>& entries,
                                  std::vector<HandleResult>* results) {
   results->assign(group.size(), HandleResult{});
+  last_ = LastRun{};
   for (size_t i = 0; i < group.size(); ++i)
     if (!group[i]->error.empty()) (*results)[i].error = group[i]->error;
   if (group.size() == 1 && !group[0]->error.empty()) return;
@@ -231,6 +234,8 @@ void ResponseExecutor::run_allreduces(const std::vector<const Response*>& group,
   }
   stats_.add("fusion.bytes_copied", static_cast<double>(fusion_.bytes_copied() - copied_before));
   for (auto& r : *results) r.wire_overflow = ts.wire_overflow;
+  last_.transfer = ts;
+  last_.sparse = first.sparse_ratio < 1.0 && dt == DataType::kFloat32;
 }
 
 void ResponseExecutor::run_other(const Response& r, TensorEntry* e, HandleResult* result) {
@@ -299,6 +304,7 @@ void ResponseExecutor::run_other(const Response& r, TensorEntry* e, HandleResult
       break;  // handled by run_allreduces
   }
   ts.transfer_seconds = now_seconds() - t0;
+  last_.transfer = ts;
   stats_.add(std::string(op_kind_name(r.kind)) + ".count", 1);
   stats_.add("bytes_sent", static_cast<double>(ts.bytes_sent));
   stats_.add("bytes_received", static_cast<double>(ts.bytes_received));

@@ -41,6 +41,15 @@ class ResponseExecutor {
   // Which algorithm an allreduce of `bytes` would use (for stats/timeline).
   AllreduceAlgo choose_algo(size_t bytes, DataType dt) const;
 
+  // What the last run_group did, for the timeline.
+  struct LastRun {
+    AllreduceAlgo algo = AllreduceAlgo::kRing;
+    WireDtype wire = WireDtype::kNative;
+    TransferStats transfer;
+    bool sparse = false;
+  };
+  const LastRun& last_run() const { return last_; }
+
  private:
   // In-place allreduce of a contiguous buffer (dense), any algorithm.
   void allreduce_dense(void* buf, size_t count, DataType dt, ReduceOp op, WireDtype wire,
@@ -66,6 +75,7 @@ class ResponseExecutor {
   std::vector<uint8_t> zeros_;  // a joined rank's stand-in input
   std::unique_ptr<TwoSyncAllreduce> two_sync_;
   std::map<std::string, SparseState> sparse_;
+  LastRun last_;
 };
 
 }  // namespace gradflow

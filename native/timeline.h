@@ -1,0 +1,49 @@
+// timeline.h — Chrome-trace (chrome://tracing, Perfetto) writer. One row per
+// tensor name: a NEGOTIATE span (submitted -> agreed by all ranks) and an
+// execution span named after the collective, with the algorithm, wire dtype,
+// bytes and codec time as args; instant events mark steps. Only the rank
+// that opened a file writes; a disabled Timeline costs one branch per event.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace gradflow {
+
+class Timeline {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // Opens `path` (truncating) if non-empty; otherwise the timeline is off.
+  void open(const std::string& path, int rank);
+  void close();
+  ~Timeline() { close(); }
+  bool enabled() const { return file_ != nullptr; }
+
+  // A complete span on the tensor's row. `args_json` is a JSON object body
+  // (e.g. "\"algo\": \"ring\"") or empty.
+  void span(const std::string& tensor, const char* name, Clock::time_point start,
+            Clock::time_point end, const std::string& args_json);
+  // An instant event on the "steps" row (e.g. optimizer step boundaries).
+  void mark(const std::string& name);
+
+ private:
+  int row_of(const std::string& tensor);  // caller holds mu_
+  void write_event(const std::string& json);  // caller holds mu_
+  double micros(Clock::time_point t) const;
+
+  std::mutex mu_;
+  std::FILE* file_ = nullptr;
+  bool first_event_ = true;
+  int rank_ = 0;
+  Clock::time_point origin_;
+  std::map<std::string, int> rows_;
+};
+
+// Escapes a string for inclusion in JSON.
+std::string json_escape(const std::string& s);
+
+}  // namespace gradflow

@@ -1,0 +1,62 @@
+# torch_errors_script.py — SPMD: misuse of the torch binding must raise a
+# clear GradflowError on every rank instead of hanging: step() twice without
+# backward, too many backward passes, models that differ between ranks
+# (DistributedOptimizer and broadcast_parameters), rank-dependent shapes.
+import torch
+import torch.nn.functional as F
+
+import gradflow.torch as hvd
+from _torch_common import batch, digits, expect_error, mlp, ok
+
+hvd.init()
+R, N = hvd.rank(), hvd.size()
+X, Y = digits()
+
+
+def one_step(m, opt, step=0):
+    opt.zero_grad()
+    xb, yb = batch(X, Y, step, R, N, 8)
+    F.cross_entropy(m(xb), yb).backward()
+    opt.step()
+
+
+# step() twice without backward (pool path built after the first step)
+for use_pool in (True, False):
+    m = mlp()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(),
+                                   use_pool=use_pool)
+    one_step(m, opt, 0)
+    one_step(m, opt, 1)
+    expect_error(opt.step, "called twice without backward")
+    one_step(m, opt, 2)  # still usable afterwards
+    ok(f"step twice raises (pool={use_pool})")
+
+# more backward passes than backward_passes_per_step
+m = mlp()
+opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters())
+xb, yb = batch(X, Y, 0, R, N, 8)
+F.cross_entropy(m(xb), yb).backward()
+
+
+def second_backward():
+    F.cross_entropy(m(xb), yb).backward()
+
+
+expect_error(second_backward, "backward_passes_per_step")
+ok("too many backward passes raises")
+
+# a model whose shapes differ on the last rank
+wide = 32 if R < N - 1 else 33
+torch.manual_seed(0)
+bad = torch.nn.Sequential(torch.nn.Linear(64, wide), torch.nn.ReLU(), torch.nn.Linear(wide, 10))
+expect_error(lambda: hvd.DistributedOptimizer(torch.optim.SGD(bad.parameters(), lr=0.1),
+                                              bad.named_parameters()),
+             "0.weight", f"rank {N - 1}", "same model")
+expect_error(lambda: hvd.broadcast_parameters(bad.state_dict(), root_rank=0),
+             "0.bias", f"rank {N - 1}")  # state_dict items are sorted
+ok("mismatched model raises")
+
+# the core's own signature check names the tensor
+expect_error(lambda: hvd.allreduce(torch.zeros(3 + (R == N - 1)), name="grads.fc.weight"),
+             "grads.fc.weight", "mismatched")
+ok("rank-dependent allreduce shape raises")
