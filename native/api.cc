@@ -68,7 +68,7 @@ int64_t Runtime::submit(const SubmitArgs& a) {
   Request& r = e.request;
   r.rank = comm_->rank();
   r.kind = a.kind;
-  r.name = a.name;
+  r.name = a.kind == OpKind::kJoin ? std::string(kJoinTensorName) : a.name;
   r.dtype = a.dtype;
   r.shape = a.shape;
   r.op = a.op;

@@ -11,7 +11,7 @@ namespace {
 constexpr uint64_t kFlagSlow = 1;      // some rank has slow-path work
 constexpr uint64_t kFlagShutdown = 2;  // some rank called shutdown()
 constexpr uint64_t kFlagAbort = 4;     // some rank is failing
-constexpr const char* kJoinName = "__gradflow_join__";
+constexpr const char* kJoinName = kJoinTensorName;
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -40,6 +40,8 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
   std::vector<int32_t> invalid;
 
   // A. classify new requests.
+  for (const Request& r : fresh)
+    if (r.kind == OpKind::kJoin) joined_ = true;
   for (const Request& r : fresh) {
     auto it = cache_bit_of_.find(r.name);
     if (it != cache_bit_of_.end() && r.kind != OpKind::kJoin) {
@@ -137,8 +139,6 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
     result.shutdown = decided.shutdown;
     result.abort_message = decided.abort_message;
   }
-  for (const Request& r : fresh)
-    if (r.kind == OpKind::kJoin) joined_ = true;
   result.negotiation_seconds = seconds_since(t0);
   return result;
 }

@@ -11,6 +11,9 @@
 
 namespace gradflow {
 
+// Every rank's join() request carries this name, so they meet in one entry.
+constexpr const char* kJoinTensorName = "__gradflow_join__";
+
 // One rank's description of one submitted collective. Everything the other
 // ranks must agree on is here; buffers are not.
 struct Request {

@@ -27,3 +27,9 @@ def test_collectives_small_pipeline_and_no_cache(n):
                        "GRADFLOW_ALLREDUCE_ALGO": "ring"}, timeout=300, expect_fail=True)
     # With the cache off the fast-path check itself must fail: proves it can.
     assert "repeated steps used the slow path" in out.stderr
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_join_contributes_zeros(n):
+    out = run_mpi(n, "join_script.py", timeout=120)
+    assert f"join OK on {n} ranks" in out.stdout
