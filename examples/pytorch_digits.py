@@ -106,7 +106,7 @@ def main() -> None:
             loss = F.cross_entropy(model(xtr[idx]), ytr[idx])
             loss.backward()
             optimizer.step()
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
         if args.checkpoint and rank == 0:
             save_checkpoint(args.checkpoint, model, optimizer, epoch)
 
