@@ -203,7 +203,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if p.grad is None or p.grad.data_ptr() != view.data_ptr():
                 # replaced (e.g. model.zero_grad()): re-adopt the view, one copy
                 with torch.no_grad():
-                    view.copy_(p.grad if p.grad is not None else torch.zeros_like(view))
+                    if p.grad is None:
+                        view.zero_()
+                    else:
+                        view.copy_(p.grad.to_dense() if p.grad.is_sparse else p.grad)
                 p.grad = view
             h = _native.pool_mark_ready(s.pools[pool].id, r)
             if h >= 0:

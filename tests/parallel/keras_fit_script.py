@@ -79,7 +79,6 @@ class Record(keras.callbacks.Callback):
 
 def check_fit_matches_reference(tmp):
     model = make_model()
-    initial_root = gradflow.broadcast_keras = None  # noqa: F841 (placeholder, set below)
     opt = gk.DistributedOptimizer(keras.optimizers.SGD(learning_rate=0.1))
     compile_(model, opt)
     raw, avg = Record(), Record()

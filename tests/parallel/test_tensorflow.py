@@ -32,3 +32,10 @@ def test_keras_fit_and_callbacks():
 def test_torch_and_tensorflow_share_one_runtime():
     out = run_mpi(2, "tf_torch_script.py", env=TF_ENV, timeout=240)
     assert out.stdout.count("one runtime OK") == 2, out.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_keras_torch_backend():
+    out = run_mpi(2, "keras_torch_backend_script.py", env={**TF_ENV, "KERAS_BACKEND": "torch"},
+                  timeout=240)
+    assert out.stdout.count("keras torch backend OK") == 2, out.stdout

@@ -1,0 +1,190 @@
+"""Shared helpers for the gradflow benchmarks: launching one MPI process
+group per configuration (with a timeout), timing collectives, and formatting.
+
+The benchmarks are driver + worker: the driver (run once, outside MPI) starts
+one process group per system/mode with its own environment, because gradflow
+reads its GRADFLOW_* settings at init(). Each worker group writes a JSON
+result file that the driver merges into one table.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional, Sequence
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+NETNS_DIR = os.path.normpath(os.path.join(ROOT, "..", "shared", "tools", "netns"))
+
+
+# ------------------------------------------------------------------ sizes
+
+def parse_size(s: str) -> int:
+    s = s.strip().lower()
+    mult = 1
+    for suffix, m in (("kib", 1 << 10), ("mib", 1 << 20), ("gib", 1 << 30), ("k", 1 << 10),
+                      ("m", 1 << 20), ("g", 1 << 30), ("b", 1)):
+        if s.endswith(suffix):
+            s, mult = s[: -len(suffix)], m
+            break
+    return int(float(s) * mult)
+
+
+def fmt_size(n: int) -> str:
+    for unit, m in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= m and n % m == 0:
+            return f"{n // m} {unit}"
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.1f} MiB"
+    return f"{n} B"
+
+
+def fmt_time(t: Optional[float]) -> str:
+    if t is None:
+        return "—"
+    if t < 1e-3:
+        return f"{t * 1e6:.0f} µs"
+    if t < 1:
+        return f"{t * 1e3:.2f} ms"
+    return f"{t:.2f} s"
+
+
+def busbw(nbytes: int, nranks: int, seconds: float) -> float:
+    """Bus bandwidth in bytes/s: 2(N-1)/N * bytes / time (nccl-tests' definition)."""
+    if nranks < 2 or not seconds:
+        return 0.0
+    return 2.0 * (nranks - 1) / nranks * nbytes / seconds
+
+
+# ------------------------------------------------------------------ worker side
+
+def mpi_rank_size():
+    """Rank and size from the launcher's environment (MPICH hydra: PMI_*)."""
+    for r, s in (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                 ("RANK", "WORLD_SIZE")):
+        if r in os.environ and s in os.environ:
+            return int(os.environ[r]), int(os.environ[s])
+    return 0, 1
+
+
+def timed_iterations(comm, fn, iters: int, refill=None) -> List[float]:
+    """Run `fn` `iters` times; each iteration is preceded by `refill` (not
+    timed) and a barrier; its time is the slowest rank's (MPI MAX)."""
+    import numpy as np
+    from mpi4py import MPI
+    times = np.zeros(iters)
+    for i in range(iters):
+        if refill is not None:
+            refill()
+        comm.Barrier()
+        t0 = time.perf_counter()
+        fn()
+        times[i] = time.perf_counter() - t0
+    comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+    return times.tolist()
+
+
+def iters_for(nbytes: int, max_iters: int, min_iters: int, budget_bytes: int) -> int:
+    """Fewer iterations for big messages: about `budget_bytes` per size, within [min, max]."""
+    return max(min_iters, min(max_iters, budget_bytes // max(nbytes, 1)))
+
+
+# ------------------------------------------------------------------ driver side
+
+def machine_info() -> Dict[str, object]:
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = (float("nan"),) * 3
+    return {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "host": socket.gethostname(), "cpus": os.cpu_count(), "loadavg": list(load),
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+def venv_bin(name: str) -> str:
+    cand = os.path.join(os.path.dirname(sys.executable), name)
+    return cand if os.path.exists(cand) else name
+
+
+def launcher_prefix(nranks: int, netns: bool) -> List[str]:
+    if netns:
+        return [os.path.join(NETNS_DIR, "run-on-netns.sh"), str(nranks), "--"]
+    return [venv_bin("mpiexec"), "-n", str(nranks)]
+
+
+def base_env(nranks: int, netns: bool) -> Dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    if nranks > (os.cpu_count() or 1):
+        # MPICH busy-polls; with more ranks than cores yielding early helps a lot.
+        env.setdefault("MPIR_CVAR_POLLS_BEFORE_YIELD", "10")
+    if netns:
+        env.setdefault("HX_VENV", os.path.dirname(os.path.dirname(sys.executable)))
+    # Never inherit gradflow settings from the caller: each run sets its own.
+    for k in list(env):
+        if k.startswith("GRADFLOW_"):
+            del env[k]
+    return env
+
+
+def run_group(label: str, nranks: int, netns: bool, worker_args: Sequence[str],
+              extra_env: Dict[str, str], timeout: float, log=sys.stderr) -> Dict[str, object]:
+    """Start one worker process group; return its JSON result, or an error record
+    (command, exit status, tail of the output) when it fails, hangs or times out."""
+    fd, out_json = tempfile.mkstemp(prefix="gfbench-", suffix=".json")
+    os.close(fd)
+    os.unlink(out_json)
+    cmd = launcher_prefix(nranks, netns) + [sys.executable] + list(worker_args) + ["--json-out", out_json]
+    env = base_env(nranks, netns)
+    env.update(extra_env)
+    shown = " ".join(f"{k}={v}" for k, v in extra_env.items())
+    print(f"[bench] {label}: {shown} {' '.join(shlex.quote(c) for c in cmd)}", file=log, flush=True)
+    t0 = time.time()
+    try:
+        # own session so that a timeout kills the whole tree (mpiexec + ranks)
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, start_new_session=True)
+        try:
+            out, _ = p.communicate(timeout=timeout)
+            rc = p.returncode
+        except subprocess.TimeoutExpired:
+            import signal
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+                time.sleep(2)
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            out, _ = p.communicate()
+            rc = "timeout"
+    except OSError as e:
+        out, rc = str(e), "oserror"
+    elapsed = time.time() - t0
+    result: Dict[str, object] = {}
+    if os.path.exists(out_json):  # the worker rewrites it after every size: partial results survive
+        with open(out_json) as f:
+            result = json.load(f)
+    if rc != 0:
+        tail = "\n".join((out or "").strip().splitlines()[-25:])
+        result["error"] = f"exit status {rc}"
+        result["output_tail"] = tail
+        print(f"[bench] {label} FAILED ({rc}) after {elapsed:.0f}s:\n{tail}", file=log, flush=True)
+    if os.path.exists(out_json):
+        os.unlink(out_json)
+    result["command"] = shown + " " + " ".join(shlex.quote(c) for c in cmd[:-2])
+    result["wall_seconds"] = elapsed
+    print(f"[bench] {label}: done in {elapsed:.0f}s", file=log, flush=True)
+    return result
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs)
