@@ -188,3 +188,28 @@ def run_group(label: str, nranks: int, netns: bool, worker_args: Sequence[str],
 
 def median(xs: Sequence[float]) -> float:
     return statistics.median(xs)
+
+
+def netns_config() -> Dict[str, str]:
+    """The running emulated cluster's settings (HX_N, HX_RATE, HX_DELAY, ...), from its state file."""
+    state = os.environ.get("HX_STATE_DIR", "/run/" + os.environ.get("HX_PREFIX", "hxnet"))
+    cfg: Dict[str, str] = {}
+    try:
+        with open(os.path.join(state, "config")) as f:
+            for line in f:
+                line = line.strip()
+                if line.startswith("export "):
+                    line = line[len("export "):]
+                if "=" in line and not line.startswith("#"):
+                    k, v = line.split("=", 1)
+                    cfg[k.strip()] = v.strip().strip("'\"")
+    except OSError:
+        pass
+    return cfg
+
+
+def netns_desc() -> str:
+    c = netns_config()
+    if not c:
+        return "emulated network (no netns config found)"
+    return f"emulated network: netns, {c.get('HX_N', '?')} hosts, {c.get('HX_RATE', '?')} per NIC, delay {c.get('HX_DELAY', '?')}"

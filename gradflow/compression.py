@@ -20,10 +20,18 @@ class Compressor:
 
 
 class Compression:
-    """Compression.none (fp32 on the wire), .fp16, .bf16; .default follows GRADFLOW_WIRE_DTYPE."""
+    """Wire formats for float32 gradients.
 
-    default = Compressor("default", -1)
-    none = Compressor("none", 0)
+    Compression.none (the default, as in Horovod) sends what the job's
+    setting says: GRADFLOW_WIRE_DTYPE / --wire-dtype, fp32 unless set, so the
+    launcher flag switches every wrapped optimizer at once. .fp16 and .bf16
+    select a 16-bit wire for this call/optimizer; .fp32 forces full precision
+    whatever the setting. .default is an alias of .none.
+    """
+
+    none = Compressor("none", -1)
+    default = none
+    fp32 = Compressor("fp32", 0)
     fp16 = Compressor("fp16", 1)
     bf16 = Compressor("bf16", 2)
 

@@ -78,6 +78,7 @@ int64_t Runtime::submit(const SubmitArgs& a) {
   r.postscale = a.postscale;
   r.splits = a.splits;
   r.sparse_ratio = a.sparse_ratio < 0 ? cfg_.sparse_ratio : a.sparse_ratio;
+  r.in_pool = a.in_pool;
   if (a.kind == OpKind::kAlltoall && r.splits.empty()) {
     // Default: the first dimension split as evenly as possible.
     int64_t rows = r.shape.empty() ? 1 : r.shape[0];
@@ -121,6 +122,7 @@ int Runtime::pool_create(uintptr_t data, DataType dt, const std::vector<int64_t>
   t.prescale = prescale;
   t.postscale = postscale;
   t.sparse_ratio = sparse_ratio;
+  t.in_pool = true;
   return id;
 }
 

@@ -37,6 +37,7 @@ struct SubmitArgs {
   double postscale = 1.0;
   std::vector<int64_t> splits;  // alltoall
   double sparse_ratio = -1.0;   // < 0: GRADFLOW_SPARSE_RATIO
+  bool in_pool = false;         // a gradient-pool bucket: in place, never fused
 };
 
 class Runtime {

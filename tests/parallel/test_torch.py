@@ -42,8 +42,5 @@ def test_torch_errors_raise_on_every_rank(n):
     assert len(_oks(out, n)) == 5, out.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="core: pool buckets are submitted with Request.in_pool "
-                   "unset, so buckets that complete in one cycle are fused (copied); remove this "
-                   "mark once Runtime::submit_bucket marks them in_pool")
 def test_torch_pool_buckets_never_fused():
     run_mpi(2, "torch_train_script.py", "--buckets-zero-copy", timeout=120)
