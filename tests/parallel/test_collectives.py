@@ -33,3 +33,9 @@ def test_collectives_small_pipeline_and_no_cache(n):
 def test_join_contributes_zeros(n):
     out = run_mpi(n, "join_script.py", timeout=120)
     assert f"join OK on {n} ranks" in out.stdout
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_init_on_sub_communicator(n):
+    out = run_mpi(n, "subcomm_script.py", timeout=120)
+    assert out.stdout.count("subcomm OK") == n
