@@ -23,6 +23,11 @@ class Writer {
     pod<uint64_t>(v.size());
     for (int64_t x : v) pod(x);
   }
+  template <typename T>
+  void field(const T& v) { pod(v); }
+  void field(const bool& v) { pod<uint8_t>(v); }
+  void field(const std::string& v) { str(v); }
+  void field(const std::vector<int64_t>& v) { i64s(v); }
   std::vector<uint8_t> out;
 };
 
@@ -46,10 +51,16 @@ class Reader {
   }
   std::vector<int64_t> i64s() {
     auto n = pod<uint64_t>();
+    GF_CHECK(n <= bytes.size(), "gradflow: corrupt negotiation message");
     std::vector<int64_t> v(n);
     for (auto& x : v) x = pod<int64_t>();
     return v;
   }
+  template <typename T>
+  void field(T& v) { v = pod<T>(); }
+  void field(bool& v) { v = pod<uint8_t>() != 0; }
+  void field(std::string& v) { v = str(); }
+  void field(std::vector<int64_t>& v) { v = i64s(); }
   const std::vector<uint8_t>& bytes;
   size_t pos = 0;
 };
@@ -92,104 +103,81 @@ std::string Request::signature() const {
   return os.str();
 }
 
+// One field list per message type, walked by both the Writer and the Reader
+// so serialization and deserialization cannot drift apart.
+template <typename Archive, typename R>
+void fields(Archive& a, R& r) {
+  a.field(r.rank);
+  a.field(r.kind);
+  a.field(r.name);
+  a.field(r.dtype);
+  a.field(r.shape);
+  a.field(r.op);
+  a.field(r.root);
+  a.field(r.wire);
+  a.field(r.prescale);
+  a.field(r.postscale);
+  a.field(r.splits);
+  a.field(r.sparse_ratio);
+  a.field(r.in_pool);
+}
+
+template <typename Archive>
+void response_fields(Archive& a, Response& r) {
+  a.field(r.kind);
+  a.field(r.name);
+  a.field(r.error);
+  a.field(r.dtype);
+  a.field(r.shape);
+  a.field(r.op);
+  a.field(r.root);
+  a.field(r.wire);
+  a.field(r.prescale);
+  a.field(r.postscale);
+  a.field(r.sparse_ratio);
+  a.field(r.in_pool);
+  a.field(r.first_dims);
+  a.field(r.splits);
+  a.field(r.cache_bit);
+}
+
+template <typename Archive, typename Message, typename Items, typename Visit>
+void message_fields(Archive& a, Message& m, Items& items, Visit visit) {
+  a.field(m.shutdown);
+  a.field(m.abort_message);
+  uint64_t n = items.size();
+  a.field(n);
+  GF_CHECK(n < (uint64_t{1} << 32), "gradflow: corrupt negotiation message");
+  items.resize(n);
+  for (auto& it : items) visit(a, it);
+}
+
 std::vector<uint8_t> serialize(const RequestMessage& list) {
   Writer w;
-  w.pod<uint8_t>(list.shutdown);
-  w.str(list.abort_message);
-  w.pod<uint64_t>(list.requests.size());
-  for (const auto& r : list.requests) {
-    w.pod(r.rank);
-    w.pod(r.kind);
-    w.str(r.name);
-    w.pod(r.dtype);
-    w.i64s(r.shape);
-    w.pod(r.op);
-    w.pod(r.root);
-    w.pod(r.wire);
-    w.pod(r.prescale);
-    w.pod(r.postscale);
-    w.i64s(r.splits);
-    w.pod(r.sparse_ratio);
-    w.pod<uint8_t>(r.in_pool);
-  }
+  RequestMessage& m = const_cast<RequestMessage&>(list);  // Writer only reads
+  message_fields(w, m, m.requests, [](Writer& a, Request& r) { fields(a, r); });
   return w.out;
 }
 
 RequestMessage deserialize_requests(const std::vector<uint8_t>& bytes) {
   Reader rd(bytes);
-  RequestMessage list;
-  list.shutdown = rd.pod<uint8_t>() != 0;
-  list.abort_message = rd.str();
-  auto n = rd.pod<uint64_t>();
-  list.requests.resize(n);
-  for (auto& r : list.requests) {
-    r.rank = rd.pod<int32_t>();
-    r.kind = rd.pod<OpKind>();
-    r.name = rd.str();
-    r.dtype = rd.pod<DataType>();
-    r.shape = rd.i64s();
-    r.op = rd.pod<ReduceOp>();
-    r.root = rd.pod<int32_t>();
-    r.wire = rd.pod<WireDtype>();
-    r.prescale = rd.pod<double>();
-    r.postscale = rd.pod<double>();
-    r.splits = rd.i64s();
-    r.sparse_ratio = rd.pod<double>();
-    r.in_pool = rd.pod<uint8_t>() != 0;
-  }
-  return list;
+  RequestMessage m;
+  message_fields(rd, m, m.requests, [](Reader& a, Request& r) { fields(a, r); });
+  return m;
 }
 
 std::vector<uint8_t> serialize(const ResponseMessage& list) {
   Writer w;
-  w.pod<uint8_t>(list.shutdown);
-  w.str(list.abort_message);
-  w.pod<uint64_t>(list.responses.size());
-  for (const auto& r : list.responses) {
-    w.pod(r.kind);
-    w.str(r.name);
-    w.str(r.error);
-    w.pod(r.dtype);
-    w.i64s(r.shape);
-    w.pod(r.op);
-    w.pod(r.root);
-    w.pod(r.wire);
-    w.pod(r.prescale);
-    w.pod(r.postscale);
-    w.pod(r.sparse_ratio);
-    w.pod<uint8_t>(r.in_pool);
-    w.i64s(r.first_dims);
-    w.i64s(r.splits);
-    w.pod(r.cache_bit);
-  }
+  ResponseMessage& m = const_cast<ResponseMessage&>(list);  // Writer only reads
+  message_fields(w, m, m.responses, [](Writer& a, Response& r) { response_fields(a, r); });
   return w.out;
 }
 
 ResponseMessage deserialize_responses(const std::vector<uint8_t>& bytes) {
   Reader rd(bytes);
-  ResponseMessage list;
-  list.shutdown = rd.pod<uint8_t>() != 0;
-  list.abort_message = rd.str();
-  auto n = rd.pod<uint64_t>();
-  list.responses.resize(n);
-  for (auto& r : list.responses) {
-    r.kind = rd.pod<OpKind>();
-    r.name = rd.str();
-    r.error = rd.str();
-    r.dtype = rd.pod<DataType>();
-    r.shape = rd.i64s();
-    r.op = rd.pod<ReduceOp>();
-    r.root = rd.pod<int32_t>();
-    r.wire = rd.pod<WireDtype>();
-    r.prescale = rd.pod<double>();
-    r.postscale = rd.pod<double>();
-    r.sparse_ratio = rd.pod<double>();
-    r.in_pool = rd.pod<uint8_t>() != 0;
-    r.first_dims = rd.i64s();
-    r.splits = rd.i64s();
-    r.cache_bit = rd.pod<int32_t>();
-  }
-  return list;
+  ResponseMessage m;
+  message_fields(rd, m, m.responses, [](Reader& a, Response& r) { response_fields(a, r); });
+  return m;
 }
 
 }  // namespace gradflow
