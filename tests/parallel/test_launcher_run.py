@@ -9,12 +9,18 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
 import pytest
 
+from _launch import in_place_build
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Developer mode runs the source tree; otherwise run from a neutral folder so
+# `python -m` imports the installed package, not the unbuilt source tree.
+CWD = ROOT if in_place_build() else tempfile.gettempdir()
 TIMEOUT = 120
 RANK = "int(os.environ.get('PMI_RANK', os.environ.get('OMPI_COMM_WORLD_RANK', '0')))"
 FAKE_KEYS = [{"env": "GRADFLOW_FUSION_THRESHOLD", "flag": "--fusion-threshold-mb",
@@ -24,7 +30,8 @@ FAKE_KEYS = [{"env": "GRADFLOW_FUSION_THRESHOLD", "flag": "--fusion-threshold-mb
 
 def _env():
     env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    if in_place_build():
+        env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
 
@@ -32,7 +39,7 @@ def _env():
 def runner_importable():
     """Skip (with the reason) when gradflow.runner cannot be imported because
     the package's __init__ needs a native module that is not built yet."""
-    r = subprocess.run([sys.executable, "-c", "import gradflow.runner.launch"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-c", "import gradflow.runner.launch"], cwd=CWD,
                        env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
     if r.returncode != 0:
         if "_native" in r.stderr:
@@ -43,7 +50,7 @@ def runner_importable():
 
 def gradflowrun(*args, **kw):
     """Run gradflowrun with ``args``; returns the CompletedProcess."""
-    return subprocess.run([sys.executable, "-m", "gradflow.runner.launch", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "gradflow.runner.launch", *args], cwd=CWD,
                           env=kw.pop("env", _env()), capture_output=True, text=True,
                           timeout=TIMEOUT, **kw)
 
@@ -109,7 +116,7 @@ def test_verbose_prints_command_and_setting_reaches_ranks():
     r = subprocess.run([sys.executable, "-c", code, "-np", "2", "--verbose",
                         "--fusion-threshold-mb", "3", sys.executable, "-c",
                         "import os; print(os.environ['GRADFLOW_FUSION_THRESHOLD'])"],
-                       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+                       cwd=CWD, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert r.returncode == 0, r.stderr
     assert sorted(r.stdout.splitlines()) == ["[0]<stdout>: 3145728", "[1]<stdout>: 3145728"]
     assert "mpiexec" in r.stderr and "-genv GRADFLOW_FUSION_THRESHOLD 3145728" in r.stderr
@@ -159,7 +166,7 @@ def test_signal_stops_every_rank(signum, ignore):
         """.replace("IGNORE", str(ignore))
     p = subprocess.Popen([sys.executable, "-m", "gradflow.runner.launch", "-np", "2",
                           sys.executable, "-c", script(body)],
-                         cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         cwd=CWD, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     try:
         pids = [int(p.stdout.readline().split()[-1]) for _ in range(2)]

@@ -3,9 +3,11 @@ declared once in native/config.cc; bad values are rejected with the range."""
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
+from _launch import ROOT, in_place_build
 from gradflow import _native
 
 KEYS = {k["env"]: k for k in _native.config_keys()}
@@ -45,8 +47,10 @@ def test_unknown_override_rejected():
 
 def _run(code, env=None):
     e = dict(os.environ, **(env or {}))
-    e["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=60)
+    if in_place_build():
+        e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e,
+                          timeout=60, cwd=tempfile.gettempdir())
 
 
 def test_init_rejects_invalid_environment():
