@@ -138,6 +138,8 @@ def submit(kind: int, name: str, in_ptr: int, out_ptr: int, dtype: int, shape: S
            root: int = 0, wire: int = -1, prescale: float = 1.0, postscale: float = 1.0,
            splits: Sequence[int] = (), sparse_ratio: float = -1.0) -> Handle:
     """Queue one collective on raw buffers; `keep_alive` holds them until done."""
+    if "\x00" in name:  # C strings would cut it short in every error message
+        raise ValueError(f"gradflow: collective name {name!r} contains a NUL character")
     h = _native.submit(kind, name, in_ptr, out_ptr, dtype, [int(d) for d in shape], op, root,
                        wire, float(prescale), float(postscale), [int(s) for s in splits],
                        float(sparse_ratio))

@@ -273,11 +273,13 @@ void Coordinator::check_stalls(ResponseMessage* out) {
     PendingOnRank0& p = table_[*it];
     double age = seconds_since(p.first_seen);
     std::ostringstream have, missing;
+    OpKind kind = OpKind::kAllreduce;  // of the first rank that submitted (rank 0 may not have)
+    for (size_t r = p.by_rank.size(); r-- > 0;) {
+      if (!p.by_rank[r].name.empty()) kind = p.by_rank[r].kind;
+    }
     for (size_t r = 0; r < p.by_rank.size(); ++r)
       (p.by_rank[r].name.empty() ? missing : have) << r << " ";
-    std::string msg = "gradflow stall: '" + *it + "' (" +
-                      op_kind_name(p.by_rank[0].name.empty() ? OpKind::kAllreduce
-                                                             : p.by_rank[0].kind) +
+    std::string msg = "gradflow stall: '" + *it + "' (" + op_kind_name(kind) +
                       ") has waited " + std::to_string(static_cast<int>(age)) +
                       " s; submitted by ranks [ " + have.str() + "], missing on ranks [ " +
                       missing.str() + "]";
@@ -290,7 +292,7 @@ void Coordinator::check_stalls(ResponseMessage* out) {
     if (cfg_.stall_shutdown_seconds > 0 && age > cfg_.stall_shutdown_seconds) {
       Response r;
       r.name = *it;
-      r.kind = p.by_rank[0].name.empty() ? OpKind::kAllreduce : p.by_rank[0].kind;
+      r.kind = kind;
       r.error = msg + "; failing it on every rank (GRADFLOW_STALL_SHUTDOWN_TIME)";
       out->responses.push_back(r);
       table_.erase(*it);

@@ -1,7 +1,16 @@
 // tensor_queue.cc — submit queue, handle table and in-flight name set.
 #include "tensor_queue.h"
 
+#include <atomic>
+
 namespace gradflow {
+
+namespace {
+// Handle ids are unique in the process, not per queue: a handle still held
+// from before shutdown() must not alias a handle of the runtime created by
+// the next init() (it is "unknown" there instead).
+std::atomic<int64_t> g_next_handle{1};
+}  // namespace
 
 int64_t TensorQueue::submit(TensorEntry entry) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -11,7 +20,7 @@ int64_t TensorQueue::submit(TensorEntry entry) {
                         << "' was submitted twice on rank " << entry.request.rank
                         << " before the first one completed; use distinct names or wait "
                            "for the first handle");
-  entry.handle = next_handle_++;
+  entry.handle = g_next_handle++;
   entry.submitted = std::chrono::steady_clock::now();
   in_flight_names_.insert(entry.request.name);
   in_flight_handles_.insert(entry.handle);

@@ -70,7 +70,6 @@ class TensorQueue {
   std::map<int64_t, std::unique_ptr<HandleResult>> finished_;
   std::set<int64_t> in_flight_handles_;
   std::set<std::string> in_flight_names_;
-  int64_t next_handle_ = 1;
   bool closed_ = false;
   bool woken_ = false;
   std::string close_reason_;

@@ -27,6 +27,11 @@ except ImportError:  # run as a script: python gradflow/runner/launch.py
     import rank_wrapper as _wrapper  # type: ignore[no-redef]
 
 MPIEXEC_ENV = "GRADFLOW_MPIEXEC"
+LAUNCHERS = ("auto", "mpiexec", "openmpi", "srun")
+# Environment that pins MPI's data path to one interface: libfabric's tcp and
+# sockets providers (MPICH ch4:ofi, Intel MPI) and UCX.
+IFACE_ENV_VARS = ("FI_TCP_IFACE", "FI_SOCKETS_IFACE", "UCX_NET_DEVICES")
+SSH_WRAPPER_NAME = "ssh"  # written into the job's status directory (see write_ssh_wrapper)
 # After a rank fails, the others get time to raise their own error before the
 # launcher stops them (hydra's auto-cleanup is off so they can): gradflow
 # ranks learn of a peer's exception within a cycle (FAILURE_GRACE_SECONDS is
@@ -111,6 +116,19 @@ def build_parser(config_keys: Sequence[Any], native_note: str = "") -> argparse.
                    help="also write each rank's output to DIR/rank.N/{stdout,stderr}")
     p.add_argument("--mpi-args", default="", metavar="ARGS",
                    help='extra arguments for mpiexec, one quoted string, e.g. "-bind-to core"')
+    p.add_argument("--launcher", choices=LAUNCHERS, default="auto",
+                   help="how ranks are started: mpiexec (the MPICH/Intel MPI hydra launcher "
+                   "beside Python or on PATH, or $GRADFLOW_MPIEXEC), openmpi (Open MPI's "
+                   "mpirun), srun (Slurm); auto = srun inside a Slurm allocation "
+                   "($SLURM_JOB_ID set, srun on PATH, no -H/--hostfile), else mpiexec")
+    p.add_argument("--network-interface", metavar="IFACE",
+                   help="network interface for MPI traffic, e.g. eth0 (hydra: -iface; Open MPI: "
+                   "btl/oob_tcp_if_include; every launcher: FI_TCP_IFACE, FI_SOCKETS_IFACE, "
+                   "UCX_NET_DEVICES)")
+    p.add_argument("-p", "--ssh-port", type=int, metavar="PORT",
+                   help="ssh port of the other hosts (multi-host mpiexec / openmpi launches)")
+    p.add_argument("-i", "--ssh-identity-file", metavar="FILE",
+                   help="ssh private key for the other hosts (multi-host mpiexec / openmpi)")
     settings = p.add_argument_group("gradflow settings (each sets a GRADFLOW_* variable)")
     for key in normalize_config_keys(config_keys):
         kwargs: Dict[str, Any] = {"dest": key["env"], "default": None,
@@ -163,6 +181,14 @@ def validate(args: argparse.Namespace) -> List[str]:
                          "(options go before the command)")
     if args.start_timeout <= 0:
         raise ValueError(f"--start-timeout must be > 0, got {args.start_timeout}")
+    if args.ssh_port is not None and not 0 < args.ssh_port < 65536:
+        raise ValueError(f"--ssh-port must be in 1..65535, got {args.ssh_port}")
+    if args.ssh_identity_file and not os.path.isfile(args.ssh_identity_file):
+        raise ValueError(f"--ssh-identity-file {args.ssh_identity_file}: no such file")
+    if args.network_interface is not None and (
+            not args.network_interface or any(c.isspace() or c == "," for c in args.network_interface)):
+        raise ValueError(f"--network-interface expects one interface name, got "
+                         f"{args.network_interface!r}")
     host_list = _host_list(args)
     return _hosts.rank_to_host(host_list, args.np) if host_list else ["localhost"] * args.np
 
@@ -175,14 +201,36 @@ def _host_list(args: argparse.Namespace) -> List[_hosts.HostSlots]:
     return []
 
 
+def ssh_command(args: argparse.Namespace) -> List[str]:
+    """The ssh command line the launcher should use for other hosts ([] = its default)."""
+    cmd = []
+    if args.ssh_port is not None:
+        cmd += ["-p", str(args.ssh_port)]
+    if args.ssh_identity_file:
+        cmd += ["-i", os.path.abspath(args.ssh_identity_file)]
+    return ["ssh"] + cmd if cmd else []
+
+
+def write_ssh_wrapper(path: str, ssh: Sequence[str]) -> None:
+    """hydra's -launcher-exec takes one executable, not a command line: write
+    a script that runs ``ssh`` with our options and hydra's arguments."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("#!/bin/sh\nexec " + shlex.join(ssh) + ' "$@"\n')
+    os.chmod(path, 0o755)
+
+
 def build_launch(args: argparse.Namespace, config_keys: Sequence[Any], *,
                  mpiexec: str = "mpiexec", flavor: str = "hydra",
                  python: str = sys.executable, status_dir: Optional[str] = None,
                  base_env: Optional[Mapping[str, str]] = None) -> Tuple[List[str], Dict[str, str]]:
-    """The mpiexec argv and the environment for it (pure: starts nothing).
+    """The launcher argv and the environment for it (pure: starts nothing).
 
-    The settings travel twice: exported in the returned env and as
-    ``-genv`` (hydra) / ``-x`` (Open MPI), so remote ranks get them too.
+    ``flavor`` is "hydra" (MPICH / Intel MPI mpiexec), "openmpi" (mpirun) or
+    "srun" (Slurm; ``mpiexec`` is then the srun path). The settings travel
+    twice: exported in the returned env and as ``-genv`` (hydra) / ``-x``
+    (Open MPI), so remote ranks get them too; srun exports the environment.
+    With ssh options, hydra runs ``<status_dir>/ssh``, which the caller
+    writes with write_ssh_wrapper(); Open MPI gets them as plm_rsh_args.
     """
     validate(args)
     settings = settings_env(args, config_keys)
@@ -191,12 +239,35 @@ def build_launch(args: argparse.Namespace, config_keys: Sequence[Any], *,
         runner_env[_wrapper.STATUS_DIR_ENV] = status_dir
     if args.output_filename:
         runner_env[_wrapper.OUTPUT_DIR_ENV] = os.path.abspath(args.output_filename)
+    iface = args.network_interface
+    if iface:
+        runner_env.update({name: iface for name in IFACE_ENV_VARS})
+    ssh = ssh_command(args)
     host_list = _host_list(args)
     argv = [mpiexec]
-    if flavor == "openmpi":
+    if flavor == "srun":
+        if ssh:
+            raise ValueError("--ssh-port / --ssh-identity-file do not apply to srun "
+                             "(Slurm starts the ranks); use --launcher mpiexec")
+        # Survivors of a failed rank must live long enough to raise (see above).
+        argv += ["--ntasks", str(args.np), "--kill-on-bad-exit=0"]
+        if host_list:
+            used = _hosts.hydra_hosts_arg(host_list, args.np).split(",")
+            counts = {int(h.rpartition(":")[2]) for h in used}
+            if len(counts) != 1:
+                raise ValueError("srun places the same number of ranks on every node; give "
+                                 "hosts with equal slots or use --launcher mpiexec")
+            argv += ["--nodes", str(len(used)), "--ntasks-per-node", str(counts.pop()),
+                     "--nodelist", ",".join(h.rpartition(":")[0] for h in used),
+                     "--distribution", "block"]
+    elif flavor == "openmpi":
         argv += ["-np", str(args.np), "--oversubscribe"]
         if host_list:
             argv += ["-H", _hosts.hydra_hosts_arg(host_list, args.np)]
+        if iface:
+            argv += ["--mca", "btl_tcp_if_include", iface, "--mca", "oob_tcp_if_include", iface]
+        if ssh:
+            argv += ["--mca", "plm_rsh_args", shlex.join(ssh[1:])]
         for name, value in {**settings, **runner_env}.items():
             argv += ["-x", f"{name}={value}"]
     else:
@@ -204,6 +275,13 @@ def build_launch(args: argparse.Namespace, config_keys: Sequence[Any], *,
         argv += ["-disable-auto-cleanup", "-n", str(args.np)]
         if host_list:
             argv += ["-hosts", _hosts.hydra_hosts_arg(host_list, args.np)]
+        if iface:
+            argv += ["-iface", iface]
+        if ssh:
+            if not status_dir:
+                raise ValueError("ssh options need a status directory for the ssh wrapper")
+            argv += ["-launcher", "ssh", "-launcher-exec",
+                     os.path.join(status_dir, SSH_WRAPPER_NAME)]
         for name, value in {**settings, **runner_env}.items():
             argv += ["-genv", name, value]
     argv += shlex.split(args.mpi_args or "")
@@ -212,6 +290,30 @@ def build_launch(args: argparse.Namespace, config_keys: Sequence[Any], *,
     env.update(settings)
     env.update(runner_env)
     return argv, env
+
+
+def choose_launcher(args: argparse.Namespace, environ: Mapping[str, str] = os.environ,
+                    which=shutil.which) -> Tuple[str, str]:
+    """(launcher executable, flavor) for --launcher; flavor as in build_launch.
+
+    Raises ValueError when the requested launcher is not available."""
+    kind = args.launcher
+    if kind == "auto":
+        in_slurm = bool(environ.get("SLURM_JOB_ID")) and which("srun") is not None
+        kind = "srun" if in_slurm and not (args.hosts or args.hostfile) else "mpiexec"
+    if kind == "srun":
+        srun = which("srun")
+        if not srun:
+            raise ValueError("--launcher srun: no srun on PATH")
+        return srun, "srun"
+    if kind == "openmpi":
+        mpirun = environ.get(MPIEXEC_ENV) or which("mpirun") or which("mpiexec")
+        if not mpirun or detect_flavor(mpirun) != "openmpi":
+            raise ValueError("--launcher openmpi: no Open MPI mpirun found on PATH (or in "
+                             f"${MPIEXEC_ENV}); gradflow must also be built against Open MPI")
+        return mpirun, "openmpi"
+    mpiexec = find_mpiexec(environ)
+    return mpiexec, detect_flavor(mpiexec)
 
 
 def find_mpiexec(environ: Mapping[str, str] = os.environ) -> str:
@@ -286,6 +388,7 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
     misses --start-timeout, or on SIGINT/SIGTERM/SIGHUP (a second one skips the
     grace period); report failed ranks; return the exit code."""
     received: List[int] = []
+    order: List[int] = []  # failed ranks in the order their failure was seen
     seen = 0
     try:
         grace = float(env.get("GRADFLOW_TIMEOUT", DEFAULT_TIMEOUT_SECONDS)) + FAILURE_GRACE_SECONDS
@@ -310,10 +413,14 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
                     stopper.escalate(force=True)
                 stopper.start(received[0], "interrupted")
                 seen = len(received)
-            codes = [c for c, _ in _read_statuses(status_dir, np).values()]
+            statuses = _read_statuses(status_dir, np)
+            codes = [c for c, _ in statuses.values()]
+            new = [r for r, (c, stopped) in statuses.items()
+                   if c != 0 and not stopped and r not in order]
+            order.extend(sorted(new, key=lambda r: (not _killed(statuses[r][0]), r)))
             if failed_at is None and any(c != 0 for c in codes):
                 failed_at = time.monotonic()
-                killed = any(c < 0 or c > 128 for c in codes)
+                killed = any(_killed(c) for c in codes)
                 wait_for = grace if killed else FAILURE_GRACE_SECONDS
             if failed_at and time.monotonic() - failed_at > wait_for:
                 stopper.start(signal.SIGTERM, "failed")
@@ -330,7 +437,13 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
-    return _report(proc.returncode, _read_statuses(status_dir, np), np, received, stopper.why)
+    return _report(proc.returncode, _read_statuses(status_dir, np), np, received, stopper.why,
+                   order)
+
+
+def _killed(code: int) -> bool:
+    """Exit code of a process ended by a signal (wrapper: 128 + signal number)."""
+    return code < 0 or code > 128
 
 
 def _read_statuses(status_dir: str, np: int) -> Dict[int, Tuple[int, bool]]:
@@ -351,8 +464,12 @@ def _ranks(ranks: Sequence[int]) -> str:
 
 
 def _report(mpiexec_rc: int, statuses: Dict[int, Tuple[int, bool]], np: int,
-            received: List[int], why: str) -> int:
+            received: List[int], why: str, order: Sequence[int] = ()) -> int:
+    """Print which ranks failed (the first one seen first) and return the exit
+    code: the first failed rank's, else 128 + signal when interrupted, else
+    mpiexec's."""
     failed = sorted(r for r, (code, stopped) in statuses.items() if code != 0 and not stopped)
+    failed = [r for r in order if r in failed] + [r for r in failed if r not in order]
     for r in failed:
         code = statuses[r][0]
         sig = f" ({signal.Signals(code - 128).name})" if _is_sig(code - 128) else ""
@@ -362,6 +479,9 @@ def _report(mpiexec_rc: int, statuses: Dict[int, Tuple[int, bool]], np: int,
               file=sys.stderr, flush=True)
         return 128 + received[0]
     if failed:
+        if len(failed) > 1:
+            print(f"gradflowrun: rank {failed[0]} failed first; rank(s) {_ranks(failed[1:])} "
+                  "failed after it", file=sys.stderr, flush=True)
         others = [r for r in range(np) if r not in failed]
         if others and why == "failed":
             print(f"gradflowrun: stopped rank(s) {_ranks(others)} after the failure",
@@ -369,6 +489,12 @@ def _report(mpiexec_rc: int, statuses: Dict[int, Tuple[int, bool]], np: int,
         return statuses[failed[0]][0]
     if mpiexec_rc != 0:
         rc = mpiexec_rc if mpiexec_rc > 0 else 128 - mpiexec_rc
+        if len(statuses) == np and all(code == 0 for code, _ in statuses.values()):
+            # Seen with hydra's rsh launcher: mpiexec killed by SIGPIPE at
+            # teardown after every rank had finished. The ranks' codes decide.
+            print(f"gradflowrun: note: every rank exited with code 0; ignoring mpiexec's exit "
+                  f"code {rc}", file=sys.stderr, flush=True)
+            return 0
         print(f"gradflowrun: mpiexec exited with code {rc}" + (f" ({why})" if why else ""),
               file=sys.stderr, flush=True)
         return rc
@@ -398,20 +524,24 @@ def main(argv: Optional[Sequence[str]] = None, config_keys: Optional[Sequence[An
             native, note = load_native()
         print(check_build(native, note))
         return 0
-    try:
-        rank_hosts = validate(args)
-        mpiexec = find_mpiexec()
-    except ValueError as e:
-        print(f"gradflowrun: error: {e}", file=sys.stderr)
-        return 2
     status_dir = tempfile.mkdtemp(prefix="gradflowrun-")
     try:
-        cmd, env = build_launch(args, config_keys, mpiexec=mpiexec,
-                                flavor=detect_flavor(mpiexec), status_dir=status_dir)
+        try:
+            rank_hosts = validate(args)
+            mpiexec, flavor = choose_launcher(args)
+            cmd, env = build_launch(args, config_keys, mpiexec=mpiexec, flavor=flavor,
+                                    status_dir=status_dir)
+        except ValueError as e:
+            print(f"gradflowrun: error: {e}", file=sys.stderr)
+            return 2
+        if flavor == "hydra" and ssh_command(args):
+            write_ssh_wrapper(os.path.join(status_dir, SSH_WRAPPER_NAME), ssh_command(args))
         if args.verbose:
             print("gradflowrun: " + shlex.join(cmd), file=sys.stderr, flush=True)
         is_local = {h: _hosts.is_local_host(h) for h in set(rank_hosts)}
         local = [r for r, h in enumerate(rank_hosts) if is_local[h]]
+        if flavor == "srun" and not (args.hosts or args.hostfile):
+            local = []  # Slurm chose the nodes: which ranks are here is unknown
         return run_job(cmd, env, args.np, local, args.start_timeout, status_dir)
     except OSError as e:
         print(f"gradflowrun: error: cannot run {mpiexec}: {e.strerror}", file=sys.stderr)

@@ -21,6 +21,14 @@ def in_place_build() -> bool:
         not os.environ.get("GRADFLOW_TEST_INSTALLED")
 
 
+def run_cwd() -> str:
+    """Working directory for subprocesses: the source tree in developer mode,
+    else a neutral directory so `import gradflow` finds the installed package
+    rather than the unbuilt sources."""
+    import tempfile
+    return ROOT if in_place_build() else tempfile.gettempdir()
+
+
 def mpiexec() -> str:
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     return beside if os.path.exists(beside) else (shutil.which("mpiexec") or "mpiexec")

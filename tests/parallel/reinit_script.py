@@ -1,10 +1,19 @@
 """shutdown() then init() again, several times, on every rank: collectives
-work after each re-init (including cached names and a fresh autoname count),
-a handle pending at shutdown raises, and calls between shutdown and init
-raise a clear GradflowError."""
+work after each re-init (cached names, auto-names, every kind), calls between
+shutdown() and init() raise a clear GradflowError, and a handle left pending
+at shutdown() raises instead of aliasing a handle of the next runtime."""
 import numpy as np
 
 import gradflow as gf
+
+
+def expect_error(fn, fragment):
+    try:
+        fn()
+    except gf.GradflowError as e:
+        assert fragment in str(e), f"expected {fragment!r} in {e}"
+    else:
+        raise AssertionError(f"no GradflowError mentioning {fragment!r}")
 
 
 def check(round_):
@@ -20,20 +29,29 @@ def check(round_):
     gf.barrier()
 
 
+stale = None
 for round_ in range(3):
     gf.init()
     assert gf.is_initialized()
-    for _ in range(2):  # second pass takes the cached fast path
+    # The runtime's first handle; its name never matches, so it is pending at shutdown().
+    lonely = gf.allreduce_async(np.ones(3), name=f"lonely.{gf.rank()}.{round_}")
+    # If ids restarted per runtime, fresh.0 would reuse the stale handle's id
+    # (the first of its runtime), and stale.wait() would consume its result.
+    fresh = [gf.allreduce_async(np.full(4, float(i)), op=gf.Sum, name=f"fresh.{i}")
+             for i in range(64)]
+    if stale is not None:  # from the previous runtime: must not see a fresh one
+        expect_error(stale.wait, "handle")
+    for i, h in enumerate(fresh):
+        np.testing.assert_array_equal(h.wait(), np.full(4, float(i) * gf.size()))
+    for _ in range(2):  # the second pass takes the cached fast path
         check(round_)
+    stale = lonely
     gf.shutdown()
     assert not gf.is_initialized()
-    try:
-        gf.allreduce(np.ones(2), name="after.shutdown")
-    except gf.GradflowError as e:
-        assert "init" in str(e), e
-    else:
-        raise AssertionError("allreduce after shutdown did not raise")
+    expect_error(lambda: gf.allreduce(np.ones(2), name="after.shutdown"), "init")
+    expect_error(gf.rank, "init")
 
 gf.init()
+expect_error(stale.wait, "handle")
 if gf.rank() == 0:
     print(f"reinit OK on {gf.size()} ranks", flush=True)

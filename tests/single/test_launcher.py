@@ -234,3 +234,143 @@ def test_check_build_with_features():
 
     text = L.check_build(Native(), "")
     assert "ring, two-sync, mpi, auto" in text and "fp32, fp16, bf16" in text
+
+
+# ------------------------------------- network interface, ssh, launcher choice
+
+def test_network_interface_hydra_and_env():
+    args = parse(["-np", "2", "-H", "a:1,b:1", "--network-interface", "eth1", "python", "x.py"])
+    argv, env = L.build_launch(args, FAKE_KEYS, mpiexec="mpiexec", base_env={})
+    assert argv[argv.index("-iface") + 1] == "eth1"
+    for name in ("FI_TCP_IFACE", "FI_SOCKETS_IFACE", "UCX_NET_DEVICES"):
+        assert env[name] == "eth1"
+        i = argv.index(name)
+        assert argv[i - 1:i + 2] == ["-genv", name, "eth1"]  # remote ranks get it too
+
+
+def test_network_interface_openmpi_and_srun():
+    args = parse(["-np", "2", "--network-interface", "ib0", "python", "x.py"])
+    argv, _ = L.build_launch(args, FAKE_KEYS, mpiexec="mpirun", flavor="openmpi", base_env={})
+    assert " ".join(argv).count("_tcp_if_include ib0") == 2
+    assert "FI_TCP_IFACE=ib0" in argv
+    argv, env = L.build_launch(args, FAKE_KEYS, mpiexec="srun", flavor="srun", base_env={})
+    assert "-iface" not in argv and env["UCX_NET_DEVICES"] == "ib0"
+
+
+@pytest.mark.parametrize("bad", ["", "eth0,eth1", "eth 0"])
+def test_network_interface_must_be_one_name(bad):
+    with pytest.raises(ValueError, match="--network-interface"):
+        L.validate(parse(["-np", "1", "--network-interface", bad, "x"]))
+
+
+def test_ssh_options_hydra_use_a_wrapper_script(tmp_path):
+    key = tmp_path / "id_test"
+    key.write_text("not a real key")
+    args = parse(["-np", "2", "-H", "a:1,b:1", "-p", "2222", "-i", str(key),
+                  "python", "x.py"])
+    assert L.ssh_command(args) == ["ssh", "-p", "2222", "-i", str(key)]
+    argv, _ = L.build_launch(args, FAKE_KEYS, status_dir=str(tmp_path), base_env={})
+    wrapper = str(tmp_path / L.SSH_WRAPPER_NAME)
+    i = argv.index("-launcher")
+    assert argv[i:i + 4] == ["-launcher", "ssh", "-launcher-exec", wrapper]
+    # hydra execs -launcher-exec as one file name, so the options live in a script.
+    L.write_ssh_wrapper(wrapper, L.ssh_command(args))
+    assert os.access(wrapper, os.X_OK)
+    body = open(wrapper).read()
+    assert body.startswith("#!/bin/sh\n") and f'exec ssh -p 2222 -i {key} "$@"' in body
+
+
+def test_ssh_wrapper_passes_arguments_through(tmp_path):
+    fake_ssh = tmp_path / "bin"
+    fake_ssh.mkdir()
+    (fake_ssh / "ssh").write_text('#!/bin/sh\nfor a in "$@"; do echo "[$a]"; done\n')
+    (fake_ssh / "ssh").chmod(0o755)
+    wrapper = str(tmp_path / "w")
+    L.write_ssh_wrapper(wrapper, ["ssh", "-p", "22", "-i", "/k ey"])
+    import subprocess
+    out = subprocess.run([wrapper, "-x", "host1", "proxy --arg 'a b'"], capture_output=True,
+                         text=True, env={"PATH": f"{fake_ssh}:/usr/bin:/bin"}, check=True).stdout
+    assert out.split("\n")[:7] == ["[-p]", "[22]", "[-i]", "[/k ey]", "[-x]", "[host1]",
+                                   "[proxy --arg 'a b']"]
+
+
+def test_ssh_options_openmpi_and_srun(tmp_path):
+    args = parse(["-np", "2", "--ssh-port", "2200", "python", "x.py"])
+    argv, _ = L.build_launch(args, FAKE_KEYS, mpiexec="mpirun", flavor="openmpi", base_env={})
+    i = argv.index("plm_rsh_args")
+    assert argv[i - 1:i + 2] == ["--mca", "plm_rsh_args", "-p 2200"]
+    with pytest.raises(ValueError, match="do not apply to srun"):
+        L.build_launch(args, FAKE_KEYS, mpiexec="srun", flavor="srun", base_env={})
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["-np", "1", "-p", "0", "x"], "ssh-port"),
+    (["-np", "1", "-p", "70000", "x"], "ssh-port"),
+    (["-np", "1", "--ssh-identity-file", "/no/such/key", "x"], "no such file"),
+])
+def test_ssh_option_errors(argv, msg):
+    with pytest.raises(ValueError, match=msg):
+        L.validate(parse(argv))
+
+
+def test_build_launch_srun():
+    args = parse(["-np", "4", "--cache-capacity", "9", "python", "x.py"])
+    argv, env = L.build_launch(args, FAKE_KEYS, mpiexec="/usr/bin/srun", flavor="srun",
+                               python="/py", status_dir="/tmp/st", base_env={})
+    assert argv[:4] == ["/usr/bin/srun", "--ntasks", "4", "--kill-on-bad-exit=0"]
+    assert argv[4:7] == ["/py", os.path.abspath(W.__file__), "--"]
+    assert env["GRADFLOW_CACHE_CAPACITY"] == "9" and env[W.STATUS_DIR_ENV] == "/tmp/st"
+    args = parse(["-np", "3", "-H", "n1:2,n2:2", "python", "x.py"])
+    with pytest.raises(ValueError, match="equal slots"):  # 3 ranks on 2+2 slots: 2 and 1
+        L.build_launch(args, FAKE_KEYS, mpiexec="srun", flavor="srun", base_env={})
+    args = parse(["-np", "4", "-H", "n1:2,n2:2", "--mpi-args=--mpi=pmi2", "python", "x.py"])
+    argv, _ = L.build_launch(args, FAKE_KEYS, mpiexec="srun", flavor="srun", base_env={})
+    line = " ".join(argv)
+    assert "--nodes 2 --ntasks-per-node 2 --nodelist n1,n2 --distribution block --mpi=pmi2" in line
+
+
+def fake_which(*present):
+    return lambda name: f"/usr/bin/{name}" if name in present else None
+
+
+def test_choose_launcher_auto_detects_slurm(monkeypatch):
+    args = parse(["-np", "2", "python", "x.py"])
+    slurm = {"SLURM_JOB_ID": "42"}
+    assert L.choose_launcher(args, slurm, fake_which("srun")) == ("/usr/bin/srun", "srun")
+    # No srun, or hosts given explicitly: the MPI launcher.
+    monkeypatch.setattr(L, "detect_flavor", lambda exe: "hydra")
+    env = dict(slurm, GRADFLOW_MPIEXEC="/my/mpiexec")
+    assert L.choose_launcher(args, env, fake_which()) == ("/my/mpiexec", "hydra")
+    with_hosts = parse(["-np", "2", "-H", "a:2", "python", "x.py"])
+    assert L.choose_launcher(with_hosts, env, fake_which("srun")) == ("/my/mpiexec", "hydra")
+    # Outside Slurm, auto never picks srun.
+    assert L.choose_launcher(args, {"GRADFLOW_MPIEXEC": "/m"}, fake_which("srun"))[1] == "hydra"
+
+
+def test_choose_launcher_explicit(monkeypatch):
+    srun = parse(["-np", "2", "--launcher", "srun", "python", "x.py"])
+    assert L.choose_launcher(srun, {}, fake_which("srun")) == ("/usr/bin/srun", "srun")
+    with pytest.raises(ValueError, match="no srun"):
+        L.choose_launcher(srun, {}, fake_which())
+    ompi = parse(["-np", "2", "--launcher", "openmpi", "python", "x.py"])
+    monkeypatch.setattr(L, "detect_flavor", lambda exe: "openmpi" if "ompi" in exe else "hydra")
+    assert L.choose_launcher(ompi, {"GRADFLOW_MPIEXEC": "/opt/ompi/mpirun"}, fake_which()) == (
+        "/opt/ompi/mpirun", "openmpi")
+    with pytest.raises(ValueError, match="no Open MPI"):
+        L.choose_launcher(ompi, {}, fake_which("mpirun"))  # an MPICH mpirun is not Open MPI
+
+
+def test_first_failed_rank_sets_the_exit_code(capsys):
+    statuses = {0: (1, False), 1: (137, False), 2: (1, False)}
+    assert L._report(0, statuses, 3, [], "failed", order=[1, 2, 0]) == 137
+    err = capsys.readouterr().err
+    assert err.index("rank 1 exited with code 137 (SIGKILL)") < err.index("rank 2 exited")
+    assert "rank 1 failed first; rank(s) 2, 0 failed after it" in err
+
+
+def test_launcher_teardown_failure_after_every_rank_succeeded(capsys):
+    ok = {0: (0, False), 1: (0, False)}
+    assert L._report(-13, ok, 2, [], "") == 0  # mpiexec SIGPIPE at teardown
+    assert "every rank exited with code 0; ignoring mpiexec's exit code 141" in capsys.readouterr().err
+    assert L._report(-13, {0: (0, False)}, 2, [], "") == 141  # rank 1 unknown: trust mpiexec
+    assert "mpiexec exited with code 141" in capsys.readouterr().err

@@ -1,0 +1,300 @@
+"""Shared worker of train_throughput.py and scaling.py: one training-step
+throughput measurement of one system on one model, in one process group.
+
+    python benchmarks/_trainbench.py --systems gf-fp32,gf-fp16 --model mlp --json-out R.json
+
+runs under `mpiexec -n N` (gradflow systems, and DDP in shared-memory mode:
+rank/size from the PMI_* environment, MASTER_ADDR/MASTER_PORT from the driver),
+under `run-on-netns.sh N -- ...` (gradflow over the emulated network) or
+`run-on-netns.sh N --raw -- ...` (DDP: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+
+Systems (one name each; the driver sets GRADFLOW_* in the environment):
+  torch           one process, plain torch, no library (the speedup baseline)
+  gf-pool         gradflow DistributedOptimizer, gradient pool (lazy allreduce) + overlap, fp32 wire
+  gf-copy         gradflow DistributedOptimizer(use_pool=False): per-tensor submit + fusion buffer
+  gf-fp16         pool + overlap, Compression.fp16 (16-bit wire, fp32 sums)
+  gf-csc0.1       pool + overlap, fp32 wire, sparse_ratio=0.1 (CSC)
+  gf-csc0.01      pool + overlap, fp32 wire, sparse_ratio=0.01 (CSC)
+  gf-all          pool + overlap + fp16 wire + CSC sparse_ratio=0.01
+  ddp             torch DistributedDataParallel, gloo
+  ddp-fp16        DDP + default_hooks.fp16_compress_hook
+
+Protocol: `--warmup` steps (not timed; cover the copy-path first step, the
+pool build and GRADFLOW_SPARSE_WARMUP_STEPS), then `--reps` repetitions of
+`--steps` steps; each repetition starts with a barrier and its time is the
+slowest rank's. Throughput of a repetition = N * batch * steps / time; the
+result is the median over repetitions. Each rank uses `--threads` torch
+threads (1 by default, so N ranks on the 2-core machine use min(N, 2) cores).
+Bytes: gradflow.stats()['bytes_sent'] (payload the core sent, this rank) and,
+inside an emulated host, the NIC's tx_bytes (everything on the wire,
+headers included, any system), both per timed step.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+GF_SYSTEMS = {
+    # name: DistributedOptimizer keyword arguments
+    "gf-pool": dict(use_pool=True),
+    "gf-copy": dict(use_pool=False),
+    "gf-fp32": dict(use_pool=True),
+    "gf-fp16": dict(use_pool=True, compression="fp16"),
+    "gf-csc0.1": dict(use_pool=True, sparse_ratio=0.1),
+    "gf-csc0.01": dict(use_pool=True, sparse_ratio=0.01),
+    "gf-all": dict(use_pool=True, compression="fp16", sparse_ratio=0.01),
+}
+DDP_SYSTEMS = ("ddp", "ddp-fp16")
+ALL_SYSTEMS = ("torch",) + tuple(GF_SYSTEMS) + DDP_SYSTEMS
+
+
+# ---------------------------------------------------------------- models
+
+class WideMLP(nn.Module):
+    """Communication-heavy: 1024 -> 4096 -> 4096 -> 1024 -> 10, ReLU; 25.2 M parameters."""
+
+    def __init__(self, widths=(1024, 4096, 4096, 1024), classes=10):
+        super().__init__()
+        dims = list(widths) + [classes]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+
+    def forward(self, x):
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < len(self.layers) - 1:
+                x = F.relu(x)
+        return x
+
+
+class Block(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.b1 = nn.BatchNorm2d(cout)
+        self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.b2 = nn.BatchNorm2d(cout)
+        self.short = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                      if stride != 1 or cin != cout else nn.Identity())
+
+    def forward(self, x):
+        y = F.relu(self.b1(self.c1(x)))
+        return F.relu(self.b2(self.c2(y)) + self.short(x))
+
+
+class SmallResNet(nn.Module):
+    """Compute-heavy: ResNet-style CNN on 32x32x3, stages 32/64/128, one basic block each; ~0.7 M parameters."""
+
+    def __init__(self, classes=10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU())
+        self.stages = nn.Sequential(Block(32, 32, 1), Block(32, 64, 2), Block(64, 128, 2))
+        self.fc = nn.Linear(128, classes)
+
+    def forward(self, x):
+        x = self.stages(self.stem(x))
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+MODELS = {
+    "mlp": (WideMLP, lambda b: torch.randn(b, 1024)),
+    "resnet": (SmallResNet, lambda b: torch.randn(b, 3, 32, 32)),
+}
+DEFAULT_BATCH = {"mlp": 64, "resnet": 32}
+
+
+def n_params(model_name: str) -> int:
+    return sum(p.numel() for p in MODELS[model_name][0]().parameters())
+
+
+# ---------------------------------------------------------------- helpers
+
+def _nic_tx_bytes():
+    """tx_bytes of the emulated host's NIC (hxeth0), None outside the namespaces."""
+    try:
+        with open("/sys/class/net/hxeth0/statistics/tx_bytes") as f:
+            return int(f.read())
+    except OSError:
+        return None
+
+
+def _env_rank_size():
+    for r, s in (("RANK", "WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
+                 ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
+        if r in os.environ and s in os.environ:
+            return int(os.environ[r]), int(os.environ[s])
+    return 0, 1
+
+
+def _write(path, obj):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- worker
+
+def _gf_optimizer(hvd, model, system):
+    kw = dict(GF_SYSTEMS[system])
+    if kw.get("compression") == "fp16":
+        kw["compression"] = hvd.Compression.fp16
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    return hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **kw)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--systems", required=True,
+                   help="comma list, one family: torch | gf-* | ddp, ddp-fp16 (run one after another, "
+                        "each on a fresh model and optimizer)")
+    p.add_argument("--model", default="mlp", choices=sorted(MODELS))
+    p.add_argument("--batch", type=int, default=None, help="per rank (default: mlp 64, resnet 32)")
+    p.add_argument("--warmup", type=int, default=8)
+    p.add_argument("--steps", type=int, default=5, help="steps per timed repetition")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json-out", required=True)
+    a = p.parse_args(argv)
+    systems = [s for s in a.systems.split(",") if s]
+    for s in systems:
+        if s not in ALL_SYSTEMS:
+            raise SystemExit(f"unknown system {s}; known: {', '.join(ALL_SYSTEMS)}")
+    family = {("gf" if s.startswith("gf-") else "ddp" if s.startswith("ddp") else "torch") for s in systems}
+    if len(family) != 1:
+        raise SystemExit("--systems must be of one family (torch, gf-*, ddp*)")
+    family = family.pop()
+    torch.set_num_threads(a.threads)
+    batch = a.batch or DEFAULT_BATCH[a.model]
+    cls, make_x = MODELS[a.model]
+    t_init = time.perf_counter()
+    hvd = gf = dist = None
+    if family == "torch":
+        rank, size = 0, 1
+
+        def barrier():
+            pass
+
+        def max_all(v):
+            return v
+    elif family == "gf":
+        import gradflow
+        import gradflow.torch as hvd
+        from mpi4py import MPI
+        hvd.init()
+        gf = gradflow
+        rank, size = hvd.rank(), hvd.size()
+        comm = MPI.COMM_WORLD
+
+        def barrier():
+            comm.Barrier()
+
+        def max_all(v):
+            return comm.allreduce(v, op=MPI.MAX)
+    else:
+        import torch.distributed as dist
+        rank, size = _env_rank_size()
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if os.environ["MASTER_ADDR"] == "127.0.0.1":
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=size)
+
+        def barrier():
+            dist.barrier()
+
+        def max_all(v):
+            t = torch.tensor([v], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            return float(t.item())
+    t_init = time.perf_counter() - t_init
+    out = {"model": a.model, "ranks": size, "batch_per_rank": batch, "threads": a.threads,
+           "warmup": a.warmup, "steps": a.steps, "reps": a.reps, "init_seconds": t_init,
+           "env": {k: v for k, v in os.environ.items() if k.startswith("GRADFLOW_")},
+           "results": {}, "current": None}
+
+    for system in systems:
+        out["current"] = system
+        if rank == 0:
+            _write(a.json_out, out)
+            print(f"[worker] {system}: {size} rank(s), model {a.model}", flush=True)
+        torch.manual_seed(0)
+        model = cls()
+        x, y = make_x(batch), torch.randint(0, 10, (batch,))
+        net = model
+        if family == "gf":
+            opt = _gf_optimizer(hvd, model, system)
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        elif family == "ddp":
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            net = DDP(model)
+            if system == "ddp-fp16":
+                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+                net.register_comm_hook(state=None, hook=default_hooks.fp16_compress_hook)
+            opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+        else:
+            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+        def step():
+            opt.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+            opt.step()
+
+        r = {"system": system, "params": sum(p.numel() for p in model.parameters())}
+        barrier()
+        t0 = time.perf_counter()
+        for _ in range(a.warmup):
+            step()
+        barrier()
+        r["warmup_seconds"] = time.perf_counter() - t0
+        if gf is not None:
+            gf.reset_stats()
+        tx0 = _nic_tx_bytes()
+        times = []
+        for _ in range(a.reps):
+            barrier()
+            t0 = time.perf_counter()
+            for _ in range(a.steps):
+                step()
+            times.append(max_all(time.perf_counter() - t0))
+        tx1 = _nic_tx_bytes()
+        nsteps = a.reps * a.steps
+        r["rep_seconds"] = times
+        r["samples_per_s"] = [size * batch * a.steps / t for t in times]
+        r["throughput"] = statistics.median(r["samples_per_s"])
+        r["step_seconds_median"] = statistics.median(times) / a.steps
+        if tx0 is not None:
+            r["nic_tx_bytes_per_step"] = max_all((tx1 - tx0) / nsteps)  # busiest rank
+        if gf is not None:
+            st = gf.stats()
+            r["stats"] = st
+            r["bytes_sent_per_step"] = st.get("bytes_sent", 0.0) / nsteps
+        # parameters must agree across ranks (a broken reduction would make them diverge)
+        s = float(sum(p.detach().double().sum() for p in model.parameters()))
+        r["param_checksum_spread"] = max_all(s) + max_all(-s)
+        out["results"][system] = r
+        if rank == 0:
+            print(f"[worker] {system}: {r['throughput']:.1f} samples/s", flush=True)
+        if family == "gf":
+            for h in opt._gradflow.hook_handles:
+                h.remove()
+        del opt, net, model
+        gc.collect()
+    out["current"] = None
+    if rank == 0:
+        _write(a.json_out, out)
+    if family == "gf":
+        hvd.shutdown()
+    elif family == "ddp":
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
