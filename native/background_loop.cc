@@ -4,6 +4,9 @@
 #include <chrono>
 #include <cctype>
 #include <cstdio>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 namespace gradflow {
 
@@ -55,6 +58,11 @@ void BackgroundLoop::fail_all(const std::string& reason) {
 }
 
 void BackgroundLoop::run() {
+#ifdef __linux__
+  // Short sleeps in MPI polling and cycle pacing must be short in fact: the
+  // default 50 us timer slack would double them.
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+#endif
   try {
     while (cycle()) {
     }
@@ -122,7 +130,11 @@ bool BackgroundLoop::cycle() {
     fail_all("gradflow: shutdown() was called on some rank before this collective ran");
     return false;
   }
-  queue_.sleep_until(next);
+  // When to start the next cycle (Note [Cycle pacing] in background_loop.h).
+  if (res.responses.empty()) {
+    auto soon = clock::now() + kPendingRecheck;
+    queue_.sleep_until(pending_.empty() || next < soon ? next : soon);
+  }
   return true;
 }
 

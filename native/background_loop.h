@@ -22,6 +22,25 @@
 
 namespace gradflow {
 
+// Note [Cycle pacing]
+// A cycle is collective: every rank's loop joins the coordinator's readiness
+// exchange, so a collective can start only once the *last* rank's loop
+// enters a cycle after that rank submitted it. Hence:
+//  * submit() wakes a sleeping loop at once (TensorQueue::submit), so the
+//    usual case — all ranks submit at about the same time — costs one
+//    exchange, not up to GRADFLOW_CYCLE_TIME of sleep;
+//  * after a cycle that ran something the next starts immediately: more
+//    work is usually queued behind it (the rest of a backward pass) and the
+//    peers, just out of the same collective, are in step. Tensors queued
+//    while a cycle runs are fused by the next one, which is what batches a
+//    burst of small gradients;
+//  * a cycle that ran nothing sleeps: GRADFLOW_CYCLE_TIME when this rank has
+//    nothing pending (idle; submit wakes it), kPendingRecheck when it waits
+//    for other ranks to submit what it already has, so it is back in the
+//    exchange soon after they wake (bounded extra latency, bounded idle CPU:
+//    never a busy loop of exchanges).
+constexpr std::chrono::microseconds kPendingRecheck{100};
+
 class BackgroundLoop {
  public:
   BackgroundLoop(MpiComm& comm, const Config& cfg, TensorQueue& queue, Stats& stats,

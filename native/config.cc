@@ -64,7 +64,7 @@ std::vector<KeySpec> make_specs() {
           "bytes per fused collective, 0 disables fusion (flag in MiB); integer >= 0",
           [](Config& c, int64_t v) { c.fusion_threshold_bytes = v; });
   add_float("GRADFLOW_CYCLE_TIME", "--cycle-time-ms", "1.0", 0.0, 10000.0,
-            "milliseconds between coordination cycles; 0 <= value <= 10000",
+            "longest sleep of an idle coordination loop in ms (a submit wakes it); 0 <= value <= 10000",
             [](Config& c, double v) { c.cycle_time_ms = v; });
   add_int("GRADFLOW_CACHE_CAPACITY", "--cache-capacity", 1024, 1.0, 0, 1 << 20,
           "responses kept for the bit-vector fast path, 0 disables it; 0 <= value <= 1048576",

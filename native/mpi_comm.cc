@@ -55,19 +55,27 @@ C comm_from_handle(uintptr_t h) {
   }
 }
 
-// Polls `done` until it returns true or the deadline passes. Spins first
-// (latency), then yields, then sleeps ~50 us after 2 ms so that ranks on an
-// oversubscribed machine leave the core to the peer they are waiting for.
+// Polls `done` until it returns true or the deadline passes. MPICH moves data
+// only inside MPI calls, so while peers are actively transferring (kData) we
+// keep testing, yielding the core between tests so that oversubscribed ranks
+// still run, and only start sleeping after a long transfer (a slow network)
+// where a 20 us gap no longer matters. Control waits (kControl: negotiation,
+// barriers) may wait on a peer that is still computing for seconds, so they
+// stop burning the core after a short spin. Sleeps are short and precise
+// because the background thread sets its timer slack to 1 us
+// (BackgroundLoop::run).
 template <typename Done>
-bool poll_until(Clock::time_point deadline, Done done) {
+bool poll_until(Clock::time_point deadline, WaitStyle style, Done done) {
   const auto start = Clock::now();
+  const auto spin_for = style == WaitStyle::kData ? std::chrono::microseconds(20000)
+                                                  : std::chrono::microseconds(50);
   for (int spins = 0;; ++spins) {
     if (done()) return true;
-    if (spins < 64) continue;
+    if (spins < 16) continue;
     auto now = Clock::now();
     if (now >= deadline) return done();
-    if (now - start < std::chrono::milliseconds(2)) std::this_thread::yield();
-    else std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (now - start < spin_for) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
 }
 
@@ -150,7 +158,7 @@ void RequestList::clear() {
 struct MpiComm::Impl {
   MPI_Comm comm = MPI_COMM_NULL;
   void iallreduce(MpiComm& self, void* buf, size_t count, size_t elem_bytes, MPI_Datatype t,
-                  MPI_Op op, const char* what);
+                  MPI_Op op, const char* what, WaitStyle style);
   Clock::time_point deadline(double timeout_s) const {
     return Clock::now() + std::chrono::duration_cast<Clock::duration>(
                               std::chrono::duration<double>(timeout_s));
@@ -213,10 +221,10 @@ size_t MpiComm::irecv(void* buf, size_t bytes, int src, int tag, RequestList& re
 }
 
 // Waits for one request; `peer` < 0 means "all ranks" (a collective).
-void MpiComm::wait_request(void* request, const char* what, int peer) {
+void MpiComm::wait_request(void* request, const char* what, int peer, WaitStyle style) {
   MPI_Request* r = static_cast<MPI_Request*>(request);
   int rc = MPI_SUCCESS;
-  bool ok = poll_until(impl_->deadline(timeout_s_), [&] {
+  bool ok = poll_until(impl_->deadline(timeout_s_), style, [&] {
     int flag = 0;
     rc = MPI_Test(r, &flag, MPI_STATUS_IGNORE);
     return rc != MPI_SUCCESS || flag != 0;
@@ -235,18 +243,18 @@ void MpiComm::wait(RequestList& reqs, size_t index, const char* what) {
   GF_CHECK(index < L.size(), "gradflow: wait on request " << index << " of " << L.size());
   if (L[index].req == MPI_REQUEST_NULL) return;
   try {
-    wait_request(&L[index].req, what, L[index].peer);
+    wait_request(&L[index].req, what, L[index].peer, WaitStyle::kData);
   } catch (...) {
     reqs.impl_->abandon();
     throw;
   }
 }
 
-void MpiComm::wait_all(RequestList& reqs, const char* what) {
+void MpiComm::wait_all(RequestList& reqs, const char* what, WaitStyle style) {
   auto& L = reqs.impl_->list;
   int rc = MPI_SUCCESS;
   size_t next = 0;  // requests before `next` are complete
-  bool ok = poll_until(impl_->deadline(timeout_s_), [&] {
+  bool ok = poll_until(impl_->deadline(timeout_s_), style, [&] {
     for (int flag = 1; next < L.size() && flag; next += flag) {
       rc = MPI_Test(&L[next].req, &flag, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS) return true;
@@ -271,42 +279,43 @@ void MpiComm::wait_all(RequestList& reqs, const char* what) {
 
 // ---------------------------------------------------------------- control collectives
 
-void MpiComm::barrier(const char* what) {
+void MpiComm::barrier(const char* what, WaitStyle style) {
   MPI_Request r;
   mpi_check(MPI_Ibarrier(impl_->comm, &r), "MPI_Ibarrier", what);
-  wait_request(&r, what, -1);
+  wait_request(&r, what, -1, style);
 }
 
 // In-place MPI_Iallreduce in chunks of kMaxCount elements, each polled.
 void MpiComm::Impl::iallreduce(MpiComm& self, void* buf, size_t count, size_t elem_bytes,
-                               MPI_Datatype t, MPI_Op op, const char* what) {
+                               MPI_Datatype t, MPI_Op op, const char* what, WaitStyle style) {
   for (size_t done = 0; done < count; done += kMaxCount) {
     MPI_Request r;
     mpi_check(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(buf) + done * elem_bytes,
                              static_cast<int>(std::min(kMaxCount, count - done)), t, op, comm, &r),
               "MPI_Iallreduce", what);
-    self.wait_request(&r, what, -1);
+    self.wait_request(&r, what, -1, style);
   }
 }
 
 void MpiComm::allreduce_band(uint64_t* words, size_t n, const char* what) {
-  impl_->iallreduce(*this, words, n, 8, MPI_UINT64_T, MPI_BAND, what);
+  impl_->iallreduce(*this, words, n, 8, MPI_UINT64_T, MPI_BAND, what, WaitStyle::kControl);
 }
 
 void MpiComm::allreduce_max_i64(int64_t* values, size_t n, const char* what) {
-  impl_->iallreduce(*this, values, n, 8, MPI_INT64_T, MPI_MAX, what);
+  impl_->iallreduce(*this, values, n, 8, MPI_INT64_T, MPI_MAX, what, WaitStyle::kControl);
 }
 
 void MpiComm::allreduce_builtin(void* buf, size_t count, DataType dt, ReduceOp op,
                                 const char* what) {
-  impl_->iallreduce(*this, buf, count, dtype_size(dt), mpi_type(dt), mpi_op(op, dt), what);
+  impl_->iallreduce(*this, buf, count, dtype_size(dt), mpi_type(dt), mpi_op(op, dt), what,
+                    WaitStyle::kData);
 }
 
 void MpiComm::bcast_vector(std::vector<uint8_t>& data, int root, const char* what) {
   uint64_t n = data.size();
   MPI_Request r;
   mpi_check(MPI_Ibcast(&n, 1, MPI_UINT64_T, root, impl_->comm, &r), "MPI_Ibcast", what);
-  wait_request(&r, what, root);
+  wait_request(&r, what, root, WaitStyle::kControl);
   if (rank_ != root) data.resize(n);
   bcast(data.data(), n, root, what);
 }
@@ -320,7 +329,7 @@ std::vector<std::vector<uint8_t>> MpiComm::gather_to_root(const std::vector<uint
   if (rank_ != root) {
     RequestList reqs;
     isend(mine.data(), mine.size(), root, kTagGather, reqs);
-    wait_all(reqs, what);
+    wait_all(reqs, what, WaitStyle::kControl);
     return out;
   }
   out.resize(size_);
@@ -329,7 +338,7 @@ std::vector<std::vector<uint8_t>> MpiComm::gather_to_root(const std::vector<uint
   std::vector<char> matched(size_, 0), done(size_, 0);
   done[root] = matched[root] = 1;
   int rc = MPI_SUCCESS;
-  bool ok = poll_until(impl_->deadline(timeout_s_), [&] {
+  bool ok = poll_until(impl_->deadline(timeout_s_), WaitStyle::kControl, [&] {
     bool all = true;
     for (int p = 0; p < size_ && rc == MPI_SUCCESS; ++p) {
       if (done[p]) continue;
@@ -372,7 +381,7 @@ void MpiComm::bcast(void* buf, size_t bytes, int root, const char* what) {
     MPI_Request r;
     mpi_check(MPI_Ibcast(static_cast<char*>(buf) + done, c, MPI_BYTE, root, impl_->comm, &r),
               "MPI_Ibcast", what);
-    wait_request(&r, what, root);
+    wait_request(&r, what, root, WaitStyle::kData);
   }
 }
 
@@ -427,7 +436,7 @@ void MpiComm::allgatherv(const void* send, size_t send_bytes, void* recv,
     mpi_check(MPI_Iallgatherv(send, static_cast<int>(send_bytes), MPI_BYTE, recv, counts.data(),
                               displs.data(), MPI_BYTE, impl_->comm, &r),
               "MPI_Iallgatherv", what);
-    wait_request(&r, what, -1);
+    wait_request(&r, what, -1, WaitStyle::kData);
     return;
   }
   // Everyone gets the same block: all send offsets are 0.
@@ -451,7 +460,7 @@ void MpiComm::alltoallv(const void* send, const std::vector<size_t>& send_bytes,
     mpi_check(MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rcn.data(), rd.data(),
                              MPI_BYTE, impl_->comm, &r),
               "MPI_Ialltoallv", what);
-    wait_request(&r, what, -1);
+    wait_request(&r, what, -1, WaitStyle::kData);
     return;
   }
   exchange_p2p(*this, static_cast<const char*>(send), soff, send_bytes, static_cast<char*>(recv),
@@ -507,7 +516,7 @@ class MpiWindow : public RmaWindow {
   void sync(const char* what) override {
     if (!shared_) flush();
     mpi_check(MPI_Win_sync(win_), "MPI_Win_sync", what);
-    owner_.barrier(what);
+    owner_.barrier(what, WaitStyle::kData);  // mid-collective: peers are close
     mpi_check(MPI_Win_sync(win_), "MPI_Win_sync", what);
   }
   void get(void* dst, size_t bytes, int rank, size_t offset) override {

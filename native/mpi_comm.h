@@ -51,6 +51,12 @@ class RmaWindow {
   virtual void flush() = 0;
 };
 
+// How a wait spends the time between MPI_Test calls (see poll_until).
+// kData: the peers are transferring right now, keep driving MPI's progress.
+// kControl: a peer may still be computing (negotiation, barriers), so back
+// off to short sleeps quickly instead of taking the core from it.
+enum class WaitStyle { kData, kControl };
+
 class MpiComm {
  public:
   // `comm_handle` is an MPI_Comm converted to an integer (mpi4py's
@@ -75,10 +81,10 @@ class MpiComm {
   size_t irecv(void* buf, size_t bytes, int src, int tag, RequestList& reqs);
   // Wait for one request of the list; `what` names the operation in errors.
   void wait(RequestList& reqs, size_t index, const char* what);
-  void wait_all(RequestList& reqs, const char* what);
+  void wait_all(RequestList& reqs, const char* what, WaitStyle style = WaitStyle::kData);
 
   // ---- control collectives (all with deadline) ----
-  void barrier(const char* what);
+  void barrier(const char* what, WaitStyle style = WaitStyle::kControl);
   // Element-wise bitwise AND of `n` words across all ranks, in place.
   void allreduce_band(uint64_t* words, size_t n, const char* what);
   void allreduce_max_i64(int64_t* values, size_t n, const char* what);
@@ -107,7 +113,7 @@ class MpiComm {
   static std::string library_version();
 
  private:
-  void wait_request(void* request, const char* what, int peer);
+  void wait_request(void* request, const char* what, int peer, WaitStyle style);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int rank_ = 0, size_ = 1;

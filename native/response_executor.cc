@@ -136,12 +136,12 @@ void ResponseExecutor::allreduce_sparse(const std::string& name, float* buf, siz
     allreduce_dense(buf, count, DataType::kFloat32, op, wire, ts);
     return;
   }
-  // 1. error feedback: what was not sent before is added to this step's gradient.
-  st.residual->accumulate(buf);
+  // 1. error feedback: what was not sent before is added to this step's
+  //    gradient, which moves into the residual (buf is zeroed).
   // 2. global chunk importance: every rank must choose the same chunks, so
   //    the per-rank L1 norms are summed first (a tiny allreduce).
   std::vector<float> importance;
-  st.residual->importance(&importance);
+  st.residual->absorb(buf, &importance);
   allreduce_dense(importance.data(), importance.size(), DataType::kFloat32, ReduceOp::kSum,
                   WireDtype::kNative, ts);
   size_t k = static_cast<size_t>(std::ceil(ratio * static_cast<double>(importance.size())));
@@ -151,7 +151,6 @@ void ResponseExecutor::allreduce_sparse(const std::string& name, float* buf, siz
   std::vector<float> packed(packed_size(chosen, count, chunk));
   pack_chunks(st.residual->residual(), count, chunk, chosen, packed.data());
   allreduce_dense(packed.data(), packed.size(), DataType::kFloat32, op, wire, ts);
-  std::memset(buf, 0, count * sizeof(float));
   unpack_chunks(packed.data(), count, chunk, chosen, buf);
   // 4. what was sent leaves the residual.
   st.residual->clear_sent(chosen);

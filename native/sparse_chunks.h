@@ -45,12 +45,17 @@ class SparseResidual {
   SparseResidual(size_t count, size_t chunk_elems, float momentum);
   void accumulate(const float* grad);
   void importance(std::vector<float>* out) const;
+  // Steps 1-2 in one pass: accumulate(grad), importance(out), and zero
+  // `grad` (the caller unpacks the reduced chosen chunks into it; every
+  // other chunk of the result is zero). Same numbers as the two calls.
+  void absorb(float* grad, std::vector<float>* importance);
   const float* residual() const { return residual_.data(); }
   void clear_sent(const std::vector<uint32_t>& chunks);
   size_t count() const { return residual_.size(); }
   size_t chunk_elems() const { return chunk_elems_; }
 
  private:
+  void accumulate_range(const float* grad, size_t begin, size_t end);
   std::vector<float> residual_;
   std::vector<float> velocity_;  // empty unless momentum correction is on
   size_t chunk_elems_;

@@ -13,7 +13,7 @@ std::atomic<int64_t> g_next_handle{1};
 }  // namespace
 
 int64_t TensorQueue::submit(TensorEntry entry) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   GF_CHECK(!closed_, close_reason_);
   GF_CHECK(!in_flight_names_.count(entry.request.name),
            "gradflow: " << op_kind_name(entry.request.kind) << " '" << entry.request.name
@@ -26,6 +26,11 @@ int64_t TensorQueue::submit(TensorEntry entry) {
   in_flight_handles_.insert(entry.handle);
   int64_t h = entry.handle;
   queue_.push_back(std::move(entry));
+  // Wake the background loop: a sleeping loop starts its next cycle now
+  // instead of at the end of GRADFLOW_CYCLE_TIME (see BackgroundLoop::cycle).
+  woken_ = true;
+  lock.unlock();
+  wake_cv_.notify_all();
   return h;
 }
 

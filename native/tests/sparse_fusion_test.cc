@@ -173,6 +173,37 @@ static void test_residual_conservation() {
   }
 }
 
+// absorb() is the fused pass the executor uses: it must give exactly what
+// accumulate + importance give, and zero the gradient.
+static void test_absorb_matches_separate_calls() {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float momentum : {0.0f, 0.9f}) {
+    for (size_t count : {0u, 1u, 255u, 257u, 1000u, 5000u}) {
+      const size_t chunk = 300;  // not a multiple of the 256-element block
+      SparseResidual a(count, chunk, momentum), b(count, chunk, momentum);
+      for (int step = 0; step < 3; ++step) {
+        std::vector<float> g(count);
+        for (auto& x : g) x = normal(rng);
+        std::vector<float> g2 = g, imp_a, imp_b;
+        a.accumulate(g.data());
+        a.importance(&imp_a);
+        b.absorb(g2.data(), &imp_b);
+        EXPECT(imp_a == imp_b);
+        EXPECT(std::equal(a.residual(), a.residual() + count, b.residual()));
+        EXPECT(std::all_of(g2.begin(), g2.end(), [](float x) { return x == 0.0f; }));
+        // The L1 norm itself, against a double reference.
+        for (size_t c = 0; c < imp_b.size(); ++c) {
+          double want = 0.0;
+          for (size_t i = c * chunk; i < std::min((c + 1) * chunk, count); ++i)
+            want += std::fabs(static_cast<double>(b.residual()[i]));
+          EXPECT(std::fabs(imp_b[c] - want) <= 1e-5 * want + 1e-6);
+        }
+      }
+    }
+  }
+}
+
 static void test_momentum_correction() {
   // One chunk of 2 never sent (k = 0), m = 0.5, grad = 1 every step:
   // velocity 1, 1.5, 1.75; residual 1, 2.5, 4.25.
@@ -299,6 +330,7 @@ int main() {
   test_pack_unpack_round_trip();
   test_residual_conservation();
   test_momentum_correction();
+  test_absorb_matches_separate_calls();
   test_plan_fusion();
   test_fusion_buffer();
   if (g_failures) {
