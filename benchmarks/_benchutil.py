@@ -9,6 +9,7 @@ result file that the driver merges into one table.
 from __future__ import annotations
 
 import datetime
+import glob
 import json
 import os
 import platform
@@ -129,6 +130,9 @@ def base_env(nranks: int, netns: bool) -> Dict[str, str]:
         env.setdefault("MPIR_CVAR_POLLS_BEFORE_YIELD", "10")
     if netns:
         env.setdefault("HX_VENV", os.path.dirname(os.path.dirname(sys.executable)))
+    if glob.glob(os.path.join(ROOT, "gradflow", "_native*.so")):
+        # A source tree with an in-place build is benchmarked as it stands.
+        env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     # Never inherit gradflow settings from the caller: each run sets its own.
     for k in list(env):
         if k.startswith("GRADFLOW_"):

@@ -144,12 +144,16 @@ def main() -> None:
     ddp = [s for s in a.systems if s.startswith("ddp")]
     groups = []  # (model, N, family systems, mode)
     for m in a.models:
+        # The baseline is measured before and after the model's other runs
+        # (single-process speed drifts by +-20 % on this shared machine);
+        # the median of all its repetitions is the baseline (see _baseline).
         groups.append((m, 1, ["torch"], "netns-raw"))
         for n in a.ranks:
             if gf:
                 groups.append((m, n, gf, "netns"))
             if ddp:
                 groups.append((m, n, ddp, "netns-raw"))
+        groups.append((m, 1, ["torch"], "netns-raw-after"))
     total = sum(len(g[2]) for g in groups)
     prefix = os.environ.get("HX_PREFIX", PREFIX) if a.no_netns_setup else PREFIX
     cluster = Cluster(max(a.ranks), a.rate, a.delay, prefix, os.environ.get("HX_SUBNET", SUBNET)
@@ -169,9 +173,13 @@ def main() -> None:
             print(f"[{done + 1}-{done + len(systems)}/{total}] model {m}, N={n}: {', '.join(systems)} "
                   f"(load {os.getloadavg()[0]:.2f}, {time.time() - t_start:.0f}s elapsed, "
                   f"{total - done} configuration(s) left)", flush=True)
-            res = td.run_group(systems, m, n, mode, wargs, env, a.timeout, netns_prefix=cluster.prefix)
+            after = mode.endswith("-after")
+            res = td.run_group(systems, m, n, mode[:-len("-after")] if after else mode, wargs, env,
+                               a.timeout, netns_prefix=cluster.prefix)
             for s in systems:
                 r = res[s]
+                if after:
+                    r["system"] = s = "torch-after"
                 results.append(r)
                 if "throughput" in r:
                     print(f"    {s:11s} N={n}: {r['throughput']:8.1f} samples/s  "
@@ -211,6 +219,13 @@ def _index(results):
     return {(r["model"], r["system"], r["ranks"]): r for r in results}
 
 
+def _baseline(idx, m):
+    """Median of the repetitions of both plain-torch runs of model m."""
+    reps = [v for s in ("torch", "torch-after")
+            for v in idx.get((m, s, 1), {}).get("samples_per_s", [])]
+    return statistics.median(reps) if reps else None
+
+
 def report(a, info, cmdline, results, status):
     idx = _index(results)
     cores = info["cores"]
@@ -227,11 +242,14 @@ def report(a, info, cmdline, results, status):
              f"(min(N, {cores}) x plain-torch 1-process throughput) — ceiling = min(N, {cores} cores) x one "
              f"process, i.e. 2x at N = 4, not 4x.\n")
     for m in a.models:
-        base = idx.get((m, "torch", 1), {}).get("throughput")
+        base = _baseline(idx, m)
         batch = a.batch_mlp if m == "mlp" else a.batch_resnet
         L.append(f"#### Model {m}: {MODEL_DESC[m]}, batch {batch} per rank\n")
+        reps = {s: idx.get((m, s, 1), {}).get("samples_per_s", []) for s in ("torch", "torch-after")}
         L.append(f"Baseline (plain torch, 1 process, no library): "
-                 f"{'%.1f samples/s' % base if base else 'FAILED'}\n")
+                 f"{'%.1f samples/s' % base if base else 'FAILED'} (median of the repetitions "
+                 f"measured before the other runs: {', '.join('%.1f' % v for v in reps['torch'])}; "
+                 f"and after: {', '.join('%.1f' % v for v in reps['torch-after'])})\n")
         hdr = "| system | " + " | ".join(f"N={n} samples/s | speedup | eff." for n in a.ranks) + \
               " | " + " | ".join(f"MiB sent/step/rank N={n} (gradflow stats / NIC)" for n in a.ranks if n > 1) + " |"
         L.append(hdr)
@@ -259,7 +277,7 @@ def report(a, info, cmdline, results, status):
         L.extend(verdicts(a, idx, m, base, cores))
     L.append("Loads (1-min average after each process group): " +
              ", ".join(f"{r['model']}/{r['system']}/N={r['ranks']}: {r['loadavg_after'][0]:.1f}"
-                       for r in results if r.get("loadavg_after") and r["system"] in ("torch", a.systems[0], "ddp")) + "\n")
+                       for r in results if r.get("loadavg_after") and r["system"] in ("torch", "torch-after", a.systems[0], "ddp")) + "\n")
     fails = [r for r in results if "throughput" not in r]
     if fails:
         L.append("Failures:\n")
@@ -326,7 +344,7 @@ def plots(a, results):
     paths = []
     cores = os.cpu_count() or 1
     for m in a.models:
-        base = idx.get((m, "torch", 1), {}).get("throughput")
+        base = _baseline(idx, m)
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for s in a.systems:
             ns = [n for n in a.ranks if "throughput" in idx.get((m, s, n), {})]

@@ -56,26 +56,33 @@ C comm_from_handle(uintptr_t h) {
 }
 
 // Polls `done` until it returns true or the deadline passes. MPICH moves data
-// only inside MPI calls, so while peers are actively transferring (kData) we
-// keep testing, yielding the core between tests so that oversubscribed ranks
-// still run, and only start sleeping after a long transfer (a slow network)
-// where a 20 us gap no longer matters. Control waits (kControl: negotiation,
-// barriers) may wait on a peer that is still computing for seconds, so they
-// stop burning the core after a short spin. Sleeps are short and precise
-// because the background thread sets its timer slack to 1 us
-// (BackgroundLoop::run).
+// only inside MPI calls, so a wait first tests back to back (yielding the core
+// between tests so oversubscribed ranks still run), then sleeps between tests
+// with a growing gap so that a long wait — a slow network, a peer still
+// computing its backward pass — does not take the core from this rank's own
+// compute thread. kData waits (peers are transferring right now) spin longer
+// and cap the gap lower than kControl waits (negotiation, barriers), which can
+// last seconds. Sleeps are precise because the background thread sets its
+// timer slack to 1 us (BackgroundLoop::run).
 template <typename Done>
 bool poll_until(Clock::time_point deadline, WaitStyle style, Done done) {
+  using us = std::chrono::microseconds;
+  const bool data = style == WaitStyle::kData;
+  const us spin_for = data ? us(1000) : us(50);
+  const us max_gap = data ? us(100) : us(250);
   const auto start = Clock::now();
-  const auto spin_for = style == WaitStyle::kData ? std::chrono::microseconds(20000)
-                                                  : std::chrono::microseconds(50);
+  us gap(5);
   for (int spins = 0;; ++spins) {
     if (done()) return true;
     if (spins < 16) continue;
     auto now = Clock::now();
     if (now >= deadline) return done();
-    if (now - start < spin_for) std::this_thread::yield();
-    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+    if (now - start < spin_for) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(gap);
+      gap = std::min(max_gap, gap * 2);
+    }
   }
 }
 
