@@ -1,10 +1,9 @@
-// mpi_comm.cc — the transport seam: the only file that includes mpi.h.
-// Owns the private duplicate communicator, deadline-polled waits, control and
-// data collectives (nonblocking MPI, so every wait can time out) and the RMA
-// windows. Knows nothing about tensors, algorithms or configuration.
+// mpi_comm.cc — the transport seam (with rma_window.cc, the only users of
+// mpi.h). Owns the private duplicate communicator, deadline-polled waits,
+// control and data collectives (nonblocking MPI, so every wait can time out)
+// and the creation of RMA windows. Knows nothing about tensors, algorithms or
+// configuration.
 #include "mpi_comm.h"
-
-#include <mpi.h>
 
 #include <algorithm>
 #include <chrono>
@@ -14,34 +13,13 @@
 #include <thread>
 #include <type_traits>
 
-namespace gradflow {
+#include "mpi_internal.h"
 
-// Largest count handed to one MPI call. Overridable at build time so tests can
-// exercise the chunked (> INT_MAX) paths with small buffers.
-#ifndef GRADFLOW_MAX_MPI_COUNT
-#define GRADFLOW_MAX_MPI_COUNT (size_t{1} << 30)
-#endif
-static constexpr size_t kMaxCount = GRADFLOW_MAX_MPI_COUNT;
-static_assert(kMaxCount <= size_t{INT_MAX}, "MPI counts are int");
+namespace gradflow {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-bool mpi_finalized() {
-  int fin = 0;
-  MPI_Finalized(&fin);
-  return fin != 0;
-}
-
-void mpi_check(int rc, const char* call, const char* what) {
-  if (rc == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, text, &len);
-  throw GradflowError(std::string("gradflow: ") + call + " failed in " + what + ": " +
-                      std::string(text, static_cast<size_t>(len)));
-}
 
 // mpi4py's comm.handle is the MPI_Comm value as an integer; MPICH's MPI_Comm
 // is an int, the standard ABI's (and Open MPI's) is a pointer.
@@ -474,91 +452,12 @@ void MpiComm::alltoallv(const void* send, const std::vector<size_t>& send_bytes,
                roff, recv_bytes, what);
 }
 
-// ---------------------------------------------------------------- RMA windows
-
-namespace {
-
-// A passive-target window locked (lock_all) for its whole lifetime; sync() is
-// the "synchronization" of the two-sync allreduce: win_sync, barrier with
-// deadline, win_sync (the standard shared-memory pattern in the unified
-// memory model, which keeps our deadline unlike MPI_Win_fence).
-class MpiWindow : public RmaWindow {
- public:
-  MpiWindow(MpiComm& owner, MPI_Comm comm, size_t bytes, bool shared)
-      : owner_(owner), shared_(shared), bytes_(bytes) {
-    const char* what = shared ? "MPI_Win_allocate_shared" : "MPI_Win_allocate";
-    GF_CHECK(bytes <= static_cast<size_t>(std::numeric_limits<MPI_Aint>::max()),
-             "gradflow: window of " << bytes << " bytes is too large");
-    int size = 0;
-    MPI_Comm_size(comm, &size);
-    MPI_Info info;
-    MPI_Info_create(&info);
-    if (shared) MPI_Info_set(info, "alloc_shared_noncontig", "true");
-    MPI_Aint n = static_cast<MPI_Aint>(bytes);
-    int rc = shared ? MPI_Win_allocate_shared(n, 1, info, comm, &base_, &win_)
-                    : MPI_Win_allocate(n, 1, info, comm, &base_, &win_);
-    MPI_Info_free(&info);
-    mpi_check(rc, what, "create_window");
-    MPI_Win_set_errhandler(win_, MPI_ERRORS_RETURN);
-    if (shared) {
-      peers_.resize(size, nullptr);
-      for (int p = 0; p < size; ++p) {
-        MPI_Aint sz = 0;
-        int disp = 0;
-        mpi_check(MPI_Win_shared_query(win_, p, &sz, &disp, &peers_[p]), "MPI_Win_shared_query",
-                  "create_window");
-      }
-    }
-    mpi_check(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_), "MPI_Win_lock_all", "create_window");
-  }
-  ~MpiWindow() override {
-    if (mpi_finalized()) return;
-    MPI_Win_unlock_all(win_);
-    MPI_Win_free(&win_);
-  }
-  void* local_base() override { return base_; }
-  size_t bytes() const override { return bytes_; }
-  void* peer_base(int rank) override { return shared_ ? peers_.at(rank) : nullptr; }
-  bool is_shared() const override { return shared_; }
-  void sync(const char* what) override {
-    if (!shared_) flush();
-    mpi_check(MPI_Win_sync(win_), "MPI_Win_sync", what);
-    owner_.barrier(what, WaitStyle::kData);  // mid-collective: peers are close
-    mpi_check(MPI_Win_sync(win_), "MPI_Win_sync", what);
-  }
-  void get(void* dst, size_t bytes, int rank, size_t offset) override {
-    if (shared_) {  // plain loads; complete at once
-      std::memcpy(dst, static_cast<char*>(peers_.at(rank)) + offset, bytes);
-      return;
-    }
-    for (size_t d = 0; d < bytes; d += kMaxCount) {
-      int c = static_cast<int>(std::min(kMaxCount, bytes - d));
-      mpi_check(MPI_Get(static_cast<char*>(dst) + d, c, MPI_BYTE, rank,
-                        static_cast<MPI_Aint>(offset + d), c, MPI_BYTE, win_),
-                "MPI_Get", "window get");
-    }
-  }
-  void flush() override {
-    if (!shared_) mpi_check(MPI_Win_flush_all(win_), "MPI_Win_flush_all", "window flush");
-  }
-
- private:
-  MpiComm& owner_;
-  bool shared_;
-  size_t bytes_;
-  void* base_ = nullptr;
-  MPI_Win win_ = MPI_WIN_NULL;
-  std::vector<void*> peers_;
-};
-
-}  // namespace
-
 std::unique_ptr<RmaWindow> MpiComm::create_window(size_t bytes, bool prefer_shared) {
   // Window creation is a blocking collective; a deadline barrier first makes
   // sure every rank has arrived so a dead peer cannot hang us inside it.
   barrier("create_window");
   bool shared = prefer_shared && all_on_one_node();
-  return std::unique_ptr<RmaWindow>(new MpiWindow(*this, impl_->comm, bytes, shared));
+  return make_mpi_window(*this, impl_->comm, bytes, shared);
 }
 
 }  // namespace gradflow

@@ -1,4 +1,5 @@
-// mpi_comm.h — the transport seam: the only file pair that includes mpi.h.
+// mpi_comm.h — the transport seam (mpi.h itself is included only by
+// mpi_comm.cc, rma_window.cc and mpi_internal.h, never by this header).
 // Owns a private duplicate of the user's communicator, point-to-point
 // requests, small control collectives and RMA windows. Every wait has a
 // deadline (GRADFLOW_TIMEOUT) so a dead or stalled peer becomes a
