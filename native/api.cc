@@ -24,7 +24,8 @@ Runtime::~Runtime() { shutdown(); }
 void Runtime::check_config_matches_everywhere() {
   // Settings that change what ranks send (fusion, cache size, wire, ...) must
   // agree or ranks would disagree on the protocol: compare a hash.
-  std::string s = std::to_string(cfg_.fusion_threshold_bytes) + std::to_string(cfg_.cache_capacity) +
+  std::string s = std::to_string(cfg_.fusion_threshold_bytes) + std::to_string(cfg_.pool_bucket_bytes) +
+       std::to_string(cfg_.cache_capacity) +
        std::to_string(cfg_.sparse_ratio) + std::to_string(static_cast<int>(cfg_.wire_dtype)) +
        std::to_string(static_cast<int>(cfg_.allreduce_algo)) +
        std::to_string(cfg_.sparse_chunk) + std::to_string(cfg_.sparse_warmup_steps) +
@@ -111,7 +112,7 @@ int Runtime::pool_create(uintptr_t data, DataType dt, const std::vector<int64_t>
   std::lock_guard<std::mutex> lock(pools_mu_);
   int id = next_pool_++;
   PoolState& p = pools_[id];
-  size_t bb = bucket_bytes < 0 ? static_cast<size_t>(cfg_.fusion_threshold_bytes)
+  size_t bb = bucket_bytes < 0 ? static_cast<size_t>(cfg_.pool_bucket_bytes)
                                : static_cast<size_t>(bucket_bytes);
   p.pool = std::make_unique<GradPool>(id, reinterpret_cast<void*>(data), dt, range_elems, bb);
   SubmitArgs& t = p.bucket_template;

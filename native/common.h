@@ -50,7 +50,7 @@ enum class WireDtype : int32_t {
   kBFloat16 = 2,
 };
 
-// Allreduce algorithm; kAuto resolves per message (see algorithm_choice.h).
+// Allreduce algorithm; kAuto resolves per message (ResponseExecutor::choose_algo).
 enum class AllreduceAlgo : int32_t {
   kRing = 0,
   kTwoSync = 1,

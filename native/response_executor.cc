@@ -59,7 +59,8 @@ std::vector<size_t> ResponseExecutor::plan(const std::vector<Response>& response
 AllreduceAlgo ResponseExecutor::choose_algo(size_t bytes, DataType dt) const {
   AllreduceAlgo a = cfg_.allreduce_algo;
   if (a == AllreduceAlgo::kAuto) {
-    // Documented table (docs/tuning.md): on one node, small messages go
+    // Documented table (README, "Configuration and tuning"; measured in
+    // docs/performance.md): on one node, messages up to 256 KiB go
     // through the shared-memory two-sync allreduce (two syncs, no ring
     // hops); larger ones through the pipelined ring.
     a = (comm_.all_on_one_node() && bytes <= (256u << 10)) ? AllreduceAlgo::kTwoSync

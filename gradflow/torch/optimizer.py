@@ -9,7 +9,7 @@ Terms:
   pool    one flat tensor per dtype holding the gradients of all pooled
           parameters, laid out in backward order; each `param.grad` is a view
           of it. The native core knows it as (pool id, list of range sizes).
-  bucket  a run of whole ranges, <= bucket_mb (default GRADFLOW_FUSION_THRESHOLD);
+  bucket  a run of whole ranges, <= bucket_mb (default GRADFLOW_POOL_BUCKET_BYTES);
           cut once by the core (grad_pool.h). When the last range of a bucket
           is marked ready, the core allreduces it in place: no fusion copy.
   pass    one backward; `backward_passes_per_step` passes make one step.
@@ -385,7 +385,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     gradient_predivide_factor: scale by 1/f before the sum and f after.
     sparse_ratio: CSC sparse communication ratio (None: GRADFLOW_SPARSE_RATIO).
     use_pool: lazy allreduce over a contiguous gradient pool (zero copy).
-    bucket_mb: pool bucket size (None: GRADFLOW_FUSION_THRESHOLD).
+    bucket_mb: pool bucket size in MiB (None: GRADFLOW_POOL_BUCKET_BYTES, 8 MiB).
     sparse_as_dense: densify sparse gradients instead of allgathering them.
     """
     base = optimizer.__class__
