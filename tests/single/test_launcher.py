@@ -11,6 +11,7 @@ import pytest
 from gradflow.runner import hosts as H
 from gradflow.runner import launch as L
 from gradflow.runner import rank_wrapper as W
+from gradflow.runner import supervise as S
 
 FAKE_KEYS = [
     {"env": "GRADFLOW_FUSION_THRESHOLD", "flag": "--fusion-threshold-mb", "type": "int",
@@ -362,7 +363,7 @@ def test_choose_launcher_explicit(monkeypatch):
 
 def test_first_failed_rank_sets_the_exit_code(capsys):
     statuses = {0: (1, False), 1: (137, False), 2: (1, False)}
-    assert L._report(0, statuses, 3, [], "failed", order=[1, 2, 0]) == 137
+    assert S._report(0, statuses, 3, [], "failed", order=[1, 2, 0]) == 137
     err = capsys.readouterr().err
     assert err.index("rank 1 exited with code 137 (SIGKILL)") < err.index("rank 2 exited")
     assert "rank 1 failed first; rank(s) 2, 0 failed after it" in err
@@ -370,7 +371,7 @@ def test_first_failed_rank_sets_the_exit_code(capsys):
 
 def test_launcher_teardown_failure_after_every_rank_succeeded(capsys):
     ok = {0: (0, False), 1: (0, False)}
-    assert L._report(-13, ok, 2, [], "") == 0  # mpiexec SIGPIPE at teardown
+    assert S._report(-13, ok, 2, [], "") == 0  # mpiexec SIGPIPE at teardown
     assert "every rank exited with code 0; ignoring mpiexec's exit code 141" in capsys.readouterr().err
-    assert L._report(-13, {0: (0, False)}, 2, [], "") == 141  # rank 1 unknown: trust mpiexec
+    assert S._report(-13, {0: (0, False)}, 2, [], "") == 141  # rank 1 unknown: trust mpiexec
     assert "mpiexec exited with code 141" in capsys.readouterr().err

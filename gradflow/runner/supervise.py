@@ -1,0 +1,184 @@
+"""gradflowrun's job supervision: runs mpiexec, watches the rank wrappers'
+status files, stops the whole job when a rank fails, misses --start-timeout
+or the user interrupts, and turns what happened into one exit code and a
+message naming the failed rank(s). Knows nothing about flags or MPI flavors
+(launch.py builds the command line).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Sequence, Tuple
+
+# After a rank fails, the others get time to raise their own error before the
+# launcher stops them (hydra's auto-cleanup is off so they can): gradflow
+# ranks learn of a peer's exception within a cycle (FAILURE_GRACE_SECONDS is
+# plenty), of a peer killed by a signal only after GRADFLOW_TIMEOUT.
+FAILURE_GRACE_SECONDS = 5.0
+DEFAULT_TIMEOUT_SECONDS = 60.0
+KILL_GRACE_SECONDS = 5.0  # between the stages of stopping a job (see _Stopper)
+
+
+class _Stopper:
+    """Stops mpiexec in stages: the first signal (SIGTERM, or the user's
+    SIGINT), then SIGINT (hydra's "force abort": SIGKILL to every rank) after
+    KILL_GRACE_SECONDS, then SIGKILL of mpiexec after as long again."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc, self.stage, self.since, self.why = proc, 0, 0.0, ""
+
+    def start(self, signum: int, why: str) -> None:
+        if self.stage == 0:
+            self.why = why
+            self._send(signum)
+
+    def escalate(self, force: bool = False) -> None:
+        if self.stage and (force or time.monotonic() - self.since > KILL_GRACE_SECONDS):
+            if self.stage == 1:
+                self._send(signal.SIGINT)
+            elif self.stage == 2:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                self.stage, self.since = 3, float("inf")
+
+    def _send(self, signum: int) -> None:
+        try:
+            self.proc.send_signal(signum)
+        except OSError:
+            pass
+        self.stage, self.since = self.stage + 1, time.monotonic()
+
+
+def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence[int],
+            start_timeout: float, status_dir: str) -> int:
+    """Run mpiexec until it ends; stop the job when a rank fails, a local rank
+    misses --start-timeout, or on SIGINT/SIGTERM/SIGHUP (a second one skips the
+    grace period); report failed ranks; return the exit code."""
+    received: List[int] = []
+    order: List[int] = []  # failed ranks in the order their failure was seen
+    seen = 0
+    try:
+        grace = float(env.get("GRADFLOW_TIMEOUT", DEFAULT_TIMEOUT_SECONDS)) + FAILURE_GRACE_SECONDS
+    except ValueError:
+        grace = DEFAULT_TIMEOUT_SECONDS + FAILURE_GRACE_SECONDS
+    wait_for = grace
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        received.append(signum)
+
+    # Handlers before Popen: mpiexec then starts with default dispositions,
+    # even when this process was started with SIGINT ignored.
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        stdin = subprocess.DEVNULL if sys.stdin is None or sys.stdin.isatty() else None
+        proc = subprocess.Popen(argv, env=env, stdin=stdin, start_new_session=True)
+        stopper = _Stopper(proc)
+        started, failed_at = time.monotonic(), None
+        while proc.poll() is None:
+            if len(received) > seen:
+                if seen:
+                    stopper.escalate(force=True)
+                stopper.start(received[0], "interrupted")
+                seen = len(received)
+            statuses = _read_statuses(status_dir, np)
+            codes = [c for c, _ in statuses.values()]
+            new = [r for r, (c, stopped) in statuses.items()
+                   if c != 0 and not stopped and r not in order]
+            order.extend(sorted(new, key=lambda r: (not _killed(statuses[r][0]), r)))
+            if failed_at is None and any(c != 0 for c in codes):
+                failed_at = time.monotonic()
+                killed = any(_killed(c) for c in codes)
+                wait_for = grace if killed else FAILURE_GRACE_SECONDS
+            if failed_at and time.monotonic() - failed_at > wait_for:
+                stopper.start(signal.SIGTERM, "failed")
+            if stopper.stage == 0 and time.monotonic() - started > start_timeout:
+                missing = [r for r in local_ranks if not os.path.exists(
+                    os.path.join(status_dir, f"rank.{r}.start"))]
+                if missing:
+                    print(f"gradflowrun: rank(s) {_ranks(missing)} did not start within "
+                          f"{start_timeout:g} s (--start-timeout); stopping the job",
+                          file=sys.stderr, flush=True)
+                    stopper.start(signal.SIGTERM, "start timeout")
+            stopper.escalate()
+            time.sleep(0.05)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    return _report(proc.returncode, _read_statuses(status_dir, np), np, received, stopper.why,
+                   order)
+
+
+def _killed(code: int) -> bool:
+    """Exit code of a process ended by a signal (wrapper: 128 + signal number)."""
+    return code < 0 or code > 128
+
+
+def _read_statuses(status_dir: str, np: int) -> Dict[int, Tuple[int, bool]]:
+    """rank -> (exit code, stopped by a forwarded signal) from the wrappers' files."""
+    out = {}
+    for r in range(np):
+        try:
+            with open(os.path.join(status_dir, f"rank.{r}.exit"), encoding="utf-8") as f:
+                code, stopped = f.read().split()
+            out[r] = (int(code), stopped == "1")
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ", ".join(str(r) for r in ranks)
+
+
+def _report(mpiexec_rc: int, statuses: Dict[int, Tuple[int, bool]], np: int,
+            received: List[int], why: str, order: Sequence[int] = ()) -> int:
+    """Print which ranks failed (the first one seen first) and return the exit
+    code: the first failed rank's, else 128 + signal when interrupted, else
+    mpiexec's."""
+    failed = sorted(r for r, (code, stopped) in statuses.items() if code != 0 and not stopped)
+    failed = [r for r in order if r in failed] + [r for r in failed if r not in order]
+    for r in failed:
+        code = statuses[r][0]
+        sig = f" ({signal.Signals(code - 128).name})" if _is_sig(code - 128) else ""
+        print(f"gradflowrun: rank {r} exited with code {code}{sig}", file=sys.stderr, flush=True)
+    if received:
+        print(f"gradflowrun: interrupted by {signal.Signals(received[0]).name}; stopped all ranks",
+              file=sys.stderr, flush=True)
+        return 128 + received[0]
+    if failed:
+        if len(failed) > 1:
+            print(f"gradflowrun: rank {failed[0]} failed first; rank(s) {_ranks(failed[1:])} "
+                  "failed after it", file=sys.stderr, flush=True)
+        others = [r for r in range(np) if r not in failed]
+        if others and why == "failed":
+            print(f"gradflowrun: stopped rank(s) {_ranks(others)} after the failure",
+                  file=sys.stderr, flush=True)
+        return statuses[failed[0]][0]
+    if mpiexec_rc != 0:
+        rc = mpiexec_rc if mpiexec_rc > 0 else 128 - mpiexec_rc
+        if len(statuses) == np and all(code == 0 for code, _ in statuses.values()):
+            # Seen with hydra's rsh launcher: mpiexec killed by SIGPIPE at
+            # teardown after every rank had finished. The ranks' codes decide.
+            print(f"gradflowrun: note: every rank exited with code 0; ignoring mpiexec's exit "
+                  f"code {rc}", file=sys.stderr, flush=True)
+            return 0
+        print(f"gradflowrun: mpiexec exited with code {rc}" + (f" ({why})" if why else ""),
+              file=sys.stderr, flush=True)
+        return rc
+    return 0
+
+
+def _is_sig(n: int) -> bool:
+    if n <= 0:
+        return False
+    try:
+        signal.Signals(n)
+        return True
+    except ValueError:
+        return False
