@@ -106,7 +106,9 @@ def mpi_comm() -> MPI.Comm:
 def stats() -> Dict[str, float]:
     """Counters since start or the last reset_stats(): bytes_sent, bytes_received,
     allreduce.count[.algo.wire], seconds_negotiation / seconds_codec /
-    seconds_transfer, fusion.bytes_copied, sparse.chunks_sent, ..."""
+    seconds_transfer, seconds_sparse (CPU time of CSC's passes over the
+    buffer: absorb, select, pack, unpack), fusion.bytes_copied,
+    sparse.chunks_sent, ..."""
     return dict(_native.stats())
 
 

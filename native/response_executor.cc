@@ -123,7 +123,7 @@ void ResponseExecutor::allreduce_dense(void* buf, size_t count, DataType dt, Red
 
 void ResponseExecutor::allreduce_sparse(const std::string& name, float* buf, size_t count,
                                         ReduceOp op, WireDtype wire, double ratio,
-                                        TransferStats* ts) {
+                                        double postscale, TransferStats* ts) {
   SparseState& st = sparse_[name];
   const size_t chunk = static_cast<size_t>(cfg_.sparse_chunk);
   if (!st.residual || st.residual->count() != count) {
@@ -135,26 +135,40 @@ void ResponseExecutor::allreduce_sparse(const std::string& name, float* buf, siz
   if (st.steps <= cfg_.sparse_warmup_steps) {
     stats_.add("sparse.dense_warmup_steps", 1);
     allreduce_dense(buf, count, DataType::kFloat32, op, wire, ts);
+    scale_buffer(buf, count, DataType::kFloat32, postscale);
     return;
   }
+  // CPU time of the sparse passes (absorb, select, pack, unpack, clear) is
+  // reported as codec time: like a wire conversion it is work the bytes saved
+  // must pay for.
+  double cpu_seconds = 0.0;
+  double t0 = now_seconds();
   // 1. error feedback: what was not sent before is added to this step's
   //    gradient, which moves into the residual (buf is zeroed).
   // 2. global chunk importance: every rank must choose the same chunks, so
   //    the per-rank L1 norms are summed first (a tiny allreduce).
   std::vector<float> importance;
   st.residual->absorb(buf, &importance);
+  cpu_seconds += now_seconds() - t0;
   allreduce_dense(importance.data(), importance.size(), DataType::kFloat32, ReduceOp::kSum,
                   WireDtype::kNative, ts);
   size_t k = static_cast<size_t>(std::ceil(ratio * static_cast<double>(importance.size())));
   k = std::max<size_t>(1, std::min(k, importance.size()));
-  std::vector<uint32_t> chosen = select_top_chunks(importance, k);
   // 3. pack the chosen chunks of the residual, reduce them densely, unpack.
+  t0 = now_seconds();
+  std::vector<uint32_t> chosen = select_top_chunks(importance, k);
   std::vector<float> packed(packed_size(chosen, count, chunk));
   pack_chunks(st.residual->residual(), count, chunk, chosen, packed.data());
+  cpu_seconds += now_seconds() - t0;
   allreduce_dense(packed.data(), packed.size(), DataType::kFloat32, op, wire, ts);
+  t0 = now_seconds();
+  scale_buffer(packed.data(), packed.size(), DataType::kFloat32, postscale);
   unpack_chunks(packed.data(), count, chunk, chosen, buf);
   // 4. what was sent leaves the residual.
   st.residual->clear_sent(chosen);
+  cpu_seconds += now_seconds() - t0;
+  ts->codec_seconds += cpu_seconds;
+  stats_.add("seconds_sparse", cpu_seconds);
   stats_.add("sparse.steps", 1);
   stats_.add("sparse.chunks_sent", static_cast<double>(chosen.size()));
   stats_.add("sparse.chunks_total", static_cast<double>(importance.size()));
@@ -212,16 +226,16 @@ void ResponseExecutor::run_allreduces(const std::vector<const Response*>& group,
     }
   }
   scale_buffer(work, total, dt, first.prescale);
+  double post = first.postscale;
+  if (first.op == ReduceOp::kAverage) post /= comm_.size();
   // Sparse even on one rank: training behaves the same at every size.
   if (first.sparse_ratio < 1.0 && dt == DataType::kFloat32) {
     allreduce_sparse(first.name, static_cast<float*>(work), total, first.op, first.wire,
-                     first.sparse_ratio, &ts);
+                     first.sparse_ratio, post, &ts);
   } else {
     allreduce_dense(work, total, dt, first.op, first.wire, &ts);
+    scale_buffer(work, total, dt, post);
   }
-  double post = first.postscale;
-  if (first.op == ReduceOp::kAverage) post /= comm_.size();
-  scale_buffer(work, total, dt, post);
   if (!single) {
     size_t off = 0;
     for (size_t i = 0; i < group.size(); ++i) {

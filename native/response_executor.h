@@ -54,9 +54,12 @@ class ResponseExecutor {
   // In-place allreduce of a contiguous buffer (dense), any algorithm.
   void allreduce_dense(void* buf, size_t count, DataType dt, ReduceOp op, WireDtype wire,
                        TransferStats* ts);
-  // Coarse-grained sparse allreduce of a float32 buffer (see sparse_chunks.h).
+  // Coarse-grained sparse allreduce of a float32 buffer (see sparse_chunks.h),
+  // result multiplied by `postscale` (applied to the sent chunks only: every
+  // other element of the result is zero, and a pass over them would cost as
+  // much memory traffic as half of CSC itself).
   void allreduce_sparse(const std::string& name, float* buf, size_t count, ReduceOp op,
-                        WireDtype wire, double ratio, TransferStats* ts);
+                        WireDtype wire, double ratio, double postscale, TransferStats* ts);
   void run_allreduces(const std::vector<const Response*>& group,
                       const std::vector<TensorEntry*>& entries, std::vector<HandleResult>* results);
   void run_other(const Response& r, TensorEntry* entry, HandleResult* result);

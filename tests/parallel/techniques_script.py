@@ -114,6 +114,18 @@ def check_sparse():
         identical(got, f"sparse.{s}")
         np.testing.assert_allclose(got, expected[s], rtol=1e-4, atol=1e-4, err_msg=f"step {s}")
     st = gf.stats()
+    # Average with pre/post scaling: the post-scale is applied to the sent
+    # chunks only (the rest of the result is zero), which must give the same
+    # numbers as scaling the whole result.
+    pre, post = 0.5, 3.0
+    expected_avg = simulate_sparse([[g.astype(np.float64) * pre for g in gr] for gr in grads], chunk, ratio)
+    for s in range(steps):
+        got = gf.allreduce(grads[R][s], op=gf.Average, name="sparse.avg", prescale_factor=pre,
+                           postscale_factor=post)
+        identical(got, f"sparse.avg.{s}")
+        np.testing.assert_allclose(got, expected_avg[s] * post / N, rtol=1e-4, atol=1e-4,
+                                   err_msg=f"average, step {s}")
+        assert (got[expected_avg[s] == 0] == 0).all(), "unsent chunks must be exactly zero"
     if N > 1:
         dense_bytes = 2 * (N - 1) / N * n * 4 * steps
         assert st["sparse.chunks_sent"] == steps * max(1, int(np.ceil(ratio * 21 - 1e-9))), st
