@@ -18,6 +18,9 @@ Systems (one name each; the driver sets GRADFLOW_* in the environment):
   gf-all          pool + overlap + fp16 wire + CSC sparse_ratio=0.01
   ddp             torch DistributedDataParallel, gloo
   ddp-fp16        DDP + default_hooks.fp16_compress_hook
+  nocomm          N plain-torch processes side by side, no gradient exchange (gloo
+                  only for the barrier before each repetition and the slowest
+                  rank's time): the machine's measured compute ceiling for N ranks
 
 Protocol: `--warmup` steps (not timed; cover the copy-path first step, the
 pool build and GRADFLOW_SPARSE_WARMUP_STEPS), then `--reps` repetitions of
@@ -53,7 +56,7 @@ GF_SYSTEMS = {
     "gf-csc0.01": dict(use_pool=True, sparse_ratio=0.01),
     "gf-all": dict(use_pool=True, compression="fp16", sparse_ratio=0.01),
 }
-DDP_SYSTEMS = ("ddp", "ddp-fp16")
+DDP_SYSTEMS = ("ddp", "ddp-fp16", "nocomm")  # the torch.distributed (gloo) family
 ALL_SYSTEMS = ("torch",) + tuple(GF_SYSTEMS) + DDP_SYSTEMS
 
 
@@ -154,7 +157,7 @@ def _gf_optimizer(hvd, model, system):
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--systems", required=True,
-                   help="comma list, one family: torch | gf-* | ddp, ddp-fp16 (run one after another, "
+                   help="comma list, one family: torch | gf-* | ddp, ddp-fp16, nocomm (run one after another, "
                         "each on a fresh model and optimizer)")
     p.add_argument("--model", default="mlp", choices=sorted(MODELS))
     p.add_argument("--batch", type=int, default=None, help="per rank (default: mlp 64, resnet 32)")
@@ -168,9 +171,9 @@ def main(argv=None) -> None:
     for s in systems:
         if s not in ALL_SYSTEMS:
             raise SystemExit(f"unknown system {s}; known: {', '.join(ALL_SYSTEMS)}")
-    family = {("gf" if s.startswith("gf-") else "ddp" if s.startswith("ddp") else "torch") for s in systems}
+    family = {("gf" if s.startswith("gf-") else "ddp" if s in DDP_SYSTEMS else "torch") for s in systems}
     if len(family) != 1:
-        raise SystemExit("--systems must be of one family (torch, gf-*, ddp*)")
+        raise SystemExit("--systems must be of one family (torch, gf-*, ddp/ddp-fp16/nocomm)")
     family = family.pop()
     torch.set_num_threads(a.threads)
     batch = a.batch or DEFAULT_BATCH[a.model]
@@ -232,7 +235,7 @@ def main(argv=None) -> None:
         if family == "gf":
             opt = _gf_optimizer(hvd, model, system)
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        elif family == "ddp":
+        elif family == "ddp" and system != "nocomm":
             from torch.nn.parallel import DistributedDataParallel as DDP
             net = DDP(model)
             if system == "ddp-fp16":

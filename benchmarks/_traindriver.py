@@ -96,7 +96,7 @@ def _launch(systems, model, nranks, mode, worker_args, extra_env, timeout, netns
             cmd = py
         else:
             cmd = [bu.venv_bin("mpiexec"), "-n", str(nranks)] + py
-        if systems[0].startswith("ddp"):
+        if systems[0].startswith("ddp") or systems[0] == "nocomm":
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), GLOO_SOCKET_IFNAME="lo")
     else:
         run = os.path.join(bu.NETNS_DIR, "run-on-netns.sh")

@@ -23,6 +23,10 @@ Systems (--systems; further rows = further names in _trainbench.py):
   gf-all      (d) pool + overlap + fp16 wire + CSC 0.01
   ddp         (e) torch DistributedDataParallel, gloo
   ddp-fp16    (f) DDP + default_hooks.fp16_compress_hook
+  nocomm      N independent plain-torch processes on N hosts, no gradient
+              exchange: what the machine's cores and memory deliver to N
+              ranks at best (the measured ceiling; with 2 cores and one
+              memory system it is below min(N, cores) x one process)
 CSC runs with GRADFLOW_SPARSE_CHUNK=32768 and GRADFLOW_SPARSE_WARMUP_STEPS=5;
 the warm-up steps of every system (which include those 5 dense steps and
 the pool build at step 1) are excluded from the timing.
@@ -53,7 +57,7 @@ import _benchutil as bu  # noqa: E402
 import _traindriver as td  # noqa: E402
 
 GF = ["gf-fp32", "gf-fp16", "gf-csc0.1", "gf-csc0.01", "gf-all"]
-DDP = ["ddp", "ddp-fp16"]
+DDP = ["ddp", "ddp-fp16", "nocomm"]  # torch.distributed family (run-on-netns.sh --raw)
 LABELS = {
     "torch": "plain torch, 1 process (baseline)",
     "gf-fp32": "(a) gradflow dense fp32",
@@ -63,6 +67,7 @@ LABELS = {
     "gf-all": "(d) gradflow all (pool+overlap+fp16+CSC 0.01)",
     "ddp": "(e) DDP gloo",
     "ddp-fp16": "(f) DDP gloo + fp16 hook",
+    "nocomm": "N plain-torch processes side by side, no communication (measured compute ceiling)",
     "gf-pool": "gradflow pool", "gf-copy": "gradflow copy path",
 }
 MODEL_DESC = {"mlp": "WideMLP 1024-4096-4096-1024-10, 25.2 M parameters (communication-heavy)",
@@ -141,7 +146,7 @@ def main() -> None:
     info = bu.machine_info()
     info["cores"] = os.cpu_count() or 1
     gf = [s for s in a.systems if s.startswith("gf-")]
-    ddp = [s for s in a.systems if s.startswith("ddp")]
+    ddp = [s for s in a.systems if s in DDP]
     groups = []  # (model, N, family systems, mode)
     for m in a.models:
         # The baseline is measured before and after the model's other runs
@@ -312,6 +317,12 @@ def verdicts(a, idx, m, base, cores):
             e_all, e_ddp = allr / (min(n, cores) * base), ddp / (min(n, cores) * base)
             out.append(f"- N={n}: efficiency gradflow all {e_all:.2f} (target ≥ 0.8) vs DDP {e_ddp:.2f} "
                        f"(issue's premise: < 0.25): {chk(e_all >= 0.8)}")
+        ceil = tp("nocomm", n)
+        if allr and ceil:
+            out.append(f"- N={n}: measured ceiling (N processes, no communication) {ceil:.1f} samples/s = "
+                       f"{ceil / (min(n, cores) * base):.2f} x min(N, cores) x baseline; gradflow all reaches "
+                       f"{allr / ceil:.2f} of it, DDP {ddp / ceil:.2f}" if base and ddp else
+                       f"- N={n}: measured ceiling {ceil:.1f} samples/s")
         if dense and ddp:
             out.append(f"- N={n}: gradflow dense fp32 / DDP = {dense / ddp:.2f} (target ≥ 0.95): {chk(dense / ddp >= 0.95)}")
     out.append("")
@@ -349,8 +360,9 @@ def plots(a, results):
         for s in a.systems:
             ns = [n for n in a.ranks if "throughput" in idx.get((m, s, n), {})]
             if ns:
+                style = ":" if s == "nocomm" else "--" if s.startswith("ddp") else "-"
                 ax.plot(ns, [idx[(m, s, n)]["throughput"] for n in ns], marker="o",
-                        linestyle="--" if s.startswith("ddp") else "-", label=LABELS.get(s, s))
+                        linestyle=style, label=LABELS.get(s, s))
         if base:
             ax.plot(a.ranks, [min(n, cores) * base for n in a.ranks], color="gray", linestyle=":",
                     label=f"compute ceiling min(N,{cores}) x 1 process")
@@ -371,7 +383,7 @@ def plots(a, results):
         ns = [n for n in a.ranks if n > 1]
         fig, ax = plt.subplots(figsize=(7, 4.5))
         width = 0.8 / max(1, len(ns))
-        syss = a.systems
+        syss = [s for s in a.systems if s != "nocomm"]  # sends nothing
         for j, n in enumerate(ns):
             gfb = [idx.get((m, s, n), {}).get("bytes_sent_per_step") for s in syss]
             nic = [idx.get((m, s, n), {}).get("nic_tx_bytes_per_step") for s in syss]
