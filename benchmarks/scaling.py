@@ -360,9 +360,11 @@ def plots(a, results):
         for s in a.systems:
             ns = [n for n in a.ranks if "throughput" in idx.get((m, s, n), {})]
             if ns:
-                style = ":" if s == "nocomm" else "--" if s.startswith("ddp") else "-"
-                ax.plot(ns, [idx[(m, s, n)]["throughput"] for n in ns], marker="o",
-                        linestyle=style, label=LABELS.get(s, s))
+                kw = dict(color="black", linestyle="-.") if s == "nocomm" else \
+                    dict(linestyle="--" if s.startswith("ddp") else "-")
+                label = "N processes, no communication (measured ceiling)" if s == "nocomm" \
+                    else LABELS.get(s, s)
+                ax.plot(ns, [idx[(m, s, n)]["throughput"] for n in ns], marker="o", label=label, **kw)
         if base:
             ax.plot(a.ranks, [min(n, cores) * base for n in a.ranks], color="gray", linestyle=":",
                     label=f"compute ceiling min(N,{cores}) x 1 process")
@@ -371,11 +373,11 @@ def plots(a, results):
         ax.set_xlabel("ranks N (one emulated host each, %s link)" % a.rate)
         ax.set_ylabel("samples/s (all ranks)")
         ax.set_title(f"Training throughput vs N — {m}")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
         ax.grid(alpha=0.3)
         fig.tight_layout()
         path = os.path.join(a.plots_dir, f"scaling_throughput_{m}.png")
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=110, bbox_inches="tight")  # the legend sits below the axes
         plt.close(fig)
         paths.append(path)
         if m != "mlp":
