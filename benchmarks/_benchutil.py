@@ -217,3 +217,19 @@ def netns_desc() -> str:
     if not c:
         return "emulated network (no netns config found)"
     return f"emulated network: netns, {c.get('HX_N', '?')} hosts, {c.get('HX_RATE', '?')} per NIC, delay {c.get('HX_DELAY', '?')}"
+
+
+def write_doc_section(path: str, begin: str, end: str, section_body: str) -> None:
+    """Write `begin` + section_body + `end` into the markdown file at `path`:
+    replace the text between the markers if both are there, else append; the
+    rest of the file (hand-written commentary included) is kept."""
+    text = open(path).read() if os.path.exists(path) else ""
+    section = f"{begin}\n{section_body}{end}\n"
+    if begin in text and end in text:
+        pre, rest = text.split(begin, 1)
+        post = rest.split(end, 1)[1].lstrip("\n")
+        text = pre + section + ("\n" + post if post else "")
+    else:
+        text = (text.rstrip("\n") + "\n\n" if text else "# gradflow performance\n\n") + section
+    with open(path, "w") as f:
+        f.write(text)

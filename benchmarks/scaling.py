@@ -330,21 +330,13 @@ def verdicts(a, idx, m, base, cores):
 
 
 def write_section(path, md):
-    text = open(path).read() if os.path.exists(path) else ""
-    section = (f"{BEGIN}\n## Training scaling on an emulated 1 Gbit/s cluster (benchmarks/scaling.py)\n\n"
-               f"{md}\n![throughput vs N, mlp](scaling_throughput_mlp.png)\n"
-               f"![bytes per step, mlp](scaling_bytes_mlp.png)\n"
-               + ("![throughput vs N, resnet](scaling_throughput_resnet.png)\n"
-                  if os.path.exists(os.path.join(os.path.dirname(path), "scaling_throughput_resnet.png")) else "")
-               + f"{END}\n")
-    if BEGIN in text and END in text:
-        pre, rest = text.split(BEGIN, 1)
-        post = rest.split(END, 1)[1].lstrip("\n")
-        text = pre + section + ("\n" + post if post else "")
-    else:
-        text = (text.rstrip("\n") + "\n\n" if text else "# gradflow performance\n\n") + section
-    with open(path, "w") as f:
-        f.write(text)
+    resnet_plot = os.path.exists(os.path.join(os.path.dirname(path), "scaling_throughput_resnet.png"))
+    bu.write_doc_section(
+        path, BEGIN, END,
+        f"## Training scaling on an emulated 1 Gbit/s cluster (benchmarks/scaling.py)\n\n"
+        f"{md}\n![throughput vs N, mlp](scaling_throughput_mlp.png)\n"
+        f"![bytes per step, mlp](scaling_bytes_mlp.png)\n"
+        + ("![throughput vs N, resnet](scaling_throughput_resnet.png)\n" if resnet_plot else ""))
 
 
 def plots(a, results):

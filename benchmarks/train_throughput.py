@@ -96,17 +96,8 @@ BEGIN, END = "<!-- train_throughput.py:begin -->", "<!-- train_throughput.py:end
 
 def write_section(path, md):
     """Replace our section between the markers (or append it); keep the rest of the file."""
-    text = open(path).read() if os.path.exists(path) else ""
-    section = (f"{BEGIN}\n## Training step throughput, shared memory (benchmarks/train_throughput.py)\n\n"
-               f"{md}\n{END}\n")
-    if BEGIN in text and END in text:
-        pre, rest = text.split(BEGIN, 1)
-        post = rest.split(END, 1)[1].lstrip("\n")
-        text = pre + section + ("\n" + post if post else "")
-    else:
-        text = (text.rstrip("\n") + "\n\n" if text else "# gradflow performance\n\n") + section
-    with open(path, "w") as f:
-        f.write(text)
+    bu.write_doc_section(path, BEGIN, END, "## Training step throughput, shared memory "
+                         f"(benchmarks/train_throughput.py)\n\n{md}\n")
 
 
 def summarize(runs, configs):
