@@ -151,10 +151,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     for t in pumps:
         t.start()
     rc = child.wait()
+    code = rc if rc >= 0 else 128 - rc
+    # Status first, output after: the launcher decides which rank failed
+    # first from when the status files appear, and draining the pipes can
+    # take a while (a grandchild may hold them; the machine may be busy).
+    write_status(status_dir, rank, "exit", f"{code} {1 if stopped else 0}\n")
     for t in pumps:  # a grandchild may keep the pipes open: do not wait forever
         t.join(timeout=10.0)
-    code = rc if rc >= 0 else 128 - rc
-    write_status(status_dir, rank, "exit", f"{code} {1 if stopped else 0}\n")
     return code
 
 

@@ -21,6 +21,12 @@ from typing import Any, Dict, List, Sequence, Tuple
 FAILURE_GRACE_SECONDS = 5.0
 DEFAULT_TIMEOUT_SECONDS = 60.0
 KILL_GRACE_SECONDS = 5.0  # between the stages of stopping a job (see _Stopper)
+# Which rank "failed first" is decided by when its failure was seen. A rank
+# killed by a signal is usually the cause and its peers the consequence, but
+# a peer can notice first (MPI's shared-memory copy fails within ~0.3 s, while
+# the killed rank's wrapper may not be scheduled yet on a busy machine), so a
+# signal death counts as this much earlier than it was seen.
+SIGNAL_HEAD_START_SECONDS = 2.0
 
 
 class _Stopper:
@@ -61,7 +67,7 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
     misses --start-timeout, or on SIGINT/SIGTERM/SIGHUP (a second one skips the
     grace period); report failed ranks; return the exit code."""
     received: List[int] = []
-    order: List[int] = []  # failed ranks in the order their failure was seen
+    seen_at: Dict[int, float] = {}  # failed rank -> when its failure was first seen
     seen = 0
     try:
         grace = float(env.get("GRADFLOW_TIMEOUT", DEFAULT_TIMEOUT_SECONDS)) + FAILURE_GRACE_SECONDS
@@ -88,9 +94,9 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
                 seen = len(received)
             statuses = _read_statuses(status_dir, np)
             codes = [c for c, _ in statuses.values()]
-            new = [r for r, (c, stopped) in statuses.items()
-                   if c != 0 and not stopped and r not in order]
-            order.extend(sorted(new, key=lambda r: (not _killed(statuses[r][0]), r)))
+            for r, (c, stopped) in statuses.items():
+                if c != 0 and not stopped and r not in seen_at:
+                    seen_at[r] = time.monotonic()
             if failed_at is None and any(c != 0 for c in codes):
                 failed_at = time.monotonic()
                 killed = any(_killed(c) for c in codes)
@@ -110,8 +116,19 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
-    return _report(proc.returncode, _read_statuses(status_dir, np), np, received, stopper.why,
-                   order)
+    statuses = _read_statuses(status_dir, np)
+    return _report(proc.returncode, statuses, np, received, stopper.why,
+                   failure_order(seen_at, statuses))
+
+
+def failure_order(seen_at: Dict[int, float], statuses: Dict[int, Tuple[int, bool]]) -> List[int]:
+    """Failed ranks, the one to blame first: by when the failure was seen,
+    a signal death moved SIGNAL_HEAD_START_SECONDS earlier; ties: killed
+    ranks, then lower rank."""
+    def key(r: int) -> Tuple[float, bool, int]:
+        killed = _killed(statuses[r][0])
+        return (seen_at[r] - (SIGNAL_HEAD_START_SECONDS if killed else 0.0), not killed, r)
+    return sorted((r for r in seen_at if r in statuses), key=key)
 
 
 def _killed(code: int) -> bool:

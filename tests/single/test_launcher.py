@@ -369,6 +369,17 @@ def test_first_failed_rank_sets_the_exit_code(capsys):
     assert "rank 1 failed first; rank(s) 2, 0 failed after it" in err
 
 
+def test_a_signal_death_is_blamed_before_peers_that_noticed_it():
+    statuses = {0: (1, False), 1: (137, False), 2: (1, False)}
+    # Rank 0 noticed the dead peer and exited 0.3 s before rank 1's wrapper
+    # reported the SIGKILL: rank 1 is still the one that failed first.
+    assert S.failure_order({0: 10.0, 2: 10.1, 1: 10.3}, statuses) == [1, 0, 2]
+    # A signal death long after an ordinary failure is not moved ahead of it.
+    assert S.failure_order({0: 10.0, 1: 14.0}, statuses) == [0, 1]
+    # Same instant: the killed rank first, then by rank.
+    assert S.failure_order({2: 5.0, 1: 5.0 + S.SIGNAL_HEAD_START_SECONDS, 0: 5.0}, statuses) == [1, 0, 2]
+
+
 def test_launcher_teardown_failure_after_every_rank_succeeded(capsys):
     ok = {0: (0, False), 1: (0, False)}
     assert S._report(-13, ok, 2, [], "") == 0  # mpiexec SIGPIPE at teardown
