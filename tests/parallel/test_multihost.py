@@ -18,8 +18,12 @@ import pytest
 
 from _launch import HERE, ROOT, in_place_build, run_cwd
 
-TOOLS = os.environ.get("GRADFLOW_NETNS_TOOLS",
-                       os.path.normpath(os.path.join(ROOT, "..", "shared", "tools", "netns")))
+# The tools live beside the project (../shared); a clean clone elsewhere (CI)
+# finds them at the development machine's fixed location.
+_CANDIDATES = [os.path.normpath(os.path.join(ROOT, "..", "shared", "tools", "netns")),
+               "/work/shared/tools/netns"]
+TOOLS = os.environ.get("GRADFLOW_NETNS_TOOLS") or next(
+    (d for d in _CANDIDATES if os.path.isfile(os.path.join(d, "netns-up.sh"))), _CANDIDATES[0])
 NS_ENV = {"HX_PREFIX": "gfmh", "HX_SUBNET": "10.97.3", "HX_STATE_DIR": "/run/gfmh"}
 HOST_IP = [f"{NS_ENV['HX_SUBNET']}.{k + 1}" for k in range(2)]
 
