@@ -38,7 +38,9 @@ Models: mlp (WideMLP 25.2 M parameters, communication-heavy) and resnet
 (small ResNet-style CNN, 0.3 M parameters, compute-heavy), synthetic data.
 Outputs: JSON (benchmarks/results/scaling[-quick].json), a markdown section
 in docs/performance.md (between markers, replaced on re-run; other sections
-kept), docs/scaling_throughput_<model>.png and docs/scaling_bytes_<model>.png.
+kept), docs/scaling_throughput_<model>.png and docs/scaling_bytes_<model>.png;
+--quick writes only its JSON and prints the table (the published section and
+plots come from full runs; pass --docs/--plots-dir to override).
 """
 from __future__ import annotations
 
@@ -127,10 +129,17 @@ def parse_args():
     p.add_argument("--no-netns-setup", action="store_true",
                    help="use an already running cluster (HX_PREFIX from the environment) and leave it up")
     p.add_argument("--json-out", default=None)
-    p.add_argument("--docs", default=os.path.join(bu.ROOT, "docs", "performance.md"),
-                   help="markdown file whose scaling section is (re)written; '' = none")
-    p.add_argument("--plots-dir", default=os.path.join(bu.ROOT, "docs"), help="'' = no plots")
+    p.add_argument("--docs", default=None,
+                   help="markdown file whose scaling section is (re)written; '' = none "
+                        "(default: docs/performance.md in full mode, none with --quick)")
+    p.add_argument("--plots-dir", default=None,
+                   help="'' = no plots (default: docs/ in full mode, none with --quick)")
     a = p.parse_args()
+    # A smoke run must not replace the published numbers and plots.
+    if a.docs is None:
+        a.docs = "" if a.quick else os.path.join(bu.ROOT, "docs", "performance.md")
+    if a.plots_dir is None:
+        a.plots_dir = "" if a.quick else os.path.join(bu.ROOT, "docs")
     a.models = (a.models or ("mlp" if a.quick else "mlp,resnet")).split(",")
     a.ranks = [int(x) for x in (a.ranks or ("2" if a.quick else "1,2,4")).split(",")]
     a.warmup = a.warmup if a.warmup is not None else (7 if a.quick else 8)
