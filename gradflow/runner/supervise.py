@@ -87,6 +87,7 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
         stopper = _Stopper(proc)
         started, failed_at = time.monotonic(), None
         while proc.poll() is None:
+            now = time.monotonic()  # one instant per poll: ranks seen together tie
             if len(received) > seen:
                 if seen:
                     stopper.escalate(force=True)
@@ -96,14 +97,14 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
             codes = [c for c, _ in statuses.values()]
             for r, (c, stopped) in statuses.items():
                 if c != 0 and not stopped and r not in seen_at:
-                    seen_at[r] = time.monotonic()
+                    seen_at[r] = now
             if failed_at is None and any(c != 0 for c in codes):
-                failed_at = time.monotonic()
+                failed_at = now
                 killed = any(_killed(c) for c in codes)
                 wait_for = grace if killed else FAILURE_GRACE_SECONDS
-            if failed_at and time.monotonic() - failed_at > wait_for:
+            if failed_at and now - failed_at > wait_for:
                 stopper.start(signal.SIGTERM, "failed")
-            if stopper.stage == 0 and time.monotonic() - started > start_timeout:
+            if stopper.stage == 0 and now - started > start_timeout:
                 missing = [r for r in local_ranks if not os.path.exists(
                     os.path.join(status_dir, f"rank.{r}.start"))]
                 if missing:

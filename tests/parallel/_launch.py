@@ -29,6 +29,19 @@ def run_cwd() -> str:
     return ROOT if in_place_build() else tempfile.gettempdir()
 
 
+def rank_env() -> Dict[str, str]:
+    """Environment for test ranks: this one, plus the gradflow under test on
+    PYTHONPATH in developer mode, MPICH yielding while it polls (ranks may
+    outnumber cores), one OpenMP thread and quiet TensorFlow."""
+    env = dict(os.environ)
+    env.setdefault("MPIR_CVAR_POLLS_BEFORE_YIELD", "10")
+    if in_place_build():
+        env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
 def mpiexec() -> str:
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     return beside if os.path.exists(beside) else (shutil.which("mpiexec") or "mpiexec")
@@ -40,12 +53,7 @@ def run_mpi(n: int, script: str, *args: str, timeout: float = 180,
     """Run `script` (a path, or a name relative to tests/parallel) on `n` ranks.
     Asserts exit code 0 (or non-zero with expect_fail) and returns the result."""
     path = script if os.path.isabs(script) else os.path.join(HERE, script)
-    full_env = dict(os.environ)
-    full_env.setdefault("MPIR_CVAR_POLLS_BEFORE_YIELD", "10")
-    if in_place_build():
-        full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
-    full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    full_env.setdefault("OMP_NUM_THREADS", "1")
+    full_env = rank_env()
     if env:
         full_env.update(env)
     cmd = [mpiexec(), *mpi_args, "-n", str(n), sys.executable, path, *args]

@@ -12,28 +12,17 @@ import tempfile
 
 import pytest
 
-from _launch import in_place_build
+from _launch import ROOT, rank_env, run_cwd
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(ROOT, "examples")
-CWD = ROOT if in_place_build() else tempfile.gettempdir()
 TIMEOUT = 420
-
-
-def _env():
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if in_place_build():
-        env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    return env
 
 
 def run_example(name, *args):
     cmd = [sys.executable, "-m", "gradflow.runner.launch", "-np", "2", sys.executable,
            os.path.join(EXAMPLES, name), *args]
     try:
-        proc = subprocess.run(cmd, cwd=CWD, env=_env(), capture_output=True, text=True,
+        proc = subprocess.run(cmd, cwd=run_cwd(), env=rank_env(), capture_output=True, text=True,
                               timeout=TIMEOUT)
     except subprocess.TimeoutExpired as e:
         raise AssertionError(f"{' '.join(cmd)} timed out after {TIMEOUT} s\n{e.stdout}\n{e.stderr}")
