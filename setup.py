@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 
-from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext, naive_recompile
 from setuptools import setup
 
 
@@ -44,7 +44,12 @@ def mpi_flags(mpicxx: str):
 
 
 # Compile native/*.cc in parallel (GRADFLOW_BUILD_JOBS, default: all cores).
-ParallelCompile("GRADFLOW_BUILD_JOBS", default=0).install()
+# GRADFLOW_INCREMENTAL=1 (developer in-place builds) recompiles only sources
+# newer than their object file; a changed header needs `touch` on its users
+# or `rm -r build/`.
+ParallelCompile("GRADFLOW_BUILD_JOBS", default=0,
+                needs_recompile=naive_recompile if os.environ.get("GRADFLOW_INCREMENTAL") == "1"
+                else (lambda obj, src: True)).install()
 
 inc, libdirs, libs = mpi_flags(find_mpicxx())
 sources = sorted(glob.glob("native/*.cc"))
