@@ -233,3 +233,34 @@ def write_doc_section(path: str, begin: str, end: str, section_body: str) -> Non
         text = (text.rstrip("\n") + "\n\n" if text else "# gradflow performance\n\n") + section
     with open(path, "w") as f:
         f.write(text)
+
+
+def git_commit() -> str:
+    """The commit the measured tree is at (plus '+dirty' with local changes)."""
+    try:
+        rev = subprocess.check_output(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                                      text=True, stderr=subprocess.DEVNULL).strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "diff", "--quiet", "HEAD", "--", "native", "gradflow"],
+                               stderr=subprocess.DEVNULL).returncode != 0
+        return rev + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def record_result(name: str, payload: Dict[str, object], log_text: Optional[str] = None) -> str:
+    """Write benchmarks/results/<name>.json (payload + command line, machine
+    and commit) and, if given, the raw output as <name>.log. Docs quote these
+    files, never pasted numbers."""
+    out_dir = os.path.join(HERE, "results")
+    os.makedirs(out_dir, exist_ok=True)
+    rec = {"command": " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
+           "machine": machine_info(), "commit": git_commit(), **payload}
+    path = os.path.join(out_dir, name + ".json")
+    with open(path, "w") as f:
+        json.dump(rec, f, indent=1)
+        f.write("\n")
+    if log_text is not None:
+        with open(os.path.join(out_dir, name + ".log"), "w") as f:
+            f.write(log_text)
+    print(f"wrote {os.path.relpath(path, ROOT)}", flush=True)
+    return path

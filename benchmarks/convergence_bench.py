@@ -1,7 +1,8 @@
 """Longer convergence comparison (issue 5): trains the digits MLP of
 tests/parallel/convergence_script.py on 2 ranks in every communication mode
 for more epochs, writes docs/convergence.md (final accuracy, bytes on the
-wire) and docs/convergence.png (loss curves).
+wire), docs/convergence.png (loss curves) and the raw numbers to
+benchmarks/results/convergence.json.
 
     python benchmarks/convergence_bench.py [--epochs 60] [--ranks 2]
 """
@@ -13,6 +14,9 @@ import json
 import os
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _benchutil as bu  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "parallel", "convergence_script.py")
@@ -44,6 +48,8 @@ def main() -> None:
         results.append(run(mode, args.epochs, args.ranks))
         print(f"    accuracy {results[-1]['accuracy']:.4f}", flush=True)
     dense = results[0]
+    bu.record_result("convergence", {"epochs": args.epochs, "ranks": args.ranks, "env": ENV,
+                                     "results": results})
     lines = [
         "# Convergence with compressed communication",
         "",
@@ -51,7 +57,8 @@ def main() -> None:
         f"64-256-128-10, SGD lr 0.05 momentum 0.9, global batch 64, {args.epochs} epochs, "
         f"{args.ranks} ranks, same seed in every mode. CSC: GRADFLOW_SPARSE_CHUNK=64 (~800 chunks), "
         "50 dense warm-up steps. Command: `python benchmarks/convergence_bench.py "
-        f"--epochs {args.epochs} --ranks {args.ranks}`.",
+        f"--epochs {args.epochs} --ranks {args.ranks}`; raw numbers and loss curves: "
+        "[benchmarks/results/convergence.json](../benchmarks/results/convergence.json).",
         "",
         "| mode | final test accuracy | Δ vs dense fp32 (pp) | bytes sent per rank | vs dense |",
         "|---|---|---|---|---|",

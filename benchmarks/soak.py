@@ -9,7 +9,9 @@ numpy, with RSS sampled after warm-up and at the end.
 
 Runs tests/parallel/soak_script.py under mpiexec with a timeout and prints
 its summary line (ops/s, RSS samples, growth per rank). Exit code is the
-job's. Results measured on the development machine are in docs/robustness.md.
+job's. Each run writes benchmarks/results/soak-np<N>-ops<ops>-seed<seed>.json
+(summary lines, exit code, load) and .log (the whole output); docs/robustness.md
+quotes those files.
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "parallel"))
+sys.path.insert(0, HERE)
+import _benchutil as bu  # noqa: E402
 from _launch import in_place_build, mpiexec  # noqa: E402
 
 
@@ -43,12 +47,24 @@ def main() -> int:
            "--seed", str(args.seed), "--rss-bound-mb", str(args.rss_bound_mb)]
     print("$ " + " ".join(cmd), flush=True)
     t0 = time.monotonic()
+    lines = []
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        rc = subprocess.run(cmd, env=env, timeout=args.timeout).returncode
+        for line in proc.stdout:  # echoed as it comes and kept for the log file
+            print(line, end="", flush=True)
+            lines.append(line)
+        rc = proc.wait(timeout=max(1.0, args.timeout - (time.monotonic() - t0)))
     except subprocess.TimeoutExpired:
-        print(f"soak: HUNG or too slow: no result after {args.timeout:.0f} s", flush=True)
-        return 124
-    print(f"soak: exit code {rc} after {time.monotonic() - t0:.0f} s", flush=True)
+        proc.kill()
+        rc = 124
+        lines.append(f"soak: HUNG or too slow: no result after {args.timeout:.0f} s\n")
+        print(lines[-1], end="", flush=True)
+    elapsed = time.monotonic() - t0
+    print(f"soak: exit code {rc} after {elapsed:.0f} s", flush=True)
+    summary = [l.strip() for l in lines if l.startswith("soak ")]
+    bu.record_result(f"soak-np{args.np}-ops{args.ops}-seed{args.seed}",
+                     {"ranks": args.np, "ops": args.ops, "seed": args.seed, "exit_code": rc,
+                      "seconds": round(elapsed, 1), "summary": summary}, "".join(lines))
     return rc
 
 

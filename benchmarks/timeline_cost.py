@@ -7,7 +7,8 @@ median time per allreduce of each. Off is the default; it costs one
     python benchmarks/timeline_cost.py               # 2 ranks, 4 KiB, 3 groups each
     python benchmarks/timeline_cost.py -np 2 --count 1024 --iters 2000 --groups 3
 
-Measured results are in docs/performance.md ("Timeline cost").
+Each run writes benchmarks/results/timeline_cost.json; docs/performance.md
+("Timeline cost") quotes it.
 """
 from __future__ import annotations
 
@@ -72,6 +73,9 @@ def main() -> int:
     off, on = statistics.median(res["off"]), statistics.median(res["on"])
     print(f"{a.np} ranks, {a.count * 4} B allreduce x {a.iters}: timeline off {off * 1e6:.1f} us, "
           f"on {on * 1e6:.1f} us per allreduce (median of {a.groups} groups; on/off = {on / off:.2f})")
+    bu.record_result("timeline_cost", {"ranks": a.np, "bytes": a.count * 4, "iters": a.iters,
+                                       "seconds_per_allreduce": res, "median_off": off,
+                                       "median_on": on, "on_over_off": on / off})
     return 0
 
 
