@@ -136,6 +136,11 @@ PYBIND11_MODULE(_native, m) {
   m.def("pool_flush", [](int pool) { return runtime().pool_flush(pool); },
         "Submit every bucket not yet submitted this step; returns their handles.");
   m.def("pool_reset", [](int pool) { runtime().pool_reset(pool); });
+  m.def("pool_set_scale",
+        [](int pool, double prescale, double postscale) {
+          runtime().pool_set_scale(pool, prescale, postscale);
+        },
+        "Pre/postscale factors for the pool's buckets submitted from now on.");
   m.def("pool_destroy", [](int pool) { if (g_runtime) g_runtime->pool_destroy(pool); });
   m.def("pool_bucket_offsets", [](int pool) { return runtime().pool_bucket_offsets(pool); });
 

@@ -13,18 +13,29 @@
 // the L1 norm of its residual (residual + this step's gradient).
 //
 // One step, on every rank:
-//   1. accumulate: residual += grad (or, with momentum correction,
-//      velocity = m*velocity + grad; residual += velocity — Deep Gradient
-//      Compression, Lin et al. 2018, so momentum is not lost on chunks that
-//      wait several steps).
-//   2. importance: one float per chunk (num_chunks floats, tiny); the caller
-//      allreduces this vector with a sum, so every rank holds the same one.
+//   1. preview: one float per chunk (num_chunks floats, tiny), the L1 norm of
+//      residual + grad (or, with momentum correction, residual + velocity
+//      where velocity = m*velocity + grad — Deep Gradient Compression, Lin et
+//      al. 2018, so momentum is not lost on chunks that wait several steps).
+//      Nothing is written yet. The caller allreduces this vector with a sum,
+//      so every rank holds the same one.
+//   2. overflow: a non-finite entry means some rank's gradient has an inf or
+//      NaN (an AMP loss-scale overflow, or a diverged model). Every rank sees
+//      it, sends nothing, writes non-finite values into those chunks of the
+//      output (mark_overflow) and leaves its residual untouched: the step is
+//      skipped (GradScaler) and the residual is as if it never happened.
+//      Absorbing it instead would park inf in unsent chunks that then reach
+//      the optimizer one step at a time, each skipping a step.
 //   3. select: the k chunks with the largest global importance.
-//   4. pack the chosen chunks of the residual contiguously, allreduce that
-//      dense buffer (so ring/two-sync and the fp16 wire still apply), unpack.
-//   5. clear_sent: the sent chunks leave the residual (and velocity); the
-//      rest waits for a later step. Nothing is ever dropped, only delayed
-//      (error feedback): sum of sent + final residual == sum of gradients.
+//   4. commit: the chosen chunks of residual + grad are packed contiguously
+//      and leave the residual (and velocity: momentum factor masking); the
+//      others move into the residual and are zeroed in the output. The
+//      caller allreduces the packed buffer densely (so ring/two-sync and the
+//      fp16 wire still apply) and unpacks it. Nothing is ever dropped, only
+//      delayed (error feedback): sum of sent + final residual == sum of
+//      gradients. Units: the residual holds what the caller passed (the
+//      executor applies the prescale first); the torch binding divides by the
+//      AMP loss scale there, so the residual stays valid when the scale moves.
 //
 // Why ties are broken by index: the dense allreduce in step 4 only works if
 // every rank packs the *same* chunks in the *same* order; a rank that picked a
@@ -35,10 +46,12 @@
 // keys. NaN importances (a NaN gradient) rank above everything, so a NaN is
 // sent and surfaces at once instead of hiding in the residual.
 //
-// Cost: steps 1 and 2 (and zeroing the output for step 4) are one fused pass
-// over the buffer (SparseResidual::absorb); selection is O(C + k log k)
-// for C chunks (nth_element, then sorting only the k winners by index);
-// pack/unpack are one memcpy per chosen chunk.
+// Cost: preview reads residual and gradient once; commit reads them again
+// (from cache when chunks are small enough, else memory) and writes the
+// residual, the zeroed output chunks and the packed buffer. Selection is
+// O(C + k log k) for C chunks (nth_element, then sorting only the k winners
+// by index). The extra read is the price of leaving the residual untouched
+// on an overflow step.
 #include "sparse_chunks.h"
 
 #include <algorithm>
@@ -75,12 +88,13 @@ struct MoreImportant {
   }
 };
 
-// sum |x[i]|. Eight float lanes over blocks of 256 elements (vectorizable,
-// no serial dependency chain), blocks combined in double: a chunk of 32768
-// floats summed serially in float would lose ~3 digits, and serially in
-// double is latency-bound (one add per ~4 cycles — it was most of CSC's host
-// time on an 84 MB buffer).
-double l1_norm(const float* x, size_t n) {
+// sum |value(i)| for i in [0, n). Eight float lanes over blocks of 256
+// elements (vectorizable, no serial dependency chain), blocks combined in
+// double: a chunk of 32768 floats summed serially in float would lose ~3
+// digits, and serially in double is latency-bound (one add per ~4 cycles —
+// it was most of CSC's host time on an 84 MB buffer).
+template <class Value>
+double l1_blocked(size_t n, Value value) {
   constexpr size_t kLanes = 8, kBlock = 256;
   double sum = 0.0;
   for (size_t b = 0; b < n; b += kBlock) {
@@ -88,11 +102,15 @@ double l1_norm(const float* x, size_t n) {
     float lane[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
     size_t i = b;
     for (; i + kLanes <= e; i += kLanes)
-      for (size_t j = 0; j < kLanes; ++j) lane[j] += std::fabs(x[i + j]);
-    for (size_t j = 0; i < e; ++i, ++j) lane[j] += std::fabs(x[i]);  // tail < kLanes
+      for (size_t j = 0; j < kLanes; ++j) lane[j] += std::fabs(value(i + j));
+    for (size_t j = 0; i < e; ++i, ++j) lane[j] += std::fabs(value(i));  // tail < kLanes
     for (size_t j = 0; j < kLanes; ++j) sum += lane[j];
   }
   return sum;
+}
+
+double l1_norm(const float* x, size_t n) {
+  return l1_blocked(n, [x](size_t i) { return x[i]; });
 }
 
 }  // namespace
@@ -187,19 +205,49 @@ void SparseResidual::accumulate_range(const float* grad, size_t begin, size_t en
   }
 }
 
-void SparseResidual::absorb(float* grad, std::vector<float>* importance) {
+void SparseResidual::preview(const float* grad, std::vector<float>* importance) const {
   const size_t count = residual_.size();
   const size_t n = num_chunks(count, chunk_elems_);
   importance->assign(n, 0.0f);
-  // Chunk by chunk so that the chunk's residual (and gradient) are still in
-  // cache for the norm and the zeroing: one trip through memory instead of
-  // three (accumulate, importance, memset).
+  const float* res = residual_.data();
+  const float* vel = velocity_.data();
+  const float m = momentum_;
+  for (size_t c = 0; c < n; ++c) {
+    const size_t begin = c * chunk_elems_, len = std::min(begin + chunk_elems_, count) - begin;
+    const float* r = res + begin;
+    const float* g = grad + begin;
+    double l1;
+    if (velocity_.empty()) {
+      l1 = l1_blocked(len, [r, g](size_t i) { return r[i] + g[i]; });
+    } else {  // the same expressions as accumulate_range, so the same floats
+      const float* v = vel + begin;
+      l1 = l1_blocked(len, [r, g, v, m](size_t i) { return r[i] + (m * v[i] + g[i]); });
+    }
+    (*importance)[c] = static_cast<float>(l1);
+  }
+}
+
+void SparseResidual::commit(float* grad, const std::vector<uint32_t>& chunks, float* packed) {
+  const size_t count = residual_.size();
+  const size_t n = num_chunks(count, chunk_elems_);
+  size_t next = 0, out = 0;  // next chosen chunk (chunks is ascending), packed offset
   for (size_t c = 0; c < n; ++c) {
     const size_t begin = c * chunk_elems_, end = std::min(begin + chunk_elems_, count);
     accumulate_range(grad, begin, end);
-    (*importance)[c] = static_cast<float>(l1_norm(residual_.data() + begin, end - begin));
-    std::memset(grad + begin, 0, (end - begin) * sizeof(float));
+    if (next < chunks.size() && chunks[next] == c) {
+      GF_CHECK(next == 0 || chunks[next - 1] < chunks[next],
+               "sparse chunks must be ascending and distinct");
+      std::memcpy(packed + out, residual_.data() + begin, (end - begin) * sizeof(float));
+      out += end - begin;
+      std::fill(residual_.begin() + begin, residual_.begin() + end, 0.0f);
+      // Momentum factor masking (DGC): sent chunks restart their velocity.
+      if (!velocity_.empty()) std::fill(velocity_.begin() + begin, velocity_.begin() + end, 0.0f);
+      ++next;
+    } else {
+      std::memset(grad + begin, 0, (end - begin) * sizeof(float));
+    }
   }
+  GF_CHECK(next == chunks.size(), "sparse chunk index out of range or not ascending");
 }
 
 void SparseResidual::importance(std::vector<float>* out) const {
@@ -213,6 +261,23 @@ void SparseResidual::clear_sent(const std::vector<uint32_t>& chunks) {
     std::fill(residual_.begin() + begin, residual_.begin() + end, 0.0f);
     // Momentum factor masking (DGC): sent chunks restart their velocity.
     if (!velocity_.empty()) std::fill(velocity_.begin() + begin, velocity_.begin() + end, 0.0f);
+  }
+}
+
+bool any_non_finite(const std::vector<float>& importance) {
+  for (float x : importance)
+    if (!std::isfinite(x)) return true;
+  return false;
+}
+
+void mark_overflow(const std::vector<float>& importance, size_t count, size_t chunk_elems,
+                   float* out) {
+  std::memset(out, 0, count * sizeof(float));
+  for (size_t c = 0; c < importance.size(); ++c) {
+    if (std::isfinite(importance[c])) continue;
+    size_t begin, end;
+    chunk_range(static_cast<uint32_t>(c), count, chunk_elems, &begin, &end);
+    std::fill(out + begin, out + end, importance[c]);
   }
 }
 

@@ -32,25 +32,31 @@ void pack_chunks(const float* src, size_t count, size_t chunk_elems,
 void unpack_chunks(const float* packed, size_t count, size_t chunk_elems,
                    const std::vector<uint32_t>& chunks, float* dst);
 
-// Per-buffer error-feedback state. Usage each step (see sparse_allreduce in
-// the loop):
-//   1. accumulate(grad): residual += grad   (with momentum correction:
-//      velocity = m * velocity + grad; residual += velocity)
-//   2. importance(); allreduce the vector (sum); select_top_chunks
-//   3. pack residual's chosen chunks; allreduce; unpack into grad, zero the
-//      other chunks of grad
-//   4. clear_sent(chunks): residual (and velocity) of the sent chunks := 0
+// Per-buffer error-feedback state (one float per gradient element, plus
+// one more with momentum correction). Usage each step (allreduce_sparse in
+// response_executor.cc):
+//   1. preview(grad, &importance): L1 norm per chunk of what the residual
+//      would hold after this step (residual + grad, or with momentum
+//      correction residual + (m * velocity + grad)). Read-only.
+//   2. allreduce the importance vector (sum). A non-finite entry means some
+//      rank's gradient overflowed: skip 3, call mark_overflow() instead, and
+//      the residual stays exactly as it was (the step will be skipped by
+//      GradScaler; nothing this step sent or absorbed is lost).
+//   3. select_top_chunks; commit(grad, chunks, packed): the chosen chunks of
+//      (residual + grad) go to `packed` and leave the residual (and
+//      velocity); every other chunk moves into the residual and is zeroed
+//      in `grad`. The caller reduces `packed` and unpacks it into `grad`.
+// accumulate / importance / clear_sent are the same step in separate calls
+// (kept as the simple reference the tests compare commit() against).
 class SparseResidual {
  public:
   SparseResidual(size_t count, size_t chunk_elems, float momentum);
+  void preview(const float* grad, std::vector<float>* importance) const;
+  void commit(float* grad, const std::vector<uint32_t>& chunks, float* packed);
   void accumulate(const float* grad);
   void importance(std::vector<float>* out) const;
-  // Steps 1-2 in one pass: accumulate(grad), importance(out), and zero
-  // `grad` (the caller unpacks the reduced chosen chunks into it; every
-  // other chunk of the result is zero). Same numbers as the two calls.
-  void absorb(float* grad, std::vector<float>* importance);
-  const float* residual() const { return residual_.data(); }
   void clear_sent(const std::vector<uint32_t>& chunks);
+  const float* residual() const { return residual_.data(); }
   size_t count() const { return residual_.size(); }
   size_t chunk_elems() const { return chunk_elems_; }
 
@@ -61,5 +67,14 @@ class SparseResidual {
   size_t chunk_elems_;
   float momentum_;
 };
+
+// True if any entry is NaN or infinite (an overflowed gradient somewhere).
+bool any_non_finite(const std::vector<float>& importance);
+
+// Overflow step output: each chunk whose (global) importance is not finite
+// is filled with that value, every other element is 0. Same on every rank,
+// so GradScaler sees the overflow everywhere and skips the step everywhere.
+void mark_overflow(const std::vector<float>& importance, size_t count, size_t chunk_elems,
+                   float* out);
 
 }  // namespace gradflow
