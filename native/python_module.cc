@@ -216,6 +216,8 @@ PYBIND11_MODULE(_native, m) {
   m.def("codec_simd_available", &codec_simd_available);
   m.def("codec_impl_name", &codec_impl_name);
   m.def("select_top_chunks", &select_top_chunks);
+  m.def("sparse_residual_elements", &SparseResidual::live_elements,
+        "Elements held by live CSC residuals in this process (for tests).");
   m.def("chunk_importance", [](py::array_t<float, py::array::c_style | py::array::forcecast> a,
                                size_t chunk) {
           std::vector<float> imp;

@@ -55,6 +55,7 @@
 #include "sparse_chunks.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -64,6 +65,8 @@
 namespace gradflow {
 
 namespace {
+
+std::atomic<int64_t> g_live_elements{0};
 
 // [begin, end) element range of chunk c; checks c is in range.
 void chunk_range(uint32_t c, size_t count, size_t chunk_elems, size_t* begin, size_t* end) {
@@ -187,7 +190,12 @@ SparseResidual::SparseResidual(size_t count, size_t chunk_elems, float momentum)
            "sparse momentum must be in [0, 1), got " << momentum
                                                      << " (GRADFLOW_SPARSE_MOMENTUM)");
   if (momentum_ > 0.0f) velocity_.assign(count, 0.0f);
+  g_live_elements += static_cast<int64_t>(count);
 }
+
+SparseResidual::~SparseResidual() { g_live_elements -= static_cast<int64_t>(residual_.size()); }
+
+int64_t SparseResidual::live_elements() { return g_live_elements.load(); }
 
 void SparseResidual::accumulate(const float* grad) { accumulate_range(grad, 0, residual_.size()); }
 

@@ -51,6 +51,12 @@ void unpack_chunks(const float* packed, size_t count, size_t chunk_elems,
 class SparseResidual {
  public:
   SparseResidual(size_t count, size_t chunk_elems, float momentum);
+  ~SparseResidual();
+  SparseResidual(const SparseResidual&) = delete;
+  SparseResidual& operator=(const SparseResidual&) = delete;
+  // Elements held by all live residuals in the process (tests check that
+  // residuals are freed and that there is one per gradient element).
+  static int64_t live_elements();
   void preview(const float* grad, std::vector<float>* importance) const;
   void commit(float* grad, const std::vector<uint32_t>& chunks, float* packed);
   void accumulate(const float* grad);

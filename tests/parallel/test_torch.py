@@ -44,3 +44,12 @@ def test_torch_errors_raise_on_every_rank(n):
 
 def test_torch_pool_buckets_never_fused():
     run_mpi(2, "torch_train_script.py", "--buckets-zero-copy", timeout=120)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_torch_csc_matches_numpy_model(n):
+    # Small chunks so a 2,410-parameter MLP has ~40 of them; no warm-up
+    # beyond the dense step 1, so every later step is sparse.
+    out = run_mpi(n, "torch_csc_script.py", env={"GRADFLOW_SPARSE_CHUNK": "64",
+                                                 "GRADFLOW_SPARSE_WARMUP_STEPS": "0"}, timeout=180)
+    assert len(_oks(out, n)) == 5, out.stdout
