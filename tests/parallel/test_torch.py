@@ -53,3 +53,11 @@ def test_torch_csc_matches_numpy_model(n):
     out = run_mpi(n, "torch_csc_script.py", env={"GRADFLOW_SPARSE_CHUNK": "64",
                                                  "GRADFLOW_SPARSE_WARMUP_STEPS": "0"}, timeout=180)
     assert len(_oks(out, n)) == 5, out.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_torch_matches_simulated_ranks(n):
+    # unused parameters (pool/copy x every zero_grad flavour), autocast +
+    # GradScaler with an overflow, broadcast_optimizer_state then training
+    out = run_mpi(n, "torch_reference_script.py", timeout=180)
+    assert len(_oks(out, n)) == 9, out.stdout
