@@ -163,15 +163,16 @@ void ResponseExecutor::allreduce_sparse(SparseResidual* res, float* buf, ReduceO
                                         WireDtype wire, double ratio, double postscale,
                                         TransferStats* ts) {
   const size_t count = res->count(), chunk = res->chunk_elems();
-  // CPU time of the sparse passes (preview, select, commit, unpack) is
+  // CPU time of the sparse passes (absorb, select, commit, unpack) is
   // reported as codec time: like a wire conversion it is work the bytes
   // saved must pay for.
   double cpu_seconds = 0.0;
   double t0 = now_seconds();
-  // 1. importance of residual + this step's gradient; every rank must choose
-  //    the same chunks, so the per-rank L1 norms are summed (a tiny allreduce).
+  // 1. importance of residual + this step's gradient (written aside; buf is
+  //    zeroed); every rank must choose the same chunks, so the per-rank L1
+  //    norms are summed (a tiny allreduce).
   std::vector<float> importance;
-  res->preview(buf, &importance);
+  res->absorb(buf, &importance);
   cpu_seconds += now_seconds() - t0;
   allreduce_dense(importance.data(), importance.size(), DataType::kFloat32, ReduceOp::kSum,
                   WireDtype::kNative, ts);
@@ -186,13 +187,13 @@ void ResponseExecutor::allreduce_sparse(SparseResidual* res, float* buf, ReduceO
     stats_.add("sparse.overflow_steps", 1);
     return;
   }
-  // 3. pack the chosen chunks of residual + gradient, reduce them densely,
-  //    unpack; every other chunk moves into the residual.
+  // 3. the new residual takes effect; its chosen chunks leave it, are
+  //    reduced densely and unpacked into buf (zero elsewhere).
   size_t k = static_cast<size_t>(std::ceil(ratio * static_cast<double>(importance.size())));
   k = std::max<size_t>(1, std::min(k, importance.size()));
   std::vector<uint32_t> chosen = select_top_chunks(importance, k);
   std::vector<float> packed(packed_size(chosen, count, chunk));
-  res->commit(buf, chosen, packed.data());
+  res->commit(chosen, packed.data());
   cpu_seconds += now_seconds() - t0;
   allreduce_dense(packed.data(), packed.size(), DataType::kFloat32, op, wire, ts);
   t0 = now_seconds();

@@ -13,29 +13,31 @@
 // the L1 norm of its residual (residual + this step's gradient).
 //
 // One step, on every rank:
-//   1. preview: one float per chunk (num_chunks floats, tiny), the L1 norm of
-//      residual + grad (or, with momentum correction, residual + velocity
-//      where velocity = m*velocity + grad — Deep Gradient Compression, Lin et
-//      al. 2018, so momentum is not lost on chunks that wait several steps).
-//      Nothing is written yet. The caller allreduces this vector with a sum,
-//      so every rank holds the same one.
+//   1. absorb: the would-be residual — residual + grad, or with momentum
+//      correction residual + velocity where velocity = m*velocity + grad
+//      (Deep Gradient Compression, Lin et al. 2018, so momentum is not lost
+//      on chunks that wait several steps) — is written to a spare buffer,
+//      with one float per chunk (its L1 norm, the importance) and the
+//      gradient zeroed, in one pass. The residual itself is not written.
+//      The caller allreduces the importance vector with a sum, so every rank
+//      holds the same one.
 //   2. overflow: a non-finite entry means some rank's gradient has an inf or
 //      NaN (an AMP loss-scale overflow, or a diverged model). Every rank sees
 //      it, sends nothing, writes non-finite values into those chunks of the
-//      output (mark_overflow) and leaves its residual untouched: the step is
-//      skipped (GradScaler) and the residual is as if it never happened.
-//      Absorbing it instead would park inf in unsent chunks that then reach
-//      the optimizer one step at a time, each skipping a step.
+//      output (mark_overflow) and keeps its residual: the step is skipped
+//      (GradScaler) and the residual is as if it never happened. Absorbing
+//      it instead would park inf in unsent chunks that then reach the
+//      optimizer one step at a time, each skipping a step.
 //   3. select: the k chunks with the largest global importance.
-//   4. commit: the chosen chunks of residual + grad are packed contiguously
-//      and leave the residual (and velocity: momentum factor masking); the
-//      others move into the residual and are zeroed in the output. The
-//      caller allreduces the packed buffer densely (so ring/two-sync and the
-//      fp16 wire still apply) and unpacks it. Nothing is ever dropped, only
-//      delayed (error feedback): sum of sent + final residual == sum of
-//      gradients. Units: the residual holds what the caller passed (the
-//      executor applies the prescale first); the torch binding divides by the
-//      AMP loss scale there, so the residual stays valid when the scale moves.
+//   4. commit: the spare becomes the residual (a pointer swap, no copy); the
+//      chosen chunks are packed contiguously and leave it (and the velocity:
+//      momentum factor masking). The caller allreduces the packed buffer
+//      densely (so ring/two-sync and the fp16 wire still apply) and unpacks
+//      it. Nothing is ever dropped, only delayed (error feedback): sum of
+//      sent + final residual == sum of gradients. Units: the residual holds
+//      what the caller passed (the executor applies the prescale first); the
+//      torch binding divides by the AMP loss scale there, so the residual
+//      stays valid when the scale moves.
 //
 // Why ties are broken by index: the dense allreduce in step 4 only works if
 // every rank packs the *same* chunks in the *same* order; a rank that picked a
@@ -46,12 +48,13 @@
 // keys. NaN importances (a NaN gradient) rank above everything, so a NaN is
 // sent and surfaces at once instead of hiding in the residual.
 //
-// Cost: preview reads residual and gradient once; commit reads them again
-// (from cache when chunks are small enough, else memory) and writes the
-// residual, the zeroed output chunks and the packed buffer. Selection is
-// O(C + k log k) for C chunks (nth_element, then sorting only the k winners
-// by index). The extra read is the price of leaving the residual untouched
-// on an overflow step.
+// Cost: absorb is one pass (read residual and gradient, write the spare and
+// the zeroed gradient: the same bytes as updating the residual in place,
+// plus write-allocation of the spare); the spare doubles the residual's
+// memory, the price of keeping the residual intact until every rank knows
+// whether the step overflowed. Selection is O(C + k log k) for C chunks
+// (nth_element, then sorting only the k winners by index); pack/unpack are
+// one memcpy per chosen chunk.
 #include "sparse_chunks.h"
 
 #include <algorithm>
@@ -91,13 +94,12 @@ struct MoreImportant {
   }
 };
 
-// sum |value(i)| for i in [0, n). Eight float lanes over blocks of 256
-// elements (vectorizable, no serial dependency chain), blocks combined in
-// double: a chunk of 32768 floats summed serially in float would lose ~3
-// digits, and serially in double is latency-bound (one add per ~4 cycles —
-// it was most of CSC's host time on an 84 MB buffer).
-template <class Value>
-double l1_blocked(size_t n, Value value) {
+// sum |x[i]|. Eight float lanes over blocks of 256 elements (vectorizable,
+// no serial dependency chain), blocks combined in double: a chunk of 32768
+// floats summed serially in float would lose ~3 digits, and serially in
+// double is latency-bound (one add per ~4 cycles — it was most of CSC's host
+// time on an 84 MB buffer).
+double l1_norm(const float* x, size_t n) {
   constexpr size_t kLanes = 8, kBlock = 256;
   double sum = 0.0;
   for (size_t b = 0; b < n; b += kBlock) {
@@ -105,15 +107,11 @@ double l1_blocked(size_t n, Value value) {
     float lane[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
     size_t i = b;
     for (; i + kLanes <= e; i += kLanes)
-      for (size_t j = 0; j < kLanes; ++j) lane[j] += std::fabs(value(i + j));
-    for (size_t j = 0; i < e; ++i, ++j) lane[j] += std::fabs(value(i));  // tail < kLanes
+      for (size_t j = 0; j < kLanes; ++j) lane[j] += std::fabs(x[i + j]);
+    for (size_t j = 0; i < e; ++i, ++j) lane[j] += std::fabs(x[i]);  // tail < kLanes
     for (size_t j = 0; j < kLanes; ++j) sum += lane[j];
   }
   return sum;
-}
-
-double l1_norm(const float* x, size_t n) {
-  return l1_blocked(n, [x](size_t i) { return x[i]; });
 }
 
 }  // namespace
@@ -213,49 +211,50 @@ void SparseResidual::accumulate_range(const float* grad, size_t begin, size_t en
   }
 }
 
-void SparseResidual::preview(const float* grad, std::vector<float>* importance) const {
+void SparseResidual::absorb(float* grad, std::vector<float>* importance) {
   const size_t count = residual_.size();
   const size_t n = num_chunks(count, chunk_elems_);
   importance->assign(n, 0.0f);
+  // First use allocates the spares (then they are reused every step).
+  if (next_residual_.size() != count) next_residual_.assign(count, 0.0f);
+  if (velocity_.size() != next_velocity_.size()) next_velocity_.assign(velocity_.size(), 0.0f);
   const float* res = residual_.data();
   const float* vel = velocity_.data();
+  float* nres = next_residual_.data();
+  float* nvel = next_velocity_.data();
   const float m = momentum_;
-  for (size_t c = 0; c < n; ++c) {
-    const size_t begin = c * chunk_elems_, len = std::min(begin + chunk_elems_, count) - begin;
-    const float* r = res + begin;
-    const float* g = grad + begin;
-    double l1;
-    if (velocity_.empty()) {
-      l1 = l1_blocked(len, [r, g](size_t i) { return r[i] + g[i]; });
-    } else {  // the same expressions as accumulate_range, so the same floats
-      const float* v = vel + begin;
-      l1 = l1_blocked(len, [r, g, v, m](size_t i) { return r[i] + (m * v[i] + g[i]); });
-    }
-    (*importance)[c] = static_cast<float>(l1);
-  }
-}
-
-void SparseResidual::commit(float* grad, const std::vector<uint32_t>& chunks, float* packed) {
-  const size_t count = residual_.size();
-  const size_t n = num_chunks(count, chunk_elems_);
-  size_t next = 0, out = 0;  // next chosen chunk (chunks is ascending), packed offset
+  // Chunk by chunk, so the chunk is still in cache for the norm and the
+  // zeroing: one trip through memory. Same expressions as accumulate_range.
   for (size_t c = 0; c < n; ++c) {
     const size_t begin = c * chunk_elems_, end = std::min(begin + chunk_elems_, count);
-    accumulate_range(grad, begin, end);
-    if (next < chunks.size() && chunks[next] == c) {
-      GF_CHECK(next == 0 || chunks[next - 1] < chunks[next],
-               "sparse chunks must be ascending and distinct");
-      std::memcpy(packed + out, residual_.data() + begin, (end - begin) * sizeof(float));
-      out += end - begin;
-      std::fill(residual_.begin() + begin, residual_.begin() + end, 0.0f);
-      // Momentum factor masking (DGC): sent chunks restart their velocity.
-      if (!velocity_.empty()) std::fill(velocity_.begin() + begin, velocity_.begin() + end, 0.0f);
-      ++next;
+    if (velocity_.empty()) {
+      for (size_t i = begin; i < end; ++i) nres[i] = res[i] + grad[i];
     } else {
-      std::memset(grad + begin, 0, (end - begin) * sizeof(float));
+      for (size_t i = begin; i < end; ++i) {
+        nvel[i] = m * vel[i] + grad[i];
+        nres[i] = res[i] + nvel[i];
+      }
     }
+    (*importance)[c] = static_cast<float>(l1_norm(nres + begin, end - begin));
+    std::memset(grad + begin, 0, (end - begin) * sizeof(float));
   }
-  GF_CHECK(next == chunks.size(), "sparse chunk index out of range or not ascending");
+  absorbed_ = true;
+}
+
+void SparseResidual::commit(const std::vector<uint32_t>& chunks, float* packed) {
+  GF_CHECK(absorbed_, "SparseResidual::commit without absorb");
+  absorbed_ = false;
+  residual_.swap(next_residual_);
+  velocity_.swap(next_velocity_);
+  size_t out = 0;
+  for (size_t j = 0; j < chunks.size(); ++j) {
+    GF_CHECK(j == 0 || chunks[j - 1] < chunks[j], "sparse chunks must be ascending and distinct");
+    size_t begin, end;
+    chunk_range(chunks[j], residual_.size(), chunk_elems_, &begin, &end);
+    std::memcpy(packed + out, residual_.data() + begin, (end - begin) * sizeof(float));
+    out += end - begin;
+  }
+  clear_sent(chunks);
 }
 
 void SparseResidual::importance(std::vector<float>* out) const {

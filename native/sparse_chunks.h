@@ -32,22 +32,23 @@ void pack_chunks(const float* src, size_t count, size_t chunk_elems,
 void unpack_chunks(const float* packed, size_t count, size_t chunk_elems,
                    const std::vector<uint32_t>& chunks, float* dst);
 
-// Per-buffer error-feedback state (one float per gradient element, plus
-// one more with momentum correction). Usage each step (allreduce_sparse in
-// response_executor.cc):
-//   1. preview(grad, &importance): L1 norm per chunk of what the residual
-//      would hold after this step (residual + grad, or with momentum
-//      correction residual + (m * velocity + grad)). Read-only.
+// Per-buffer error-feedback state: one float per gradient element (the
+// residual), plus the velocity with momentum correction, each with a spare
+// of the same size that the next value is written to. Usage each step
+// (allreduce_sparse in response_executor.cc):
+//   1. absorb(grad, &importance): writes the would-be residual (residual +
+//      grad, or residual + (m * velocity + grad) with momentum correction)
+//      into the spare, its L1 norm per chunk into `importance`, and zeroes
+//      `grad`. The residual itself is not touched.
 //   2. allreduce the importance vector (sum). A non-finite entry means some
-//      rank's gradient overflowed: skip 3, call mark_overflow() instead, and
-//      the residual stays exactly as it was (the step will be skipped by
-//      GradScaler; nothing this step sent or absorbed is lost).
-//   3. select_top_chunks; commit(grad, chunks, packed): the chosen chunks of
-//      (residual + grad) go to `packed` and leave the residual (and
-//      velocity); every other chunk moves into the residual and is zeroed
-//      in `grad`. The caller reduces `packed` and unpacks it into `grad`.
-// accumulate / importance / clear_sent are the same step in separate calls
-// (kept as the simple reference the tests compare commit() against).
+//      rank's gradient overflowed: skip 3, call mark_overflow() instead; the
+//      residual stays exactly as it was (GradScaler skips the step; nothing
+//      this step sent or absorbed is lost or kept).
+//   3. select_top_chunks; commit(chunks, packed): the spare becomes the
+//      residual (a swap), the chosen chunks go to `packed` and leave it (and
+//      the velocity). The caller reduces `packed` and unpacks it into grad.
+// accumulate / importance / clear_sent are the same step in separate calls,
+// in place (the simple reference the tests compare absorb + commit with).
 class SparseResidual {
  public:
   SparseResidual(size_t count, size_t chunk_elems, float momentum);
@@ -57,8 +58,9 @@ class SparseResidual {
   // Elements held by all live residuals in the process (tests check that
   // residuals are freed and that there is one per gradient element).
   static int64_t live_elements();
-  void preview(const float* grad, std::vector<float>* importance) const;
-  void commit(float* grad, const std::vector<uint32_t>& chunks, float* packed);
+
+  void absorb(float* grad, std::vector<float>* importance);
+  void commit(const std::vector<uint32_t>& chunks, float* packed);
   void accumulate(const float* grad);
   void importance(std::vector<float>* out) const;
   void clear_sent(const std::vector<uint32_t>& chunks);
@@ -70,6 +72,8 @@ class SparseResidual {
   void accumulate_range(const float* grad, size_t begin, size_t end);
   std::vector<float> residual_;
   std::vector<float> velocity_;  // empty unless momentum correction is on
+  std::vector<float> next_residual_, next_velocity_;  // absorb's output, swapped in by commit
+  bool absorbed_ = false;  // absorb ran and commit has not
   size_t chunk_elems_;
   float momentum_;
 };
