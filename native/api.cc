@@ -144,7 +144,10 @@ int64_t Runtime::submit_bucket(PoolState& p, int b) {
   if (!p.residuals.empty()) {
     a.sparse_residual = p.residuals[b];
     // Warm-up counts the pool's steps; every rank's pool has run as many.
-    if (p.steps < cfg_.sparse_warmup_steps) a.sparse_ratio = 1.0;
+    if (p.steps < cfg_.sparse_warmup_steps) {
+      a.sparse_ratio = 1.0;
+      stats_.add("sparse.dense_warmup_steps", 1);
+    }
   }
   int64_t h = submit(a);
   return h;
