@@ -445,8 +445,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     gradient_predivide_factor: scale by 1/f before the sum and f after.
     sparse_ratio: CSC sparse communication ratio (None: GRADFLOW_SPARSE_RATIO).
       Error feedback loses nothing: what a step does not send stays in a
-      residual (one per gradient element; a pool's residuals are freed with
-      the optimizer) and goes out on a later step. Step 1 runs before the
+      residual (one per gradient element, plus a spare of the same size the
+      next value is written to; a pool's residuals are freed with the
+      optimizer) and goes out on a later step. Step 1 runs before the
       pool exists and is dense (it counts as a GRADFLOW_SPARSE_WARMUP_STEPS
       step). If any rank's gradient has an inf/NaN, every rank gets
       non-finite values in those chunks, nothing is sent and the residual is
