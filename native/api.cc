@@ -86,6 +86,7 @@ int64_t Runtime::submit(const SubmitArgs& a) {
     for (int p = 0; p < comm_->size(); ++p)
       r.splits.push_back(rows / comm_->size() + (p < rows % comm_->size() ? 1 : 0));
   }
+  e.sparse_residual = a.sparse_residual;
   e.input = reinterpret_cast<const void*>(a.input);
   e.output = reinterpret_cast<void*>(a.output);
   return queue_.submit(std::move(e));
@@ -124,6 +125,14 @@ int Runtime::pool_create(uintptr_t data, DataType dt, const std::vector<int64_t>
   t.postscale = postscale;
   t.sparse_ratio = sparse_ratio;
   t.in_pool = true;
+  // Sparse pools own their error-feedback residuals, one per bucket (one
+  // float per gradient element): freed with the pool, never keyed by name.
+  const double ratio = sparse_ratio < 0 ? cfg_.sparse_ratio : sparse_ratio;
+  if (ratio < 1.0 && dt == DataType::kFloat32)
+    for (size_t b = 0; b < p.pool->num_buckets(); ++b)
+      p.residuals.push_back(std::make_shared<SparseResidual>(
+          p.pool->bucket_elems(static_cast<int>(b)), static_cast<size_t>(cfg_.sparse_chunk),
+          static_cast<float>(cfg_.sparse_momentum)));
   return id;
 }
 
@@ -132,6 +141,14 @@ int64_t Runtime::submit_bucket(PoolState& p, int b) {
   a.name = p.pool->bucket_name(b);
   a.input = a.output = reinterpret_cast<uintptr_t>(p.pool->bucket_data(b));
   a.shape = {static_cast<int64_t>(p.pool->bucket_elems(b))};
+  if (!p.residuals.empty()) {
+    a.sparse_residual = p.residuals[b];
+    // Warm-up counts the pool's steps; every rank's pool has run as many.
+    if (p.steps < cfg_.sparse_warmup_steps) {
+      a.sparse_ratio = 1.0;
+      stats_.add("sparse.dense_warmup_steps", 1);
+    }
+  }
   int64_t h = submit(a);
   return h;
 }
@@ -158,6 +175,15 @@ void Runtime::pool_reset(int pool) {
   auto it = pools_.find(pool);
   GF_CHECK(it != pools_.end(), "gradflow: unknown gradient pool " << pool);
   it->second.pool->reset();
+  it->second.steps++;
+}
+
+void Runtime::pool_set_scale(int pool, double prescale, double postscale) {
+  std::lock_guard<std::mutex> lock(pools_mu_);
+  auto it = pools_.find(pool);
+  GF_CHECK(it != pools_.end(), "gradflow: unknown gradient pool " << pool);
+  it->second.bucket_template.prescale = prescale;
+  it->second.bucket_template.postscale = postscale;
 }
 
 void Runtime::pool_destroy(int pool) {

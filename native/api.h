@@ -14,6 +14,7 @@
 #include "config.h"
 #include "grad_pool.h"
 #include "mpi_comm.h"
+#include "sparse_chunks.h"
 #include "stats.h"
 #include "tensor_queue.h"
 #include "timeline.h"
@@ -38,6 +39,7 @@ struct SubmitArgs {
   std::vector<int64_t> splits;  // alltoall
   double sparse_ratio = -1.0;   // < 0: GRADFLOW_SPARSE_RATIO
   bool in_pool = false;         // a gradient-pool bucket: in place, never fused
+  std::shared_ptr<SparseResidual> sparse_residual;  // a sparse pool bucket's (owned by the pool)
 };
 
 class Runtime {
@@ -63,14 +65,19 @@ class Runtime {
                   double sparse_ratio);
   int64_t pool_mark_ready(int pool, int64_t range);  // handle, or -1 if no bucket completed
   std::vector<int64_t> pool_flush(int pool);         // handles of the remaining buckets
-  void pool_reset(int pool);
-  void pool_destroy(int pool);
+  void pool_reset(int pool);  // ends a step (counts it towards the sparse warm-up)
+  // Scales for the buckets submitted from now on (the torch binding divides
+  // by the AMP loss scale here so a sparse pool's residual stays unscaled).
+  void pool_set_scale(int pool, double prescale, double postscale);
+  void pool_destroy(int pool);  // frees its sparse residuals once no bucket is in flight
   std::vector<int64_t> pool_bucket_offsets(int pool);  // element offset of each bucket
 
  private:
   struct PoolState {
     std::unique_ptr<GradPool> pool;
     SubmitArgs bucket_template;
+    int64_t steps = 0;  // pool_reset calls: dense while < GRADFLOW_SPARSE_WARMUP_STEPS
+    std::vector<std::shared_ptr<SparseResidual>> residuals;  // per bucket, if sparse
   };
   int64_t submit_bucket(PoolState& p, int bucket);
   void check_config_matches_everywhere();

@@ -136,6 +136,11 @@ PYBIND11_MODULE(_native, m) {
   m.def("pool_flush", [](int pool) { return runtime().pool_flush(pool); },
         "Submit every bucket not yet submitted this step; returns their handles.");
   m.def("pool_reset", [](int pool) { runtime().pool_reset(pool); });
+  m.def("pool_set_scale",
+        [](int pool, double prescale, double postscale) {
+          runtime().pool_set_scale(pool, prescale, postscale);
+        },
+        "Pre/postscale factors for the pool's buckets submitted from now on.");
   m.def("pool_destroy", [](int pool) { if (g_runtime) g_runtime->pool_destroy(pool); });
   m.def("pool_bucket_offsets", [](int pool) { return runtime().pool_bucket_offsets(pool); });
 
@@ -211,6 +216,8 @@ PYBIND11_MODULE(_native, m) {
   m.def("codec_simd_available", &codec_simd_available);
   m.def("codec_impl_name", &codec_impl_name);
   m.def("select_top_chunks", &select_top_chunks);
+  m.def("sparse_residual_elements", &SparseResidual::live_elements,
+        "Elements held by live CSC residuals in this process (for tests).");
   m.def("chunk_importance", [](py::array_t<float, py::array::c_style | py::array::forcecast> a,
                                size_t chunk) {
           std::vector<float> imp;

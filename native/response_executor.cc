@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <sstream>
 
 #include "reduce_kernels.h"
 
@@ -121,51 +122,83 @@ void ResponseExecutor::allreduce_dense(void* buf, size_t count, DataType dt, Red
   ts->wire_overflow = ts->wire_overflow || local.wire_overflow;
 }
 
-void ResponseExecutor::allreduce_sparse(const std::string& name, float* buf, size_t count,
-                                        ReduceOp op, WireDtype wire, double ratio,
-                                        double postscale, TransferStats* ts) {
-  SparseState& st = sparse_[name];
+SparseResidual* ResponseExecutor::sparse_residual(const Response& r, TensorEntry* e, size_t count,
+                                                 std::unique_ptr<SparseResidual>* temp,
+                                                 std::string* error) {
   const size_t chunk = static_cast<size_t>(cfg_.sparse_chunk);
-  if (!st.residual || st.residual->count() != count) {
-    st.residual = std::make_unique<SparseResidual>(count, chunk,
-                                                   static_cast<float>(cfg_.sparse_momentum));
-    st.steps = 0;
+  const float momentum = static_cast<float>(cfg_.sparse_momentum);
+  if (r.in_pool) {
+    // A pool bucket's residual belongs to its pool (api.cc): freed with the
+    // pool, one per gradient element. A rank that has joined has no entry:
+    // it contributes zeros, through a zero residual of its own.
+    if (e && e->sparse_residual && e->sparse_residual->count() == count)
+      return e->sparse_residual.get();
+    *temp = std::make_unique<SparseResidual>(count, chunk, momentum);
+    return temp->get();
   }
-  st.steps++;
-  if (st.steps <= cfg_.sparse_warmup_steps) {
-    stats_.add("sparse.dense_warmup_steps", 1);
-    allreduce_dense(buf, count, DataType::kFloat32, op, wire, ts);
-    scale_buffer(buf, count, DataType::kFloat32, postscale);
-    return;
+  // Ad-hoc allreduce(..., sparse_ratio=) and the optimizer's copy path: one
+  // residual per name, kept for the life of the runtime.
+  SparseState& st = sparse_[r.name];
+  if (st.residual && st.residual->count() != count) {
+    std::ostringstream m;
+    m << "gradflow: allreduce '" << r.name << "' with sparse_ratio " << r.sparse_ratio << " has "
+      << count << " elements, but earlier calls under this name had " << st.residual->count()
+      << "; its sparse residual (gradient not sent yet) would be lost: give tensors of another "
+         "size another name";
+    *error = m.str();
+    return nullptr;
   }
-  // CPU time of the sparse passes (absorb, select, pack, unpack, clear) is
-  // reported as codec time: like a wire conversion it is work the bytes saved
-  // must pay for.
+  if (!st.residual) st.residual = std::make_unique<SparseResidual>(count, chunk, momentum);
+  return st.residual.get();
+}
+
+bool ResponseExecutor::sparse_warmup(const Response& r) {
+  // Pools decide warm-up at submission (the request's sparse_ratio is 1 on
+  // their warm-up steps); named residuals count their own steps here.
+  if (r.in_pool) return false;
+  return ++sparse_[r.name].steps <= cfg_.sparse_warmup_steps;
+}
+
+void ResponseExecutor::allreduce_sparse(SparseResidual* res, float* buf, ReduceOp op,
+                                        WireDtype wire, double ratio, double postscale,
+                                        TransferStats* ts) {
+  const size_t count = res->count(), chunk = res->chunk_elems();
+  // CPU time of the sparse passes (absorb, select, commit, unpack) is
+  // reported as codec time: like a wire conversion it is work the bytes
+  // saved must pay for.
   double cpu_seconds = 0.0;
   double t0 = now_seconds();
-  // 1. error feedback: what was not sent before is added to this step's
-  //    gradient, which moves into the residual (buf is zeroed).
-  // 2. global chunk importance: every rank must choose the same chunks, so
-  //    the per-rank L1 norms are summed first (a tiny allreduce).
+  // 1. importance of residual + this step's gradient (written aside; buf is
+  //    zeroed); every rank must choose the same chunks, so the per-rank L1
+  //    norms are summed (a tiny allreduce).
   std::vector<float> importance;
-  st.residual->absorb(buf, &importance);
+  res->absorb(buf, &importance);
   cpu_seconds += now_seconds() - t0;
   allreduce_dense(importance.data(), importance.size(), DataType::kFloat32, ReduceOp::kSum,
                   WireDtype::kNative, ts);
+  t0 = now_seconds();
+  // 2. some rank overflowed (inf/NaN): send nothing, keep the residual as it
+  //    was, hand every rank the same non-finite output (Note [Coarse-grained
+  //    sparse communication], sparse_chunks.cc).
+  if (any_non_finite(importance)) {
+    mark_overflow(importance, count, chunk, buf);
+    cpu_seconds += now_seconds() - t0;
+    ts->codec_seconds += cpu_seconds;
+    stats_.add("sparse.overflow_steps", 1);
+    return;
+  }
+  // 3. the new residual takes effect; its chosen chunks leave it, are
+  //    reduced densely and unpacked into buf (zero elsewhere).
   size_t k = static_cast<size_t>(std::ceil(ratio * static_cast<double>(importance.size())));
   k = std::max<size_t>(1, std::min(k, importance.size()));
-  // 3. pack the chosen chunks of the residual, reduce them densely, unpack.
-  t0 = now_seconds();
   std::vector<uint32_t> chosen = select_top_chunks(importance, k);
   std::vector<float> packed(packed_size(chosen, count, chunk));
-  pack_chunks(st.residual->residual(), count, chunk, chosen, packed.data());
+  res->commit(chosen, packed.data());
   cpu_seconds += now_seconds() - t0;
   allreduce_dense(packed.data(), packed.size(), DataType::kFloat32, op, wire, ts);
   t0 = now_seconds();
   scale_buffer(packed.data(), packed.size(), DataType::kFloat32, postscale);
   unpack_chunks(packed.data(), count, chunk, chosen, buf);
-  // 4. what was sent leaves the residual.
-  st.residual->clear_sent(chosen);
   cpu_seconds += now_seconds() - t0;
   ts->codec_seconds += cpu_seconds;
   stats_.add("seconds_sparse", cpu_seconds);
@@ -229,10 +262,22 @@ void ResponseExecutor::run_allreduces(const std::vector<const Response*>& group,
   double post = first.postscale;
   if (first.op == ReduceOp::kAverage) post /= comm_.size();
   // Sparse even on one rank: training behaves the same at every size.
-  if (first.sparse_ratio < 1.0 && dt == DataType::kFloat32) {
-    allreduce_sparse(first.name, static_cast<float*>(work), total, first.op, first.wire,
-                     first.sparse_ratio, post, &ts);
+  // Sparse responses are never fused (plan()), so the group is this one.
+  const bool sparse = first.sparse_ratio < 1.0 && dt == DataType::kFloat32;
+  std::unique_ptr<SparseResidual> temp;
+  std::string sparse_error;
+  SparseResidual* res =
+      sparse ? sparse_residual(first, entries[0], total, &temp, &sparse_error) : nullptr;
+  if (!sparse_error.empty()) {
+    // Same history of this name on every rank, so every rank refuses it.
+    for (auto& r : *results) r.error = sparse_error;
+    return;
+  }
+  if (sparse && !sparse_warmup(first)) {
+    allreduce_sparse(res, static_cast<float*>(work), first.op, first.wire, first.sparse_ratio,
+                     post, &ts);
   } else {
+    if (sparse) stats_.add("sparse.dense_warmup_steps", 1);
     allreduce_dense(work, total, dt, first.op, first.wire, &ts);
     scale_buffer(work, total, dt, post);
   }

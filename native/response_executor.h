@@ -54,12 +54,20 @@ class ResponseExecutor {
   // In-place allreduce of a contiguous buffer (dense), any algorithm.
   void allreduce_dense(void* buf, size_t count, DataType dt, ReduceOp op, WireDtype wire,
                        TransferStats* ts);
-  // Coarse-grained sparse allreduce of a float32 buffer (see sparse_chunks.h),
-  // result multiplied by `postscale` (applied to the sent chunks only: every
-  // other element of the result is zero, and a pass over them would cost as
-  // much memory traffic as half of CSC itself).
-  void allreduce_sparse(const std::string& name, float* buf, size_t count, ReduceOp op,
-                        WireDtype wire, double ratio, double postscale, TransferStats* ts);
+  // Coarse-grained sparse allreduce of a float32 buffer with error feedback
+  // in `res` (see sparse_chunks.h), result multiplied by `postscale`
+  // (applied to the sent chunks only: every other element of the result is
+  // zero, and a pass over them would cost as much memory traffic as half of
+  // CSC itself).
+  void allreduce_sparse(SparseResidual* res, float* buf, ReduceOp op, WireDtype wire,
+                        double ratio, double postscale, TransferStats* ts);
+  // The residual a sparse response uses: its pool's (via the entry), a zero
+  // one for a joined rank, or the per-name one. Sets *error (and returns
+  // null) if a name's size changed.
+  SparseResidual* sparse_residual(const Response& r, TensorEntry* e, size_t count,
+                                  std::unique_ptr<SparseResidual>* temp, std::string* error);
+  // True if this step of a named sparse allreduce is a dense warm-up step.
+  bool sparse_warmup(const Response& r);
   void run_allreduces(const std::vector<const Response*>& group,
                       const std::vector<TensorEntry*>& entries, std::vector<HandleResult>* results);
   void run_other(const Response& r, TensorEntry* entry, HandleResult* result);

@@ -13,18 +13,31 @@
 // the L1 norm of its residual (residual + this step's gradient).
 //
 // One step, on every rank:
-//   1. accumulate: residual += grad (or, with momentum correction,
-//      velocity = m*velocity + grad; residual += velocity — Deep Gradient
-//      Compression, Lin et al. 2018, so momentum is not lost on chunks that
-//      wait several steps).
-//   2. importance: one float per chunk (num_chunks floats, tiny); the caller
-//      allreduces this vector with a sum, so every rank holds the same one.
+//   1. absorb: the would-be residual — residual + grad, or with momentum
+//      correction residual + velocity where velocity = m*velocity + grad
+//      (Deep Gradient Compression, Lin et al. 2018, so momentum is not lost
+//      on chunks that wait several steps) — is written to a spare buffer,
+//      with one float per chunk (its L1 norm, the importance) and the
+//      gradient zeroed, in one pass. The residual itself is not written.
+//      The caller allreduces the importance vector with a sum, so every rank
+//      holds the same one.
+//   2. overflow: a non-finite entry means some rank's gradient has an inf or
+//      NaN (an AMP loss-scale overflow, or a diverged model). Every rank sees
+//      it, sends nothing, writes non-finite values into those chunks of the
+//      output (mark_overflow) and keeps its residual: the step is skipped
+//      (GradScaler) and the residual is as if it never happened. Absorbing
+//      it instead would park inf in unsent chunks that then reach the
+//      optimizer one step at a time, each skipping a step.
 //   3. select: the k chunks with the largest global importance.
-//   4. pack the chosen chunks of the residual contiguously, allreduce that
-//      dense buffer (so ring/two-sync and the fp16 wire still apply), unpack.
-//   5. clear_sent: the sent chunks leave the residual (and velocity); the
-//      rest waits for a later step. Nothing is ever dropped, only delayed
-//      (error feedback): sum of sent + final residual == sum of gradients.
+//   4. commit: the spare becomes the residual (a pointer swap, no copy); the
+//      chosen chunks are packed contiguously and leave it (and the velocity:
+//      momentum factor masking). The caller allreduces the packed buffer
+//      densely (so ring/two-sync and the fp16 wire still apply) and unpacks
+//      it. Nothing is ever dropped, only delayed (error feedback): sum of
+//      sent + final residual == sum of gradients. Units: the residual holds
+//      what the caller passed (the executor applies the prescale first); the
+//      torch binding divides by the AMP loss scale there, so the residual
+//      stays valid when the scale moves.
 //
 // Why ties are broken by index: the dense allreduce in step 4 only works if
 // every rank packs the *same* chunks in the *same* order; a rank that picked a
@@ -35,13 +48,17 @@
 // keys. NaN importances (a NaN gradient) rank above everything, so a NaN is
 // sent and surfaces at once instead of hiding in the residual.
 //
-// Cost: steps 1 and 2 (and zeroing the output for step 4) are one fused pass
-// over the buffer (SparseResidual::absorb); selection is O(C + k log k)
-// for C chunks (nth_element, then sorting only the k winners by index);
-// pack/unpack are one memcpy per chosen chunk.
+// Cost: absorb is one pass (read residual and gradient, write the spare and
+// the zeroed gradient: the same bytes as updating the residual in place,
+// plus write-allocation of the spare); the spare doubles the residual's
+// memory, the price of keeping the residual intact until every rank knows
+// whether the step overflowed. Selection is O(C + k log k) for C chunks
+// (nth_element, then sorting only the k winners by index); pack/unpack are
+// one memcpy per chosen chunk.
 #include "sparse_chunks.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -51,6 +68,8 @@
 namespace gradflow {
 
 namespace {
+
+std::atomic<int64_t> g_live_elements{0};
 
 // [begin, end) element range of chunk c; checks c is in range.
 void chunk_range(uint32_t c, size_t count, size_t chunk_elems, size_t* begin, size_t* end) {
@@ -169,7 +188,12 @@ SparseResidual::SparseResidual(size_t count, size_t chunk_elems, float momentum)
            "sparse momentum must be in [0, 1), got " << momentum
                                                      << " (GRADFLOW_SPARSE_MOMENTUM)");
   if (momentum_ > 0.0f) velocity_.assign(count, 0.0f);
+  g_live_elements += static_cast<int64_t>(count);
 }
+
+SparseResidual::~SparseResidual() { g_live_elements -= static_cast<int64_t>(residual_.size()); }
+
+int64_t SparseResidual::live_elements() { return g_live_elements.load(); }
 
 void SparseResidual::accumulate(const float* grad) { accumulate_range(grad, 0, residual_.size()); }
 
@@ -191,15 +215,46 @@ void SparseResidual::absorb(float* grad, std::vector<float>* importance) {
   const size_t count = residual_.size();
   const size_t n = num_chunks(count, chunk_elems_);
   importance->assign(n, 0.0f);
-  // Chunk by chunk so that the chunk's residual (and gradient) are still in
-  // cache for the norm and the zeroing: one trip through memory instead of
-  // three (accumulate, importance, memset).
+  // First use allocates the spares (then they are reused every step).
+  if (next_residual_.size() != count) next_residual_.assign(count, 0.0f);
+  if (velocity_.size() != next_velocity_.size()) next_velocity_.assign(velocity_.size(), 0.0f);
+  const float* res = residual_.data();
+  const float* vel = velocity_.data();
+  float* nres = next_residual_.data();
+  float* nvel = next_velocity_.data();
+  const float m = momentum_;
+  // Chunk by chunk, so the chunk is still in cache for the norm and the
+  // zeroing: one trip through memory. Same expressions as accumulate_range.
   for (size_t c = 0; c < n; ++c) {
     const size_t begin = c * chunk_elems_, end = std::min(begin + chunk_elems_, count);
-    accumulate_range(grad, begin, end);
-    (*importance)[c] = static_cast<float>(l1_norm(residual_.data() + begin, end - begin));
+    if (velocity_.empty()) {
+      for (size_t i = begin; i < end; ++i) nres[i] = res[i] + grad[i];
+    } else {
+      for (size_t i = begin; i < end; ++i) {
+        nvel[i] = m * vel[i] + grad[i];
+        nres[i] = res[i] + nvel[i];
+      }
+    }
+    (*importance)[c] = static_cast<float>(l1_norm(nres + begin, end - begin));
     std::memset(grad + begin, 0, (end - begin) * sizeof(float));
   }
+  absorbed_ = true;
+}
+
+void SparseResidual::commit(const std::vector<uint32_t>& chunks, float* packed) {
+  GF_CHECK(absorbed_, "SparseResidual::commit without absorb");
+  absorbed_ = false;
+  residual_.swap(next_residual_);
+  velocity_.swap(next_velocity_);
+  size_t out = 0;
+  for (size_t j = 0; j < chunks.size(); ++j) {
+    GF_CHECK(j == 0 || chunks[j - 1] < chunks[j], "sparse chunks must be ascending and distinct");
+    size_t begin, end;
+    chunk_range(chunks[j], residual_.size(), chunk_elems_, &begin, &end);
+    std::memcpy(packed + out, residual_.data() + begin, (end - begin) * sizeof(float));
+    out += end - begin;
+  }
+  clear_sent(chunks);
 }
 
 void SparseResidual::importance(std::vector<float>* out) const {
@@ -213,6 +268,23 @@ void SparseResidual::clear_sent(const std::vector<uint32_t>& chunks) {
     std::fill(residual_.begin() + begin, residual_.begin() + end, 0.0f);
     // Momentum factor masking (DGC): sent chunks restart their velocity.
     if (!velocity_.empty()) std::fill(velocity_.begin() + begin, velocity_.begin() + end, 0.0f);
+  }
+}
+
+bool any_non_finite(const std::vector<float>& importance) {
+  for (float x : importance)
+    if (!std::isfinite(x)) return true;
+  return false;
+}
+
+void mark_overflow(const std::vector<float>& importance, size_t count, size_t chunk_elems,
+                   float* out) {
+  std::memset(out, 0, count * sizeof(float));
+  for (size_t c = 0; c < importance.size(); ++c) {
+    if (std::isfinite(importance[c])) continue;
+    size_t begin, end;
+    chunk_range(static_cast<uint32_t>(c), count, chunk_elems, &begin, &end);
+    std::fill(out + begin, out + end, importance[c]);
   }
 }
 

@@ -32,25 +32,39 @@ void pack_chunks(const float* src, size_t count, size_t chunk_elems,
 void unpack_chunks(const float* packed, size_t count, size_t chunk_elems,
                    const std::vector<uint32_t>& chunks, float* dst);
 
-// Per-buffer error-feedback state. Usage each step (see sparse_allreduce in
-// the loop):
-//   1. accumulate(grad): residual += grad   (with momentum correction:
-//      velocity = m * velocity + grad; residual += velocity)
-//   2. importance(); allreduce the vector (sum); select_top_chunks
-//   3. pack residual's chosen chunks; allreduce; unpack into grad, zero the
-//      other chunks of grad
-//   4. clear_sent(chunks): residual (and velocity) of the sent chunks := 0
+// Per-buffer error-feedback state: one float per gradient element (the
+// residual), plus the velocity with momentum correction, each with a spare
+// of the same size that the next value is written to. Usage each step
+// (allreduce_sparse in response_executor.cc):
+//   1. absorb(grad, &importance): writes the would-be residual (residual +
+//      grad, or residual + (m * velocity + grad) with momentum correction)
+//      into the spare, its L1 norm per chunk into `importance`, and zeroes
+//      `grad`. The residual itself is not touched.
+//   2. allreduce the importance vector (sum). A non-finite entry means some
+//      rank's gradient overflowed: skip 3, call mark_overflow() instead; the
+//      residual stays exactly as it was (GradScaler skips the step; nothing
+//      this step sent or absorbed is lost or kept).
+//   3. select_top_chunks; commit(chunks, packed): the spare becomes the
+//      residual (a swap), the chosen chunks go to `packed` and leave it (and
+//      the velocity). The caller reduces `packed` and unpacks it into grad.
+// accumulate / importance / clear_sent are the same step in separate calls,
+// in place (the simple reference the tests compare absorb + commit with).
 class SparseResidual {
  public:
   SparseResidual(size_t count, size_t chunk_elems, float momentum);
+  ~SparseResidual();
+  SparseResidual(const SparseResidual&) = delete;
+  SparseResidual& operator=(const SparseResidual&) = delete;
+  // Elements held by all live residuals in the process (tests check that
+  // residuals are freed and that there is one per gradient element).
+  static int64_t live_elements();
+
+  void absorb(float* grad, std::vector<float>* importance);
+  void commit(const std::vector<uint32_t>& chunks, float* packed);
   void accumulate(const float* grad);
   void importance(std::vector<float>* out) const;
-  // Steps 1-2 in one pass: accumulate(grad), importance(out), and zero
-  // `grad` (the caller unpacks the reduced chosen chunks into it; every
-  // other chunk of the result is zero). Same numbers as the two calls.
-  void absorb(float* grad, std::vector<float>* importance);
-  const float* residual() const { return residual_.data(); }
   void clear_sent(const std::vector<uint32_t>& chunks);
+  const float* residual() const { return residual_.data(); }
   size_t count() const { return residual_.size(); }
   size_t chunk_elems() const { return chunk_elems_; }
 
@@ -58,8 +72,19 @@ class SparseResidual {
   void accumulate_range(const float* grad, size_t begin, size_t end);
   std::vector<float> residual_;
   std::vector<float> velocity_;  // empty unless momentum correction is on
+  std::vector<float> next_residual_, next_velocity_;  // absorb's output, swapped in by commit
+  bool absorbed_ = false;  // absorb ran and commit has not
   size_t chunk_elems_;
   float momentum_;
 };
+
+// True if any entry is NaN or infinite (an overflowed gradient somewhere).
+bool any_non_finite(const std::vector<float>& importance);
+
+// Overflow step output: each chunk whose (global) importance is not finite
+// is filled with that value, every other element is 0. Same on every rank,
+// so GradScaler sees the overflow everywhere and skips the step everywhere.
+void mark_overflow(const std::vector<float>& importance, size_t count, size_t chunk_elems,
+                   float* out);
 
 }  // namespace gradflow

@@ -19,6 +19,8 @@
 
 namespace gradflow {
 
+class SparseResidual;
+
 // One submitted collective on this rank. Buffers belong to the caller, who
 // keeps them alive until the handle completes (gradflow/_handles.py does).
 struct TensorEntry {
@@ -27,6 +29,9 @@ struct TensorEntry {
   void* output = nullptr;       // null for allgather / alltoall (core allocates)
   int64_t handle = -1;
   std::chrono::steady_clock::time_point submitted;
+  // A sparse pool bucket's error-feedback residual, owned with its pool:
+  // the entry's reference keeps it alive while the bucket is in flight.
+  std::shared_ptr<SparseResidual> sparse_residual;
 };
 
 // What a finished handle yields.

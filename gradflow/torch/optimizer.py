@@ -23,9 +23,13 @@ Life of the wrapper:
     gradients in and points every `param.grad` at its view.
   step >= 2 (pool path). A hook calls `pool_mark_ready(pool, range)`, which
     returns a handle when it completed a bucket; step() calls `pool_flush`
-    for the buckets not complete (parameters that got no gradient this step
-    contribute the zeros `zero_grad` left there), waits every handle, then
-    `pool_reset`, then runs the wrapped optimizer's step.
+    for the buckets not complete (a parameter no hook marked this step
+    contributes its p.grad, or zeros if p.grad is None, and gets its pool view
+    back as p.grad on every rank, so every rank updates it alike), waits every
+    handle, then `pool_reset`, then runs the wrapped optimizer's step.
+  CSC (sparse_ratio < 1): step 1 is dense; from step 2 each pool bucket
+    has its residual, owned by the pool (api.cc) and freed with it. With
+    use_pool=False the core keeps one residual per parameter name.
   use_pool=False keeps the copy path for ever (the core fuses small tensors
     through its fusion buffer: that is the copy the pool avoids).
 
@@ -97,6 +101,8 @@ class _State:
         self.synchronized = False                 # synchronize() ran since the last hook
         self.should_sync = True                   # False inside skip_synchronize()
         self.wire_overflow = False                # some 16-bit wire value overflowed last step
+        self.marked: set = set()                  # id(param) of pooled ranges marked this step
+        self.loss_scale = 1.0                     # grad_scaler's scale for this step (CSC only)
 
 
 def _destroy_pools(ids: List[int]) -> None:
@@ -113,7 +119,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------ set-up
     def _gradflow_setup(self, named_parameters, compression, backward_passes_per_step, op,
                         gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
-                        sparse_as_dense) -> None:
+                        sparse_as_dense, grad_scaler=None) -> None:
         s = self._gradflow = _State()
         op = int(ReduceOp(op))
         if gradient_predivide_factor != 1.0 and op != Average:
@@ -128,6 +134,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         s.prescale = 1.0 / gradient_predivide_factor
         s.postscale = float(gradient_predivide_factor)
         s.sparse_ratio = -1.0 if sparse_ratio is None else float(sparse_ratio)
+        # CSC in effect (explicit or GRADFLOW_SPARSE_RATIO): residuals exist.
+        s.csc = (s.sparse_ratio if s.sparse_ratio > 0 else _native.config()["sparse_ratio"]) < 1.0
+        if grad_scaler is not None and not callable(getattr(grad_scaler, "get_scale", None)):
+            raise ValueError("gradflow: grad_scaler must be a torch.amp.GradScaler (or have "
+                             "get_scale()), got " + type(grad_scaler).__name__)
+        s.scaler = grad_scaler
         s.bucket_bytes = -1 if bucket_mb is None else int(bucket_mb * (1 << 20))
         s.prefix = f"DistributedOptimizer{next(_instances)}"
 
@@ -183,6 +195,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------ hooks
     def _gradflow_hook(self, p: torch.Tensor) -> None:
         s = self._gradflow
+        if not s.fired:
+            self._gradflow_begin_step()
         s.fired, s.synchronized = True, False
         n = s.passes[id(p)] = s.passes.get(id(p), 0) + 1
         if n < s.bpps:
@@ -193,6 +207,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 f"step() but backward_passes_per_step={s.bpps}; raise backward_passes_per_step to "
                 "accumulate gradients locally")
         self._gradflow_submit(p)
+
+    def _gradflow_begin_step(self) -> None:
+        """First gradient of a step. With CSC and a grad_scaler, read the loss
+        scale S the gradients carry: buckets are scaled by 1/S before the
+        residual takes them and by S after the reduction, so the residual
+        holds unscaled gradients and stays valid when the scaler moves S."""
+        s = self._gradflow
+        scale = float(s.scaler.get_scale()) if s.scaler is not None and s.csc else 1.0
+        if not (scale > 0 and scale != float("inf")):
+            raise GradflowError(f"gradflow: grad_scaler's scale is {scale}; expected a finite "
+                                "positive loss scale")
+        if scale != s.loss_scale:
+            s.loss_scale = scale
+            for pool in s.pools:
+                _native.pool_set_scale(pool.id, s.prescale / scale, s.postscale * scale)
 
     def _gradflow_submit(self, p: torch.Tensor) -> None:
         s = self._gradflow
@@ -208,6 +237,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     else:
                         view.copy_(p.grad.to_dense() if p.grad.is_sparse else p.grad)
                 p.grad = view
+            s.marked.add(id(p))
             h = _native.pool_mark_ready(s.pools[pool].id, r)
             if h >= 0:
                 s.pool_handles.append(h)
@@ -221,11 +251,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 s.handles[id(p)] = sparse_allreduce_async(grad, s.names[i], s.op)
                 return
             p.grad = grad = grad.to_dense()
+        # Before the pool exists (step 1 of use_pool) the step is dense: a
+        # residual under the parameter's name would never be delivered once
+        # the pool's buckets take over (they own their residuals).
+        ratio = 1.0 if s.use_pool else (None if s.sparse_ratio < 0 else s.sparse_ratio)
         s.handles[id(p)] = allreduce_async_(grad, name=s.names[i], op=s.op,
-                                            prescale_factor=s.prescale,
-                                            postscale_factor=s.postscale,
-                                            compression=s.compression,
-                                            sparse_ratio=None if s.sparse_ratio < 0 else s.sparse_ratio)
+                                            prescale_factor=s.prescale / s.loss_scale,
+                                            postscale_factor=s.postscale * s.loss_scale,
+                                            compression=s.compression, sparse_ratio=ratio)
 
     # ------------------------------------------------------------ step protocol
     def synchronize(self) -> None:
@@ -257,6 +290,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             except BaseException as e:  # keep draining so no buffer is left in flight
                 errors.append(e)
         overflow = False
+        self._gradflow_adopt_unmarked()
         for pool in s.pools:
             try:
                 s.pool_handles.extend(_native.pool_flush(pool.id))
@@ -272,12 +306,33 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         s.handles.clear()
         s.pool_handles.clear()
         s.passes.clear()
+        s.marked.clear()
         s.fired, s.wire_overflow = False, overflow
         if errors:
             raise errors[0]
         if s.use_pool and not s.pool_built:
             self._gradflow_build_pools()
         s.synchronized = True
+
+    def _gradflow_adopt_unmarked(self) -> None:
+        """Pooled parameters whose gradient no hook marked this step (unused
+        on this rank: a branch, a task head) still take part, as in Horovod:
+        their range holds p.grad, or zeros if p.grad is None (model.zero_grad()
+        drops it; the pool view may hold last step's result). Afterwards
+        p.grad is the view on every rank, so every rank's optimizer updates
+        the parameter with the same reduced gradient."""
+        s = self._gradflow
+        with torch.no_grad():
+            for p in s.params:
+                slot = s.range_of.get(id(p))
+                if slot is None or id(p) in s.marked:
+                    continue
+                view = slot[2]
+                if p.grad is None:
+                    view.zero_()
+                elif p.grad.data_ptr() != view.data_ptr():
+                    view.copy_(p.grad.to_dense() if p.grad.is_sparse else p.grad)
+                p.grad = view
 
     def _gradflow_build_pools(self) -> None:
         """Lay the gradients out in rank 0's step-1 order, one pool per dtype."""
@@ -305,7 +360,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     ranges.append(p.numel())
                     off += p.numel()
             pid = _native.pool_create(buf.data_ptr(), dtype_code(dtype), ranges, s.bucket_bytes,
-                                      s.op, s.wire, s.prescale, s.postscale, s.sparse_ratio)
+                                      s.op, s.wire, s.prescale / s.loss_scale,
+                                      s.postscale * s.loss_scale, s.sparse_ratio)
+            # Step 1 (dense, copy path) counts towards GRADFLOW_SPARSE_WARMUP_STEPS.
+            _native.pool_reset(pid)
             s.pools.append(_Pool(buf, pid))
             self._gradflow_finalizer.detach()
             self._gradflow_finalizer = weakref.finalize(self, _destroy_pools,
@@ -371,7 +429,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          op: int = Average, gradient_predivide_factor: float = 1.0,
                          sparse_ratio: Optional[float] = None, use_pool: bool = True,
                          bucket_mb: Optional[float] = None,
-                         sparse_as_dense: bool = False) -> torch.optim.Optimizer:
+                         sparse_as_dense: bool = False,
+                         grad_scaler: Optional["torch.amp.GradScaler"] = None
+                         ) -> torch.optim.Optimizer:
     """Wrap `optimizer` so gradients are averaged (op) across ranks.
 
     Returns an instance of a subclass of the optimizer's own class (same
@@ -384,6 +444,19 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       backward passes; the last one submits.
     gradient_predivide_factor: scale by 1/f before the sum and f after.
     sparse_ratio: CSC sparse communication ratio (None: GRADFLOW_SPARSE_RATIO).
+      Error feedback loses nothing: what a step does not send stays in a
+      residual (one per gradient element, plus a spare of the same size the
+      next value is written to; a pool's residuals are freed with the
+      optimizer) and goes out on a later step. Step 1 runs before the
+      pool exists and is dense (it counts as a GRADFLOW_SPARSE_WARMUP_STEPS
+      step). If any rank's gradient has an inf/NaN, every rank gets
+      non-finite values in those chunks, nothing is sent and the residual is
+      left as it was, so a GradScaler skip loses nothing.
+    grad_scaler: with CSC and AMP, pass the GradScaler whose scale the
+      gradients carry: the residual is then kept in unscaled units (the
+      reduced gradient still comes back scaled, for scaler.unscale_). Without
+      it the residual holds gradients at the loss scale of the step that
+      produced them. Ignored without CSC.
     use_pool: lazy allreduce over a contiguous gradient pool (zero copy).
     bucket_mb: pool bucket size in MiB (None: GRADFLOW_POOL_BUCKET_BYTES, 8 MiB).
     sparse_as_dense: densify sparse gradients instead of allgathering them.
@@ -394,5 +467,5 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     wrapped.__dict__.update(optimizer.__dict__)  # same groups, state, defaults, hooks
     wrapped._gradflow_setup(named_parameters, compression, backward_passes_per_step, op,
                             gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
-                            sparse_as_dense)
+                            sparse_as_dense, grad_scaler)
     return wrapped

@@ -3,10 +3,12 @@
 // fusion_buffer (planning and copy accounting). Exit code != 0 on failure.
 // Build: g++ -O2 -std=c++17 -Inative native/common.cc native/sparse_chunks.cc
 //        native/fusion_buffer.cc native/tests/sparse_fusion_test.cc -o /tmp/sf
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -173,35 +175,75 @@ static void test_residual_conservation() {
   }
 }
 
-// absorb() is the fused pass the executor uses: it must give exactly what
-// accumulate + importance give, and zero the gradient.
-static void test_absorb_matches_separate_calls() {
+// absorb + commit are what the executor uses: they must give exactly what
+// accumulate + importance + pack + clear_sent give, zero the gradient, and
+// absorb alone (an overflow step: no commit) must leave the residual as it was.
+static void test_absorb_commit_match_separate_calls() {
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (float momentum : {0.0f, 0.9f}) {
     for (size_t count : {0u, 1u, 255u, 257u, 1000u, 5000u}) {
       const size_t chunk = 300;  // not a multiple of the 256-element block
       SparseResidual a(count, chunk, momentum), b(count, chunk, momentum);
-      for (int step = 0; step < 3; ++step) {
+      for (int step = 0; step < 6; ++step) {
         std::vector<float> g(count);
         for (auto& x : g) x = normal(rng);
         std::vector<float> g2 = g, imp_a, imp_b;
+        const std::vector<float> before(b.residual(), b.residual() + count);
+        b.absorb(g2.data(), &imp_b);
+        EXPECT(std::equal(before.begin(), before.end(), b.residual()));  // not yet
+        EXPECT(std::all_of(g2.begin(), g2.end(), [](float x) { return x == 0.0f; }));
+        if (step == 2) continue;  // an overflow step: no commit, nothing changes
         a.accumulate(g.data());
         a.importance(&imp_a);
-        b.absorb(g2.data(), &imp_b);
         EXPECT(imp_a == imp_b);
+        U32 chosen = select_top_chunks(imp_a, 1 + step % 3);
+        std::vector<float> pa(packed_size(chosen, count, chunk)), pb(pa.size());
+        pack_chunks(a.residual(), count, chunk, chosen, pa.data());
+        a.clear_sent(chosen);
+        b.commit(chosen, pb.data());
+        EXPECT(pa == pb);
         EXPECT(std::equal(a.residual(), a.residual() + count, b.residual()));
-        EXPECT(std::all_of(g2.begin(), g2.end(), [](float x) { return x == 0.0f; }));
-        // The L1 norm itself, against a double reference.
-        for (size_t c = 0; c < imp_b.size(); ++c) {
+        // The L1 norm itself, against a double reference (no momentum: the
+        // residual before sending is before + g).
+        for (size_t c = 0; c < imp_b.size() && momentum == 0.0f; ++c) {
           double want = 0.0;
           for (size_t i = c * chunk; i < std::min((c + 1) * chunk, count); ++i)
-            want += std::fabs(static_cast<double>(b.residual()[i]));
-          EXPECT(std::fabs(imp_b[c] - want) <= 1e-5 * want + 1e-6);
+            want += std::fabs(static_cast<double>(before[i]) + g[i]);
+          EXPECT(std::fabs(imp_b[c] - want) <= 1e-5 * want + 1e-5);
         }
       }
     }
   }
+  EXPECT(throws([] {  // chunks must be ascending; commit needs an absorb first
+    SparseResidual r(10, 3, 0.0f);
+    std::vector<float> g(10), p(6), imp;
+    r.absorb(g.data(), &imp);
+    r.commit({2, 1}, p.data());
+  }));
+  EXPECT(throws([] {
+    SparseResidual r(10, 3, 0.0f);
+    std::vector<float> p(6);
+    r.commit({1}, p.data());
+  }));
+}
+
+// An overflowed step: the output marks the non-finite chunks on every rank;
+// the residual is whatever it was before (the executor never commits).
+static void test_overflow_marking() {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT(!any_non_finite({0.0f, 1e30f}));
+  EXPECT(any_non_finite({0.0f, inf}) && any_non_finite({nan}));
+  std::vector<float> out(10, 7.0f);
+  mark_overflow({1.0f, inf, 2.0f, nan}, 10, 3, out.data());
+  EXPECT(out[0] == 0 && out[2] == 0 && out[3] == inf && out[5] == inf && out[6] == 0);
+  EXPECT(std::isnan(out[9]));
+  SparseResidual r(4, 2, 0.5f);
+  std::vector<float> g = {1, 2, inf, 4}, imp;
+  r.absorb(g.data(), &imp);
+  EXPECT(imp[0] == 3.0f && imp[1] == inf);
+  EXPECT(r.residual()[0] == 0.0f && r.residual()[2] == 0.0f);
 }
 
 static void test_momentum_correction() {
@@ -330,7 +372,8 @@ int main() {
   test_pack_unpack_round_trip();
   test_residual_conservation();
   test_momentum_correction();
-  test_absorb_matches_separate_calls();
+  test_absorb_commit_match_separate_calls();
+  test_overflow_marking();
   test_plan_fusion();
   test_fusion_buffer();
   if (g_failures) {

@@ -1,7 +1,9 @@
 """Trains an MLP on scikit-learn's digits (real data, bundled) with
 gradflow.torch on every rank and prints the final test accuracy and loss
 curve. The communication mode comes from argv: dense | fp16 | bf16 |
-csc0.1 | csc0.01 (CSC settings via GRADFLOW_SPARSE_* set by the caller).
+csc0.1 | csc0.01 (CSC settings via GRADFLOW_SPARSE_* set by the caller); a
+trailing "+amp" (e.g. csc0.01+amp) trains under autocast(float16) with a
+GradScaler whose high initial scale overflows at first (skipped steps).
 Shared by tests/parallel/test_convergence.py and benchmarks/convergence_bench.py."""
 import json
 import sys
@@ -13,7 +15,7 @@ from sklearn.model_selection import train_test_split
 
 import gradflow.torch as hvd
 
-mode = sys.argv[1]
+mode, amp = sys.argv[1].split("+amp")[0], sys.argv[1].endswith("+amp")
 epochs = int(sys.argv[2]) if len(sys.argv) > 2 else 30
 lr = float(sys.argv[3]) if len(sys.argv) > 3 else 0.05
 torch.manual_seed(0)
@@ -42,28 +44,40 @@ if mode.startswith("csc"):
 # Compression) the momentum lives in the sparse residual, not the optimizer.
 import os  # noqa: E402
 momentum = 0.0 if float(os.environ.get("GRADFLOW_SPARSE_MOMENTUM", "0")) > 0 else 0.9
+scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24, growth_interval=50, enabled=amp)
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum),
-                               named_parameters=model.named_parameters(), **kwargs)
+                               named_parameters=model.named_parameters(), grad_scaler=scaler,
+                               **kwargs)
 loss_fn = torch.nn.CrossEntropyLoss()
 steps_per_epoch = len(Xtr) // global_batch
 curve = []
 g = torch.Generator().manual_seed(1)
+skipped = 0
 for epoch in range(epochs):
     perm = torch.randperm(len(Xtr), generator=g)  # same on every rank
     total = 0.0
     for s in range(steps_per_epoch):
         idx = perm[s * global_batch:(s + 1) * global_batch][R * local_batch:(R + 1) * local_batch]
         opt.zero_grad()
-        loss = loss_fn(model(Xtr[idx]), ytr[idx])
-        loss.backward()
-        opt.step()
+        with torch.autocast("cpu", dtype=torch.float16, enabled=amp):
+            loss = loss_fn(model(Xtr[idx]), ytr[idx])
+        scaler.scale(loss).backward()
+        opt.synchronize()  # reduce first: every rank's scaler sees the same overflow
+        scaler.unscale_(opt)
+        with opt.skip_synchronize():
+            scaler.step(opt)
+        scale = scaler.get_scale() if amp else 1.0
+        scaler.update()
+        skipped += amp and scaler.get_scale() < scale  # backoff: this step overflowed
         total += loss.item()
     curve.append(hvd.allreduce(torch.tensor(total / steps_per_epoch), name="epoch_loss").item())
 with torch.no_grad():
     acc = (model(Xte).argmax(1) == yte).float().mean().item()
 stats = hvd.stats() if hasattr(hvd, "stats") else {}
 if R == 0:
-    print("RESULT " + json.dumps({"mode": mode, "ranks": N, "accuracy": acc, "loss_curve": curve,
+    print("RESULT " + json.dumps({"mode": sys.argv[1], "ranks": N, "accuracy": acc,
+                                  "loss_curve": curve, "skipped_steps": int(skipped),
+                                  "loss_scale": scaler.get_scale() if amp else None,
                                   "bytes_sent": stats.get("bytes_sent", 0),
                                   "chunks_sent": stats.get("sparse.chunks_sent", 0),
                                   "chunks_total": stats.get("sparse.chunks_total", 0)}))

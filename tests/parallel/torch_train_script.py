@@ -64,10 +64,17 @@ case("copy mlp sgd", mlp, sgd, use_pool=False)
 assert hvd.stats().get("fusion.bytes_copied", 0) > 0, "copy path should go through the fusion buffer"
 ok("copy path copies")
 
+# Multi-bucket pools over many SGD steps: step 1 runs on the copy path
+# before any pool exists, so only later steps test the buckets, and plain SGD
+# (unlike Adam) shows a wrong gradient scale in any bucket.
+case("pool cnn sgd, tiny buckets, 8 steps", SmallCNN, sgd, steps=8, bucket_mb=0.001)
+case("copy cnn sgd, 8 steps", SmallCNN, sgd, steps=8, use_pool=False)
 case("pool cnn adam, tiny buckets", SmallCNN, adam, bucket_mb=0.001, tol=1e-4)
 case("copy cnn adam", SmallCNN, adam, use_pool=False, tol=1e-4)
 case("pool mlp predivide", mlp, sgd, gradient_predivide_factor=2.0)
-case("pool mlp fp16 wire", mlp, sgd, compression=hvd.Compression.fp16, tol=1e-2)
-case("pool mlp bf16 wire", mlp, sgd, compression=hvd.Compression.bf16, tol=5e-2)
+# 16-bit wire tolerances: measured 2.5e-5 (fp16) and 2.8e-4 (bf16) relative
+# after 5 steps; a halved gradient is 3.5e-2 off, so these bounds see it.
+case("pool mlp fp16 wire", mlp, sgd, compression=hvd.Compression.fp16, tol=2e-4)
+case("pool mlp bf16 wire", mlp, sgd, compression=hvd.Compression.bf16, tol=2e-3)
 if "--quick" not in sys.argv:
     case("pool mlp sparse ratio", mlp, sgd, sparse_ratio=0.5, check_ref=False)
