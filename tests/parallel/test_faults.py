@@ -83,6 +83,8 @@ def test_sigkill_mid_two_sync_allreduce(n, victim):
     assert f"[{victim}]<stdout>: rank {victim}: SIGKILL now" in r.stdout, report
     for rank in set(range(n)) - {victim}:
         assert f"[{rank}]<stdout>: rank {rank} raised after" in r.stdout, report
+        # ... and exits by itself: MPI_Win_free (collective) must not wait for the dead peer.
+        assert f"gradflowrun: rank {rank} exited with code 1" in r.stderr, report
     assert f"gradflowrun: rank {victim} exited with code 137 (SIGKILL)" in r.stderr, report
     assert r.returncode == 137, report
     assert elapsed < 60, f"took {elapsed:.0f} s\n{report}"
