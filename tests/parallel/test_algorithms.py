@@ -18,6 +18,13 @@ def test_algorithm_that_ran(algo, n):
     assert f"algo choice OK on {n} ranks with {algo}" in out.stdout, out.stdout
 
 
+@pytest.mark.parametrize("algos,n", [("ring,two-sync", 2), ("auto,auto,ring", 3), ("mpi,ring", 3)])
+def test_algorithm_differs_between_ranks(algos, n):
+    out = run_mpi(n, "algo_mismatch_script.py", algos, timeout=120)
+    assert sorted(line.split(":")[0] for line in out.stdout.splitlines() if "refused" in line) == \
+        [f"rank {r} refused" for r in range(n)], out.stdout
+
+
 @pytest.mark.parametrize("algo", ["ring", "two-sync", "mpi"])
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_wire_rounding_matches_model(n, algo):
