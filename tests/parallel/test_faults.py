@@ -94,3 +94,14 @@ def test_sigkill_mid_two_sync_allreduce(n, victim):
 def test_shutdown_then_init_again_two_sync(n):
     out = run_mpi(n, "reinit_script.py", env={"GRADFLOW_ALLREDUCE_ALGO": "two-sync"}, timeout=120)
     assert f"reinit OK on {n} ranks" in out.stdout
+
+
+def test_exception_on_one_rank_two_sync():
+    r = gradflowrun("-np", "3", "--allreduce-algo", "two-sync", sys.executable,
+                    os.path.join(HERE, "raising_rank_script.py"))
+    report = f"stdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}"
+    for rank in (0, 2):
+        assert f"[{rank}]<stdout>: rank {rank} raised after" in r.stdout, report
+    for rank in range(3):
+        assert f"gradflowrun: rank {rank} exited with code 1" in r.stderr, report
+    assert "rank 1 failed: ValueError: boom on rank 1" in r.stdout and r.returncode == 1, report
