@@ -3,7 +3,8 @@
 Unlike Horovod's Compression.fp16 (which casts the tensor to fp16 before the
 allreduce and sums in fp16), gradflow sends float32 buffers as 16-bit and
 sums them in fp32 on arrival: one rounding per hop (ring) or one in all
-(two-sync). Non-float32 tensors travel in their own dtype.
+(two-sync, mpi); docs/architecture.md, "16-bit wire", has the exact model.
+Non-float32 tensors travel in their own dtype.
 """
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """Run by test_multihost.py on 2 emulated hosts (network namespaces), 2 ranks
 each: rank placement and local/cross ranks match the -H list, and an
-allreduce's bytes really cross the hosts' network interface."""
+allreduce's bytes really cross the hosts' network interface, with the
+algorithm GRADFLOW_ALLREDUCE_ALGO (two-sync: MPI_Get, no shared memory);
+the stats must show that algorithm ran."""
 import os
 import socket
 
@@ -9,6 +11,7 @@ import numpy as np
 import gradflow as gf
 
 IFACE = os.environ.get("GRADFLOW_TEST_IFACE", "hxeth0")
+ALGO = os.environ.get("GRADFLOW_ALLREDUCE_ALGO", "ring")
 
 gf.init()
 R, N = gf.rank(), gf.size()
@@ -29,13 +32,21 @@ def tx_bytes():
 
 before = tx_bytes()
 x = np.full(4 << 20, R + 1, np.float32)  # 16 MiB
+gf.reset_stats()
 got = gf.allreduce(x, op=gf.Sum, name="over.the.wire")
 assert (got == N * (N + 1) / 2).all()
+assert gf.stats().get(f"allreduce.count.{ALGO}.fp32") == 1, gf.stats()
 sent = gf.allgather(np.array([tx_bytes() - before], np.int64), name="tx")
-# A ring over 4 ranks on 2 hosts: each host's link carries >= one 16 MiB/4 segment.
+# 4 ranks on 2 hosts: each host's link carries >= one 16 MiB/4 segment (ring
+# hops, or two-sync's MPI_Gets of remote segments).
 assert all(int(s) >= (4 << 20) for s in sent[::2]), sent.tolist()
 print(f"multihost rank {R}: host {host} local {gf.local_rank()}/{gf.local_size()} "
       f"cross {gf.cross_rank()}/{gf.cross_size()} tx {int(sent[R]) >> 20} MiB", flush=True)
+for i, count in enumerate([1000, 1000, 300_001, 300_001, 7]):  # windows alternate and grow
+    y = np.arange(count, dtype=np.float32) % 97 + R
+    got = gf.allreduce(y, op=gf.Sum, name=f"sizes.{i}")
+    np.testing.assert_array_equal(got, sum(np.arange(count, dtype=np.float32) % 97 + r for r in range(N)))
+assert gf.stats().get(f"allreduce.count.{ALGO}.fp32") == 6, gf.stats()
 gf.barrier()
 if R == 0:
-    print(f"multihost OK: {N} ranks on hosts {hosts}", flush=True)
+    print(f"multihost OK: {N} ranks with {ALGO} on hosts {hosts}", flush=True)

@@ -68,3 +68,40 @@ def test_exception_on_one_rank():
 def test_shutdown_then_init_again(n):
     out = run_mpi(n, "reinit_script.py", timeout=120)
     assert f"reinit OK on {n} ranks" in out.stdout
+
+
+# The two-sync allreduce (RMA windows, shared memory here) under the same
+# faults: a SIGKILLed peer must not hang the survivors in a window sync or in
+# MPI_Win_free at exit, and windows must be rebuilt after shutdown() + init().
+@pytest.mark.parametrize("n,victim", [(3, 1), (2, 0)])
+def test_sigkill_mid_two_sync_allreduce(n, victim):
+    t0 = time.monotonic()
+    r = gradflowrun("-np", str(n), "--timeout-seconds", "10", "--allreduce-algo", "two-sync",
+                    sys.executable, os.path.join(HERE, "sigkill_rank_script.py"), str(victim))
+    elapsed = time.monotonic() - t0
+    report = f"stdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}"
+    assert f"[{victim}]<stdout>: rank {victim}: SIGKILL now" in r.stdout, report
+    for rank in set(range(n)) - {victim}:
+        assert f"[{rank}]<stdout>: rank {rank} raised after" in r.stdout, report
+        # ... and exits by itself: MPI_Win_free (collective) must not wait for the dead peer.
+        assert f"gradflowrun: rank {rank} exited with code 1" in r.stderr, report
+    assert f"gradflowrun: rank {victim} exited with code 137 (SIGKILL)" in r.stderr, report
+    assert r.returncode == 137, report
+    assert elapsed < 60, f"took {elapsed:.0f} s\n{report}"
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_shutdown_then_init_again_two_sync(n):
+    out = run_mpi(n, "reinit_script.py", env={"GRADFLOW_ALLREDUCE_ALGO": "two-sync"}, timeout=120)
+    assert f"reinit OK on {n} ranks" in out.stdout
+
+
+def test_exception_on_one_rank_two_sync():
+    r = gradflowrun("-np", "3", "--allreduce-algo", "two-sync", sys.executable,
+                    os.path.join(HERE, "raising_rank_script.py"))
+    report = f"stdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}"
+    for rank in (0, 2):
+        assert f"[{rank}]<stdout>: rank {rank} raised after" in r.stdout, report
+    for rank in range(3):
+        assert f"gradflowrun: rank {rank} exited with code 1" in r.stderr, report
+    assert "rank 1 failed: ValueError: boom on rank 1" in r.stdout and r.returncode == 1, report

@@ -62,28 +62,48 @@ def two_hosts():
                        capture_output=True, text=True, timeout=120)
 
 
-def test_gradflowrun_across_two_hosts(two_hosts):
-    env = _tools_env()
-    env.update({"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_MAX_INJECT": "65536",
-                "MPIR_CVAR_POLLS_BEFORE_YIELD": "10", "OMP_NUM_THREADS": "1",
-                "GRADFLOW_TIMEOUT": "30"})
+def _run_across_hosts(script, *flags, env=None):
+    """gradflowrun -np 4 on the 2 hosts (2 ranks each) running `script`."""
+    full = _tools_env()
+    full.update({"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_MAX_INJECT": "65536",
+                 "MPIR_CVAR_POLLS_BEFORE_YIELD": "10", "OMP_NUM_THREADS": "1",
+                 "GRADFLOW_TIMEOUT": "30"})
+    full.update(env or {})
     if in_place_build():
-        env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+        full["PYTHONPATH"] = ROOT + os.pathsep + full.get("PYTHONPATH", "")
     # gradflowrun runs on host 0 (like a cluster's first node); hydra reaches
     # the hosts through the harness's rsh-style launcher.
     cmd = ["ip", "netns", "exec", "gfmh-h0", sys.executable, "-m", "gradflow.runner.launch",
            "-np", "4", "-H", f"{HOST_IP[0]}:2,{HOST_IP[1]}:2", "--network-interface", "hxeth0",
-           "--verbose", "--mpi-args",
+           "--verbose", *flags, "--mpi-args",
            f"-launcher rsh -launcher-exec {os.path.join(TOOLS, 'hx-launch.sh')} "
            f"-localhost {HOST_IP[0]}",
-           sys.executable, os.path.join(HERE, "multihost_script.py")]
+           sys.executable, os.path.join(HERE, script)]
     t0 = time.monotonic()
-    r = subprocess.run(cmd, cwd=run_cwd(), env=env, capture_output=True, text=True, timeout=180)
+    r = subprocess.run(cmd, cwd=run_cwd(), env=full, capture_output=True, text=True, timeout=180)
     report = f"stdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}"
     assert r.returncode == 0, report
+    assert time.monotonic() - t0 < 120, report
+    return r, report
+
+
+@pytest.mark.parametrize("algo", ["ring", "two-sync"])  # two-sync: MPI_Get across hosts
+def test_gradflowrun_across_two_hosts(two_hosts, algo):
+    r, report = _run_across_hosts("multihost_script.py", "--allreduce-algo", algo)
     assert "-iface hxeth0" in r.stderr and "-genv FI_TCP_IFACE hxeth0" in r.stderr, report
-    assert "[0]<stdout>: multihost OK: 4 ranks" in r.stdout, report
+    assert f"[0]<stdout>: multihost OK: 4 ranks with {algo}" in r.stdout, report
     for rank in range(4):
         assert f"[{rank}]<stdout>: multihost rank {rank}: host " in r.stdout, report
         assert f"local {rank % 2}/2 cross {rank // 2}/2" in r.stdout, report
-    assert time.monotonic() - t0 < 120
+
+
+def test_two_sync_wire_rounding_across_hosts(two_hosts):
+    # The RMA path without shared memory: MPI_Get of 16-bit shards, same model.
+    r, report = _run_across_hosts("wire_rounding_script.py", "--allreduce-algo", "two-sync")
+    assert "[0]<stdout>: wire rounding OK on 4 ranks with two-sync" in r.stdout, report
+
+
+def test_auto_takes_the_ring_across_hosts(two_hosts):
+    r, report = _run_across_hosts("algo_choice_script.py", "--allreduce-algo", "auto",
+                                  env={"EXPECT_ONE_NODE": "0"})
+    assert "[0]<stdout>: algo choice OK on 4 ranks with auto" in r.stdout, report

@@ -54,6 +54,7 @@ def test_sparse_and_fusion(tmp_path):
 def transport_exe(tmp_path_factory):
     return _build(tmp_path_factory.mktemp("transport"), _tool("mpicxx"),
                   ["common.cc", "mpi_comm.cc", "rma_window.cc", "ring_allreduce.cc", "two_sync_allreduce.cc",
+                   "mpi_allreduce.cc",
                    "collectives.cc", "wire_codec.cc", "reduce_kernels.cc", "tests/transport_test.cc"],
                   "transport_test")
 

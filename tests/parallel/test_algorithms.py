@@ -1,0 +1,56 @@
+"""Which allreduce algorithm runs and what it computes: the auto table and
+explicit choices checked through stats() on every rank, the 16-bit wire's
+rounding bit for bit against a numpy model (ring, two-sync, mpi), and the
+two-sync and mpi algorithms under DistributedOptimizer training and on
+sub-communicators. Faults and re-init with two-sync: test_faults.py;
+several hosts: test_multihost.py."""
+import importlib.util
+import re
+
+import pytest
+
+from _launch import run_mpi
+
+
+@pytest.mark.parametrize("algo,n", [("auto", 2), ("auto", 3), ("auto", 4), ("ring", 2),
+                                    ("two-sync", 3), ("mpi", 2), ("mpi", 3)])
+def test_algorithm_that_ran(algo, n):
+    out = run_mpi(n, "algo_choice_script.py", env={"GRADFLOW_ALLREDUCE_ALGO": algo}, timeout=120)
+    assert f"algo choice OK on {n} ranks with {algo}" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("algos,n", [("ring,two-sync", 2), ("auto,auto,ring", 3), ("mpi,ring", 3)])
+def test_algorithm_differs_between_ranks(algos, n):
+    out = run_mpi(n, "algo_mismatch_script.py", algos, timeout=120)
+    # Ranks' lines may interleave in the shared stdout: find them anywhere.
+    assert sorted(int(r) for r in re.findall(r"rank (\d+) refused", out.stdout)) == list(range(n)), out.stdout
+
+
+@pytest.mark.parametrize("algo", ["ring", "two-sync", "mpi"])
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_wire_rounding_matches_model(n, algo):
+    # 64 KiB pieces: the ring's pipeline splits segments, which must not change a bit.
+    env = {"GRADFLOW_ALLREDUCE_ALGO": algo, "GRADFLOW_RING_PIPELINE_BYTES": "65536"}
+    out = run_mpi(n, "wire_rounding_script.py", env=env, timeout=180)
+    assert f"wire rounding OK on {n} ranks with {algo}" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("algo", ["ring", "two-sync"])
+def test_wire_rounding_scalar_codec(algo):
+    env = {"GRADFLOW_ALLREDUCE_ALGO": algo, "WIRE_TEST_SCALAR_CODEC": "1"}
+    out = run_mpi(3, "wire_rounding_script.py", env=env, timeout=180)
+    assert f"wire rounding OK on 3 ranks with {algo}" in out.stdout, out.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+@pytest.mark.parametrize("algo,n", [("two-sync", 2), ("two-sync", 3), ("mpi", 3)])
+def test_training_matches_single_process(algo, n):
+    out = run_mpi(n, "algo_train_script.py", env={"GRADFLOW_ALLREDUCE_ALGO": algo}, timeout=240)
+    oks = [line for line in out.stdout.splitlines() if line.startswith(f"ok {algo} ")]
+    assert len(oks) == (6 if algo == "two-sync" else 4), out.stdout
+
+
+@pytest.mark.parametrize("algo,n", [("two-sync", 3), ("two-sync", 4), ("mpi", 4)])
+def test_sub_communicator(algo, n):
+    out = run_mpi(n, "subcomm_script.py", env={"GRADFLOW_ALLREDUCE_ALGO": algo}, timeout=120)
+    assert out.stdout.count("subcomm OK") == n, out.stdout
