@@ -113,7 +113,20 @@ bool BackgroundLoop::cycle() {
     if (!any_local && !group[0]->error.empty()) continue;
     std::vector<HandleResult> results;
     auto started = clock::now();
-    executor_.run_group(group, entries, &results);
+    try {
+      executor_.run_group(group, entries, &results);
+    } catch (const TransportError&) {
+      throw;  // MPI or a peer failed: fatal (run() fails everything)
+    } catch (const std::exception& e) {
+      // Executing an agreed response failed for a reason that is the same on
+      // every rank (e.g. a kernel refusing the input): fail this group's
+      // handles everywhere and keep the runtime alive.
+      results.assign(group.size(), HandleResult{});
+      for (size_t i = 0; i < group.size(); ++i)
+        results[i].error = std::string(e.what()) + " (" + op_kind_name(group[i]->kind) + " '" +
+                           group[i]->name + "')";
+      stats_.add("responses_failed", 1);
+    }
     if (timeline_.enabled()) trace_group(group, entries, started);
     for (size_t i = 0; i < group.size(); ++i) {
       if (!entries[i]) continue;

@@ -218,7 +218,7 @@ void MpiComm::wait_request(void* request, const char* what, int peer, WaitStyle 
   if (!ok) {
     // A pending collective cannot be cancelled; it is left to MPI (the job
     // is expected to end after this error).
-    throw GradflowError(timeout_message(
+    throw TransportError(timeout_message(
         timeout_s_, what, peer < 0 ? std::string("other ranks") : "rank " + std::to_string(peer)));
   }
 }
@@ -257,7 +257,7 @@ void MpiComm::wait_all(RequestList& reqs, const char* what, WaitStyle style) {
     mpi_check(rc, "MPI_Test", what);
     std::sort(missing.begin(), missing.end());
     missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
-    throw GradflowError(timeout_message(timeout_s_, what, rank_list(missing)));
+    throw TransportError(timeout_message(timeout_s_, what, rank_list(missing)));
   }
   L.clear();
 }
@@ -352,7 +352,7 @@ std::vector<std::vector<uint8_t>> MpiComm::gather_to_root(const std::vector<uint
       if (reqs[p] != MPI_REQUEST_NULL) MPI_Request_free(&reqs[p]);  // matched: data in flight
     }
     mpi_check(rc, "MPI_Improbe/MPI_Imrecv", what);
-    throw GradflowError(timeout_message(timeout_s_, what, rank_list(missing)));
+    throw TransportError(timeout_message(timeout_s_, what, rank_list(missing)));
   }
   return out;
 }

@@ -182,6 +182,17 @@ void ResponseExecutor::run_group(const std::vector<const Response*>& group,
   for (size_t i = 0; i < group.size(); ++i)
     if (!group[i]->error.empty()) (*results)[i].error = group[i]->error;
   if (group.size() == 1 && !group[0]->error.empty()) return;
+  // Refuse before any communication what a kernel would refuse half-way
+  // (Runtime::submit refuses it first; this guards every other way in). The
+  // response is agreed, so every rank throws here and BackgroundLoop fails
+  // the group's handles without losing step with the peers.
+  for (const Response* r : group) {
+    std::string why;
+    if (r->kind != OpKind::kAllreduce && r->kind != OpKind::kReducescatter) continue;
+    GF_CHECK(reduce_supported(r->dtype, r->op, &why), "gradflow: " << why);
+    GF_CHECK(is_floating(r->dtype) || (r->prescale == 1.0 && r->postscale == 1.0),
+             "gradflow: cannot scale " << dtype_name(r->dtype) << " tensors");
+  }
   if (group[0]->kind == OpKind::kAllreduce) {
     run_allreduces(group, entries, results);
   } else {
