@@ -13,7 +13,7 @@ import numpy as np
 from . import _dtypes
 from ._handles import Handle
 from ._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, JOIN, REDUCESCATTER,
-                       auto_name, submit)
+                       advance_auto_names, auto_name, auto_name_counts, submit)
 from .compression import wire_code
 
 
@@ -145,8 +145,14 @@ def barrier() -> None:
 
 def join() -> int:
     """Declare this rank done: until every rank has joined it contributes
-    zeros to the other ranks' allreduces. Returns the last rank to join."""
-    r = submit(JOIN, auto_name(JOIN, None), 0, 0, _dtypes.UINT8, [0], ()).wait()
+    zeros to the other ranks' allreduces (any other collective submitted by
+    the ranks still working fails on every rank with a clear error). Returns
+    the rank that joined last, as Horovod does. Afterwards every rank's
+    counters of auto-generated names agree again, so unnamed collectives
+    match up even if some rank skipped some while it was joined."""
+    name = auto_name(JOIN, None)
+    r = submit(JOIN, name, 0, 0, _dtypes.UINT8, [0], (), splits=auto_name_counts()).wait()
+    advance_auto_names(r["recv_splits"])
     return int(r["shape"][0])
 
 

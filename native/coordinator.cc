@@ -2,6 +2,7 @@
 // bit-vector fast path, rank-0 slow path with validation, stall inspection.
 #include "coordinator.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -157,7 +158,10 @@ void Coordinator::build_slow_responses(const std::vector<RequestMessage>& all,
     if (!msg.abort_message.empty() && out->abort_message.empty())
       out->abort_message = "rank " + std::to_string(rank) + " failed: " + msg.abort_message;
     for (const Request& req : msg.requests) {
-      if (req.kind == OpKind::kJoin) joined_ranks_.insert(rank);
+      if (req.kind == OpKind::kJoin) {
+        joined_ranks_.insert(rank);
+        last_joined_rank_ = rank;  // requests arrive in the order ranks joined
+      }
       const std::string& key = req.kind == OpKind::kJoin ? std::string(kJoinName) : req.name;
       auto it = table_.find(key);
       if (it == table_.end()) {
@@ -232,7 +236,16 @@ Response Coordinator::validate(const std::string& name, const std::vector<Reques
         << " is out of range [0, " << comm_.size() << ")";
   if (resp.kind == OpKind::kJoin) {
     // Every rank joined; report the last one to join, as Horovod does.
-    resp.root = reqs.back().rank;
+    resp.root = last_joined_rank_;
+    // Each join carries the rank's counters of auto-generated names; the
+    // element-wise maximum goes back to every rank, so ranks that skipped
+    // unnamed collectives while joined (or had one refused) name the next
+    // ones as the others do.
+    for (const Request& q : reqs) {
+      if (q.splits.size() > resp.splits.size()) resp.splits.resize(q.splits.size(), 0);
+      for (size_t i = 0; i < q.splits.size(); ++i)
+        resp.splits[i] = std::max(resp.splits[i], q.splits[i]);
+    }
   }
   if (resp.kind == OpKind::kAllgather || resp.kind == OpKind::kAlltoall) {
     for (const Request& q : reqs) resp.first_dims.push_back(q.shape.empty() ? 1 : q.shape[0]);

@@ -97,6 +97,7 @@ class Coordinator {
   std::map<std::string, PendingOnRank0> table_;
   std::vector<std::string> stall_warnings_;
   std::set<int> joined_ranks_;  // rank 0: ranks that called join() this round
+  int last_joined_rank_ = -1;   // rank 0: the latest of them (join() returns it)
 
   bool joined_ = false;  // this rank called join() and waits for the others
 };

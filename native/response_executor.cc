@@ -324,6 +324,7 @@ void ResponseExecutor::run_other(const Response& r, TensorEntry* e, HandleResult
       break;  // agreement itself is the barrier
     case OpKind::kJoin:
       result->shape = {r.root};  // the last rank to join
+      result->recv_splits = r.splits;  // agreed auto-name counters (Coordinator::validate)
       break;
     case OpKind::kAllreduce:
       break;  // handled by run_allreduces
