@@ -41,6 +41,13 @@ def test_join_order_and_every_collective(n, order):
     assert f"join OK on {n} ranks, order {order}" in out.stdout
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_join_with_distributed_optimizer(n):
+    pytest.importorskip("torch")
+    out = run_mpi(n, "join_torch_script.py", timeout=150)
+    assert f"join optimizer OK on {n} ranks" in out.stdout
+
+
 @pytest.mark.parametrize("n", [3, 4])
 def test_init_on_sub_communicator(n):
     out = run_mpi(n, "subcomm_script.py", timeout=120)
