@@ -1,7 +1,8 @@
 """numpy collectives with Horovod's grammar: `allreduce`, `allreduce_async`,
 `allgather`, `broadcast`, `reducescatter`, `alltoall`, `barrier`, `join`,
 `synchronize`, `poll`. Arrays are made C-contiguous and passed to the core
-by address (no copy for contiguous input); results are new arrays.
+by address (no copy for contiguous native-order input; non-native byte
+order is swapped first); results are new arrays in native byte order.
 """
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ Sum, Average, Min, Max, Product = (ReduceOp.Sum, ReduceOp.Average, ReduceOp.Min,
 
 def _prepare(array) -> np.ndarray:
     a = np.asarray(array)
+    if not a.dtype.isnative:
+        # Big-endian data (FITS, HDF5, ...): the core reduces native bytes,
+        # so swap to native order here; results come back in native order.
+        a = a.astype(a.dtype.newbyteorder("="))
     if not a.flags.c_contiguous:  # (ascontiguousarray would turn 0-d into 1-d)
         a = np.ascontiguousarray(a)
     _dtypes.code_of_numpy(a.dtype)  # raises TypeError for unsupported dtypes
