@@ -290,12 +290,13 @@ void ResponseExecutor::run_other(const Response& r, TensorEntry* e, HandleResult
     case OpKind::kAlltoall: {
       const int n = comm_.size(), me = comm_.rank();
       size_t row = r.shape.size() > 1 ? elements_of({r.shape.begin() + 1, r.shape.end()}) : 1;
-      std::vector<int64_t> send(r.splits.begin() + me * n, r.splits.begin() + (me + 1) * n);
       std::vector<int64_t> recv(n);
       int64_t rows = 0;
       for (int p = 0; p < n; ++p) rows += (recv[p] = r.splits[p * n + me]);
       result->data = std::make_shared<std::vector<uint8_t>>(rows * row * esize);
-      alltoall(comm_, e->input, result->data->data(), send, recv, row, r.dtype, &ts);
+      // The whole agreed matrix goes down: it picks the protocol (Note
+      // [Execution order]: only agreed data may decide what ranks post).
+      alltoall(comm_, e->input, result->data->data(), r.splits, row, r.dtype, &ts);
       result->shape = e->request.shape.empty() ? std::vector<int64_t>{rows} : e->request.shape;
       result->shape[0] = rows;
       result->recv_splits = recv;
