@@ -37,10 +37,12 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
                                const std::string& abort_message) {
   auto t0 = std::chrono::steady_clock::now();
   CycleResult result;
+  const uint64_t evictions_before = evictions_;
   std::vector<Request> slow;
   std::vector<int32_t> invalid;
 
-  // A. classify new requests.
+  // A. classify new requests (after those whose cache bit was recycled).
+  slow.swap(slow_next_cycle_);
   for (const Request& r : fresh)
     if (r.kind == OpKind::kJoin) joined_ = true;
   for (const Request& r : fresh) {
@@ -92,24 +94,17 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
   // C. evict invalid responses everywhere, then take the globally ready ones.
   std::vector<int32_t> bits;
   for (const auto& kv : cache_) bits.push_back(kv.first);
-  for (int32_t b : bits) {
-    if (test_bit(words, invalid_base, b)) continue;
-    const std::string name = cache_[b].response.name;
-    auto w = waiting_on_cache_.find(name);
-    if (w != waiting_on_cache_.end()) {
-      slow.push_back(w->second);
-      waiting_on_cache_.erase(w);
-      cache_wait_since_.erase(name);
-    }
-    cache_bit_of_.erase(name);
-    cache_.erase(b);
-  }
-  for (const auto& kv : cache_) {
+  for (int32_t b : bits)
+    if (!test_bit(words, invalid_base, b)) evict_bit(b, &slow);
+  for (auto& kv : cache_) {
     if (!test_bit(words, ready_base, kv.first)) continue;
+    kv.second.last_used = ++use_clock_;
     result.responses.push_back(kv.second.response);
     waiting_on_cache_.erase(kv.second.response.name);
     cache_wait_since_.erase(kv.second.response.name);
   }
+
+  result.fast_responses = result.responses.size();
 
   // D. slow path through rank 0.
   if (flags & (kFlagSlow | kFlagShutdown | kFlagAbort)) {
@@ -131,6 +126,9 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
     decided = deserialize_responses(bytes);
     for (Response& r : decided.responses) {
       auto it = sent_to_rank0_.find(r.name);
+      // A bit rank 0 recycled: its previous owner leaves the cache on every
+      // rank (Note [Execution order]); requests waiting on it go slow.
+      if (r.cache_bit >= 0) evict_bit(r.cache_bit, &slow_next_cycle_);
       if (r.cache_bit >= 0 && it != sent_to_rank0_.end()) insert_cache(r, it->second.signature());
       if (r.cache_bit >= 0 && it == sent_to_rank0_.end() && joined_) insert_cache(r, "");
       if (it != sent_to_rank0_.end()) sent_to_rank0_.erase(it);
@@ -140,13 +138,42 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
     result.shutdown = decided.shutdown;
     result.abort_message = decided.abort_message;
   }
+  result.cache_evictions = evictions_ - evictions_before;
   result.negotiation_seconds = seconds_since(t0);
   return result;
 }
 
 void Coordinator::insert_cache(const Response& r, const std::string& signature) {
   cache_bit_of_[r.name] = r.cache_bit;
-  cache_[r.cache_bit] = CacheEntry{r, signature};
+  cache_[r.cache_bit] = CacheEntry{r, signature, ++use_clock_};
+}
+
+void Coordinator::evict_bit(int32_t bit, std::vector<Request>* slow) {
+  auto c = cache_.find(bit);
+  if (c == cache_.end()) return;
+  const std::string name = c->second.response.name;
+  auto w = waiting_on_cache_.find(name);
+  if (w != waiting_on_cache_.end()) {
+    slow->push_back(w->second);
+    waiting_on_cache_.erase(w);
+    cache_wait_since_.erase(name);
+  }
+  cache_bit_of_.erase(name);
+  cache_.erase(c);
+  evictions_++;
+}
+
+int32_t Coordinator::pick_bit(const std::set<int32_t>& taken) const {
+  // The lowest free bit, else the least recently used one not handed out in
+  // this round. Only rank 0 picks; the response carries the choice.
+  for (int32_t b = 0; b < cfg_.cache_capacity; ++b)
+    if (!cache_.count(b) && !taken.count(b)) return b;
+  int32_t lru = -1;
+  uint64_t oldest = 0;
+  for (const auto& kv : cache_)
+    if (!taken.count(kv.first) && (lru < 0 || kv.second.last_used < oldest))
+      lru = kv.first, oldest = kv.second.last_used;
+  return lru;
 }
 
 void Coordinator::build_slow_responses(const std::vector<RequestMessage>& all,
@@ -177,6 +204,7 @@ void Coordinator::build_slow_responses(const std::vector<RequestMessage>& all,
   }
   // A name is complete once every rank asked for it (joined ranks count as
   // having asked for any allreduce).
+  std::set<int32_t> taken;  // cache bits handed out in this round
   for (auto it = table_order_.begin(); it != table_order_.end();) {
     PendingOnRank0& p = table_[*it];
     int joined_absent = 0;
@@ -188,9 +216,11 @@ void Coordinator::build_slow_responses(const std::vector<RequestMessage>& all,
     }
     Response resp = validate(*it, p.by_rank);
     if (resp.kind == OpKind::kJoin) joined_ranks_.clear();
-    if (resp.error.empty() && resp.kind == OpKind::kAllreduce &&
-        next_bit_ < cfg_.cache_capacity && !cache_bit_of_.count(resp.name))
-      resp.cache_bit = next_bit_++;
+    if (resp.error.empty() && resp.kind == OpKind::kAllreduce && cfg_.cache_capacity > 0 &&
+        !cache_bit_of_.count(resp.name)) {
+      resp.cache_bit = pick_bit(taken);
+      if (resp.cache_bit >= 0) taken.insert(resp.cache_bit);
+    }
     out->responses.push_back(std::move(resp));
     table_.erase(*it);
     it = table_order_.erase(it);

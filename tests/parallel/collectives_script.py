@@ -114,6 +114,22 @@ def check_cache_fast_path():
     assert after == before, f"repeated steps used the slow path {after - before} times"
 
 
+def check_cache_recycling():
+    # Run with a tiny GRADFLOW_CACHE_CAPACITY: names used once (auto-named
+    # here), a signature change and stall-free churn must not use up the
+    # cache bits; the hot names afterwards still take the fast path.
+    for i in range(40):
+        got = gf.allreduce(np.full(3 + i % 5, R + i, np.float32), op=gf.Sum)
+        np.testing.assert_array_equal(got, np.full(3 + i % 5, sum(r + i for r in range(N)), np.float32))
+    for shape in [(4,), (5,), (4,)]:  # same name, new signature: its bit is invalidated
+        got = gf.allreduce(np.ones(shape), op=gf.Sum, name="reshaped")
+        np.testing.assert_array_equal(got, np.full(shape, N))
+    check_cache_fast_path()
+    st = gf.stats()
+    assert st.get("negotiation.cache_evictions", 0) >= 30, st
+    assert st.get("negotiation.fast_responses", 0) >= 3 * 28, st
+
+
 def check_allgather():
     for trailing in [(), (3,), (2, 2)]:
         for dtype in ["float32", "int64", "uint8", "float16"]:
@@ -197,6 +213,12 @@ def check_big():
     same_everywhere(got, "big")
 
 
+if "--cache-churn" in sys.argv:
+    check_cache_recycling()
+    gf.barrier()
+    if R == 0:
+        print("cache recycling OK on", N, "ranks")
+    sys.exit(0)
 check_allreduce()
 check_shapes_and_scaling()
 check_async_orders_and_fusion()

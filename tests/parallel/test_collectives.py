@@ -29,6 +29,15 @@ def test_collectives_small_pipeline_and_no_cache(n):
     assert "repeated steps used the slow path" in out.stderr
 
 
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_cache_bits_recycled(n):
+    # 4 cache bits, > 40 distinct names: bits are recycled (LRU, agreed on
+    # every rank), so the names in use still take the fast path.
+    out = run_mpi(n, "collectives_script.py", "--cache-churn", timeout=120,
+                  env={"GRADFLOW_CACHE_CAPACITY": "4"})
+    assert f"cache recycling OK on {n} ranks" in out.stdout
+
+
 @pytest.mark.parametrize("n,order", [(1, "0"), (2, "0,1"), (2, "1,0"), (3, "2,0,1"), (3, "1,2,0"),
                                      (2, "together"), (3, "together")])
 def test_join_order_and_every_collective(n, order):
