@@ -88,7 +88,8 @@ bool BackgroundLoop::cycle() {
     std::lock_guard<std::mutex> lock(mu_);
     abort_message = abort_message_;
   }
-  CycleResult res = coordinator_.cycle(fresh, shutdown_requested_, abort_message);
+  CycleResult res =
+      coordinator_.cycle(fresh, shutdown_requested_, abort_message, queue_.someone_waits());
   agreed_at_ = clock::now();
   stats_.add("seconds_negotiation", res.negotiation_seconds);
   if (res.used_slow_path) stats_.add("negotiation.slow_path_cycles", 1);

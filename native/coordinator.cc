@@ -12,6 +12,8 @@ namespace {
 constexpr uint64_t kFlagSlow = 1;      // some rank has slow-path work
 constexpr uint64_t kFlagShutdown = 2;  // some rank called shutdown()
 constexpr uint64_t kFlagAbort = 4;     // some rank is failing
+// Stored as is (not inverted), so BAND gives "every rank is blocked in wait()".
+constexpr uint64_t kFlagBlocked = 8;
 constexpr const char* kJoinName = kJoinTensorName;
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
@@ -34,7 +36,7 @@ Coordinator::Coordinator(MpiComm& comm, const Config& cfg)
     : comm_(comm), cfg_(cfg), cache_words_((cfg.cache_capacity + 63) / 64) {}
 
 CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
-                               const std::string& abort_message) {
+                               const std::string& abort_message, bool blocked) {
   auto t0 = std::chrono::steady_clock::now();
   CycleResult result;
   const uint64_t evictions_before = evictions_;
@@ -62,6 +64,9 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
   double demote_after = cfg_.stall_check_seconds > 0 ? cfg_.stall_check_seconds / 2 : 5.0;
   if (cfg_.stall_shutdown_seconds > 0)
     demote_after = std::min(demote_after, cfg_.stall_shutdown_seconds / 2);
+  // Note [Bounded waits]: every rank blocked for half the timeout: let rank 0 see all.
+  const double blocked_for = all_blocked_ ? seconds_since(all_blocked_since_) : 0.0;
+  if (all_blocked_ && blocked_for > cfg_.timeout_seconds / 2) demote_after = 0.0;
   for (auto it = waiting_on_cache_.begin(); it != waiting_on_cache_.end();) {
     if (seconds_since(cache_wait_since_[it->first]) > demote_after) {
       invalid.push_back(cache_bit_of_.at(it->first));
@@ -74,7 +79,8 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
   }
 
   // B. one allreduce(BAND) of flags, ready bits and invalid bits.
-  bool rank0_due = comm_.rank() == 0 && stall_action_due();
+  const bool deadlock = all_blocked_ && blocked_for > cfg_.timeout_seconds;
+  bool rank0_due = comm_.rank() == 0 && (stall_action_due() || deadlock);
   uint64_t flags = (slow.empty() && invalid.empty() && !rank0_due ? 0 : kFlagSlow) |
                    (shutdown ? kFlagShutdown : 0) | (abort_message.empty() ? 0 : kFlagAbort);
   const size_t ready_base = 1, invalid_base = 1 + cache_words_;
@@ -88,8 +94,10 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
       if (kv.second.response.kind == OpKind::kAllreduce) set_bit(words, ready_base, kv.first);
   }
   for (int32_t b : invalid) clear_bit(words, invalid_base, b);
+  words[0] = blocked ? (words[0] | kFlagBlocked) : (words[0] & ~kFlagBlocked);
   comm_.allreduce_band(words.data(), words.size(), "negotiation (bit vector)");
-  flags = ~words[0];
+  const bool all_blocked = (words[0] & kFlagBlocked) != 0;
+  flags = ~words[0] & ~kFlagBlocked;
 
   // C. evict invalid responses everywhere, then take the globally ready ones.
   std::vector<int32_t> bits;
@@ -119,7 +127,7 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
     if (comm_.rank() == 0) {
       std::vector<RequestMessage> all;
       for (const auto& bytes : gathered) all.push_back(deserialize_requests(bytes));
-      build_slow_responses(all, &decided);
+      build_slow_responses(all, &decided, deadlock);
     }
     std::vector<uint8_t> bytes = serialize(decided);
     comm_.bcast_vector(bytes, 0, "negotiation (responses from rank 0)");
@@ -137,6 +145,14 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
     }
     result.shutdown = decided.shutdown;
     result.abort_message = decided.abort_message;
+  }
+  // Note [Bounded waits]: the same flags and responses on every rank, so
+  // every rank's clock starts and stops at the same cycle.
+  if (!all_blocked || !result.responses.empty()) {
+    all_blocked_ = false;
+  } else if (!all_blocked_) {
+    all_blocked_ = true;
+    all_blocked_since_ = std::chrono::steady_clock::now();
   }
   result.cache_evictions = evictions_ - evictions_before;
   result.negotiation_seconds = seconds_since(t0);
@@ -177,7 +193,7 @@ int32_t Coordinator::pick_bit(const std::set<int32_t>& taken) const {
 }
 
 void Coordinator::build_slow_responses(const std::vector<RequestMessage>& all,
-                                       ResponseMessage* out) {
+                                       ResponseMessage* out, bool deadlock) {
   const int n = comm_.size();
   for (int rank = 0; rank < static_cast<int>(all.size()); ++rank) {
     const RequestMessage& msg = all[rank];
@@ -225,7 +241,7 @@ void Coordinator::build_slow_responses(const std::vector<RequestMessage>& all,
     table_.erase(*it);
     it = table_order_.erase(it);
   }
-  check_stalls(out);
+  check_stalls(out, deadlock);
 }
 
 Response Coordinator::validate(const std::string& name, const std::vector<Request>& reqs) {
@@ -311,7 +327,7 @@ bool Coordinator::stall_action_due() const {
   return false;
 }
 
-void Coordinator::check_stalls(ResponseMessage* out) {
+void Coordinator::check_stalls(ResponseMessage* out, bool deadlock) {
   for (auto it = table_order_.begin(); it != table_order_.end();) {
     PendingOnRank0& p = table_[*it];
     double age = seconds_since(p.first_seen);
@@ -332,11 +348,17 @@ void Coordinator::check_stalls(ResponseMessage* out) {
       std::fprintf(stderr, "[gradflow rank 0] WARNING: %s (GRADFLOW_STALL_CHECK_TIME)\n",
                    msg.c_str());
     }
-    if (cfg_.stall_shutdown_seconds > 0 && age > cfg_.stall_shutdown_seconds) {
+    const bool stalled = cfg_.stall_shutdown_seconds > 0 && age > cfg_.stall_shutdown_seconds;
+    if (stalled || deadlock) {
       Response r;
       r.name = *it;
       r.kind = kind;
-      r.error = msg + "; failing it on every rank (GRADFLOW_STALL_SHUTDOWN_TIME)";
+      r.error = msg + (stalled ? std::string("; failing it on every rank (GRADFLOW_STALL_SHUTDOWN_TIME)")
+                               : "; every rank has waited " +
+                                     std::to_string(static_cast<int>(cfg_.timeout_seconds)) +
+                                     " s for collectives that no rank can complete (names that "
+                                     "differ between ranks?): failing it on every rank "
+                                     "(GRADFLOW_TIMEOUT)");
       out->responses.push_back(r);
       table_.erase(*it);
       it = table_order_.erase(it);

@@ -23,6 +23,8 @@
 //      (auto-generated names), are recycled and the fast path never runs out.
 //   E. Result: fast-path responses then slow-path responses.
 //
+// Bounded waits: see Note [Bounded waits] below (Coordinator's members).
+//
 // Note [Execution order]: every rank receives the same response list (the
 // fast part is computed from the same allreduced bit vector, the slow part
 // is rank 0's broadcast) and executes it front to back. Caches are updated
@@ -60,8 +62,10 @@ class Coordinator {
 
   // One collective negotiation round. `fresh` are requests submitted on
   // this rank since the last cycle.
+  // `blocked`: a thread of this rank is waiting on a handle (see Note
+  // [Bounded waits]).
   CycleResult cycle(const std::vector<Request>& fresh, bool shutdown,
-                    const std::string& abort_message);
+                    const std::string& abort_message, bool blocked = false);
 
   // Cache entries removed so far (invalidated, demoted or recycled).
   uint64_t cache_evictions() const { return evictions_; }
@@ -81,9 +85,10 @@ class Coordinator {
     bool warned = false;
   };
 
-  void build_slow_responses(const std::vector<RequestMessage>& all, ResponseMessage* out);
+  void build_slow_responses(const std::vector<RequestMessage>& all, ResponseMessage* out,
+                            bool deadlock);
   Response validate(const std::string& name, const std::vector<Request>& reqs);
-  void check_stalls(ResponseMessage* out);
+  void check_stalls(ResponseMessage* out, bool deadlock);
   bool stall_action_due() const;
   void insert_cache(const Response& r, const std::string& signature);
   // Removes `bit`'s entry (if any); a request of this rank waiting on it
@@ -115,6 +120,15 @@ class Coordinator {
   int last_joined_rank_ = -1;   // rank 0: the latest of them (join() returns it)
 
   bool joined_ = false;  // this rank called join() and waits for the others
+
+  // Note [Bounded waits]: every rank blocked in wait() while no response
+  // runs cannot end by itself (names that never match, a collective only
+  // some ranks issued). Each cycle ANDs the ranks' `blocked` flags; once
+  // all are blocked with nothing agreed for GRADFLOW_TIMEOUT / 2, cached
+  // waiters are demoted to the slow path, and after GRADFLOW_TIMEOUT rank 0
+  // fails every pending name on every rank, saying who submitted what.
+  bool all_blocked_ = false;
+  std::chrono::steady_clock::time_point all_blocked_since_;
 };
 
 }  // namespace gradflow
