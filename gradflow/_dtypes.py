@@ -33,8 +33,14 @@ def code_of_name(name: str) -> int:
 
 
 def code_of_numpy(dtype: np.dtype) -> int:
-    """DataType code for a numpy dtype (ml_dtypes.bfloat16 included)."""
-    return code_of_name(np.dtype(dtype).name)
+    """DataType code for a numpy dtype (ml_dtypes.bfloat16 included). The
+    core reads elements as native bytes, so a non-native byte order (e.g.
+    '>f4' on x86) is refused: convert with `a.astype(a.dtype.newbyteorder('='))`."""
+    dt = np.dtype(dtype)
+    if not dt.isnative:
+        raise TypeError(f"gradflow: dtype {dt.str} is not in native byte order; convert it with "
+                        "a.astype(a.dtype.newbyteorder('='))")
+    return code_of_name(dt.name)
 
 
 def numpy_dtype(code: int) -> np.dtype:

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import atexit
 import os
-import itertools
 import sys
 import threading
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import mpi4py
 
@@ -26,7 +25,7 @@ ALLREDUCE, ALLGATHER, BROADCAST, REDUCESCATTER, ALLTOALL, BARRIER, JOIN = range(
 _KIND_NAMES = ["allreduce", "allgather", "broadcast", "reducescatter", "alltoall", "barrier", "join"]
 
 _lock = threading.Lock()
-_counters: Dict[str, itertools.count] = {}
+_counters: Dict[str, int] = {}  # kind name -> next auto-name number
 _hooks_installed = False
 _uncaught_exception = False
 _comm: Optional[MPI.Comm] = None
@@ -131,8 +130,24 @@ def auto_name(kind: int, name: Optional[str]) -> str:
         return name
     key = _KIND_NAMES[kind]
     with _lock:
-        counter = _counters.setdefault(key, itertools.count())
-        return f"{key}.noname.{next(counter)}"
+        n = _counters.get(key, 0)
+        _counters[key] = n + 1
+        return f"{key}.noname.{n}"
+
+
+def auto_name_counts() -> List[int]:
+    """Next auto-name number of every kind, in kind order (join() sends them)."""
+    with _lock:
+        return [_counters.get(k, 0) for k in _KIND_NAMES]
+
+
+def advance_auto_names(counts: Sequence[int]) -> None:
+    """Move every kind's auto-name counter up to `counts` (the maximum over
+    ranks, agreed by join()): a rank that skipped unnamed collectives while
+    joined, or had one refused, names the next ones as the other ranks do."""
+    with _lock:
+        for key, n in zip(_KIND_NAMES, counts):
+            _counters[key] = max(_counters.get(key, 0), int(n))
 
 
 def submit(kind: int, name: str, in_ptr: int, out_ptr: int, dtype: int, shape: Sequence[int],

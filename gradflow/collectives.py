@@ -1,7 +1,8 @@
 """numpy collectives with Horovod's grammar: `allreduce`, `allreduce_async`,
 `allgather`, `broadcast`, `reducescatter`, `alltoall`, `barrier`, `join`,
 `synchronize`, `poll`. Arrays are made C-contiguous and passed to the core
-by address (no copy for contiguous input); results are new arrays.
+by address (no copy for contiguous native-order input; non-native byte
+order is swapped first); results are new arrays in native byte order.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 from . import _dtypes
 from ._handles import Handle
 from ._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, JOIN, REDUCESCATTER,
-                       auto_name, submit)
+                       advance_auto_names, auto_name, auto_name_counts, submit)
 from .compression import wire_code
 
 
@@ -33,6 +34,10 @@ Sum, Average, Min, Max, Product = (ReduceOp.Sum, ReduceOp.Average, ReduceOp.Min,
 
 def _prepare(array) -> np.ndarray:
     a = np.asarray(array)
+    if not a.dtype.isnative:
+        # Big-endian data (FITS, HDF5, ...): the core reduces native bytes,
+        # so swap to native order here; results come back in native order.
+        a = a.astype(a.dtype.newbyteorder("="))
     if not a.flags.c_contiguous:  # (ascontiguousarray would turn 0-d into 1-d)
         a = np.ascontiguousarray(a)
     _dtypes.code_of_numpy(a.dtype)  # raises TypeError for unsupported dtypes
@@ -145,8 +150,14 @@ def barrier() -> None:
 
 def join() -> int:
     """Declare this rank done: until every rank has joined it contributes
-    zeros to the other ranks' allreduces. Returns the last rank to join."""
-    r = submit(JOIN, auto_name(JOIN, None), 0, 0, _dtypes.UINT8, [0], ()).wait()
+    zeros to the other ranks' allreduces (any other collective submitted by
+    the ranks still working fails on every rank with a clear error). Returns
+    the rank that joined last, as Horovod does. Afterwards every rank's
+    counters of auto-generated names agree again, so unnamed collectives
+    match up even if some rank skipped some while it was joined."""
+    name = auto_name(JOIN, None)
+    r = submit(JOIN, name, 0, 0, _dtypes.UINT8, [0], (), splits=auto_name_counts()).wait()
+    advance_auto_names(r["recv_splits"])
     return int(r["shape"][0])
 
 

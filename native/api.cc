@@ -41,30 +41,7 @@ void Runtime::check_config_matches_everywhere() {
 }
 
 int64_t Runtime::submit(const SubmitArgs& a) {
-  GF_CHECK(!a.name.empty(), "gradflow: a collective needs a name");
-  for (int64_t d : a.shape)
-    GF_CHECK(d >= 0, "gradflow: " << op_kind_name(a.kind) << " '" << a.name
-                                  << "': negative dimension in shape " << shape_string(a.shape));
-  std::string why;
-  if (a.kind == OpKind::kAllreduce || a.kind == OpKind::kReducescatter) {
-    GF_CHECK(reduce_supported(a.dtype, a.op, &why),
-             "gradflow: " << op_kind_name(a.kind) << " '" << a.name << "': " << why);
-  }
-  if (a.kind == OpKind::kBroadcast)
-    GF_CHECK(a.root >= 0 && a.root < comm_->size(),
-             "gradflow: broadcast '" << a.name << "': root rank " << a.root
-                                     << " is out of range [0, " << comm_->size() << ")");
-  if (a.kind == OpKind::kReducescatter)
-    GF_CHECK(!a.shape.empty(), "gradflow: reducescatter '" << a.name
-                                                           << "' needs at least one dimension");
-  if (a.kind == OpKind::kAlltoall && !a.splits.empty())
-    GF_CHECK(static_cast<int>(a.splits.size()) == comm_->size(),
-             "gradflow: alltoall '" << a.name << "': splits has " << a.splits.size()
-                                    << " entries for " << comm_->size() << " ranks");
-  GF_CHECK(a.wire >= -1 && a.wire <= 2, "gradflow: unknown wire dtype code " << a.wire);
-  GF_CHECK(a.sparse_ratio < 0 || (a.sparse_ratio > 0 && a.sparse_ratio <= 1),
-           "gradflow: sparse_ratio must be in (0, 1], got " << a.sparse_ratio);
-
+  validate_submit(a);
   TensorEntry e;
   Request& r = e.request;
   r.rank = comm_->rank();
@@ -90,6 +67,52 @@ int64_t Runtime::submit(const SubmitArgs& a) {
   e.input = reinterpret_cast<const void*>(a.input);
   e.output = reinterpret_cast<void*>(a.output);
   return queue_.submit(std::move(e));
+}
+
+// Refuses here, on the rank that made it, whatever could not be computed:
+// an agreed response is executed on every rank, and an input the executor
+// cannot handle must never reach it (InvalidArgumentError -> ValueError).
+void Runtime::validate_submit(const SubmitArgs& a) const {
+  const int kind = static_cast<int>(a.kind);
+  GF_CHECK_ARG(kind >= static_cast<int>(OpKind::kAllreduce) && kind <= static_cast<int>(OpKind::kJoin),
+               "gradflow: unknown collective kind code " << kind);
+  const char* what = op_kind_name(a.kind);
+  GF_CHECK_ARG(!a.name.empty(), "gradflow: a collective needs a name");
+  GF_CHECK_ARG(std::string(dtype_name(a.dtype)) != "unknown",
+               "gradflow: " << what << " '" << a.name << "': unknown dtype code "
+                            << static_cast<int>(a.dtype));
+  for (int64_t d : a.shape)
+    GF_CHECK_ARG(d >= 0, "gradflow: " << what << " '" << a.name << "': negative dimension in shape "
+                                      << shape_string(a.shape));
+  std::string why;
+  if (a.kind == OpKind::kAllreduce || a.kind == OpKind::kReducescatter) {
+    GF_CHECK_ARG(reduce_supported(a.dtype, a.op, &why), "gradflow: " << what << " '" << a.name << "': " << why);
+    // Scaling multiplies in the tensor's own dtype: only floating types can.
+    for (double f : {a.prescale, a.postscale})
+      GF_CHECK_ARG(f == 1.0 || is_floating(a.dtype),
+                   "gradflow: " << what << " '" << a.name << "': prescale_factor/postscale_factor "
+                                << f << " on a " << dtype_name(a.dtype)
+                                << " tensor is not supported (only floating tensors can be scaled); "
+                                   "scale the result in your own code");
+  }
+  if (a.kind == OpKind::kBroadcast)
+    GF_CHECK_ARG(a.root >= 0 && a.root < comm_->size(),
+                 "gradflow: broadcast '" << a.name << "': root rank " << a.root
+                                         << " is out of range [0, " << comm_->size() << ")");
+  if (a.kind == OpKind::kReducescatter)
+    GF_CHECK_ARG(!a.shape.empty(), "gradflow: reducescatter '" << a.name
+                                                               << "' needs at least one dimension");
+  if (a.kind == OpKind::kAlltoall && !a.splits.empty()) {
+    GF_CHECK_ARG(static_cast<int>(a.splits.size()) == comm_->size(),
+                 "gradflow: alltoall '" << a.name << "': splits has " << a.splits.size()
+                                        << " entries for " << comm_->size() << " ranks");
+    for (int64_t s : a.splits)
+      GF_CHECK_ARG(s >= 0, "gradflow: alltoall '" << a.name << "': negative split in "
+                                                  << shape_string(a.splits));
+  }
+  GF_CHECK_ARG(a.wire >= -1 && a.wire <= 2, "gradflow: unknown wire dtype code " << a.wire);
+  GF_CHECK_ARG(a.sparse_ratio < 0 || (a.sparse_ratio > 0 && a.sparse_ratio <= 1),
+               "gradflow: sparse_ratio must be in (0, 1], got " << a.sparse_ratio);
 }
 
 bool Runtime::poll(int64_t handle) { return queue_.poll(handle); }

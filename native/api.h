@@ -81,6 +81,7 @@ class Runtime {
   };
   int64_t submit_bucket(PoolState& p, int bucket);
   void check_config_matches_everywhere();
+  void validate_submit(const SubmitArgs& args) const;  // throws InvalidArgumentError
 
   Config cfg_;
   std::unique_ptr<MpiComm> comm_;

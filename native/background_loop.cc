@@ -88,10 +88,13 @@ bool BackgroundLoop::cycle() {
     std::lock_guard<std::mutex> lock(mu_);
     abort_message = abort_message_;
   }
-  CycleResult res = coordinator_.cycle(fresh, shutdown_requested_, abort_message);
+  CycleResult res =
+      coordinator_.cycle(fresh, shutdown_requested_, abort_message, queue_.someone_waits());
   agreed_at_ = clock::now();
   stats_.add("seconds_negotiation", res.negotiation_seconds);
   if (res.used_slow_path) stats_.add("negotiation.slow_path_cycles", 1);
+  if (res.fast_responses) stats_.add("negotiation.fast_responses", static_cast<double>(res.fast_responses));
+  if (res.cache_evictions) stats_.add("negotiation.cache_evictions", static_cast<double>(res.cache_evictions));
   if (!res.responses.empty()) stats_.add("negotiation.cycles_with_work", 1);
 
   // Execute the agreed list front to back (Note [Execution order]).
@@ -113,7 +116,20 @@ bool BackgroundLoop::cycle() {
     if (!any_local && !group[0]->error.empty()) continue;
     std::vector<HandleResult> results;
     auto started = clock::now();
-    executor_.run_group(group, entries, &results);
+    try {
+      executor_.run_group(group, entries, &results);
+    } catch (const TransportError&) {
+      throw;  // MPI or a peer failed: fatal (run() fails everything)
+    } catch (const std::exception& e) {
+      // Executing an agreed response failed for a reason that is the same on
+      // every rank (e.g. a kernel refusing the input): fail this group's
+      // handles everywhere and keep the runtime alive.
+      results.assign(group.size(), HandleResult{});
+      for (size_t i = 0; i < group.size(); ++i)
+        results[i].error = std::string(e.what()) + " (" + op_kind_name(group[i]->kind) + " '" +
+                           group[i]->name + "')";
+      stats_.add("responses_failed", 1);
+    }
     if (timeline_.enabled()) trace_group(group, entries, started);
     for (size_t i = 0; i < group.size(); ++i) {
       if (!entries[i]) continue;

@@ -3,6 +3,7 @@
 // ring's reduce-scatter so fp16/bf16 and every op work). No configuration.
 #include "collectives.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace gradflow {
@@ -73,15 +74,30 @@ void reducescatter(MpiComm& comm, const void* in, void* out,
   if (bytes[comm.rank()] > 0) std::memcpy(out, scratch.data() + mine_off, bytes[comm.rank()]);
 }
 
-void alltoall(MpiComm& comm, const void* in, void* out, const std::vector<int64_t>& send_splits,
-              const std::vector<int64_t>& recv_splits, size_t row_elems, DataType dt,
-              TransferStats* stats) {
-  auto sb = row_bytes(send_splits, row_elems, dt, comm.size(), "alltoall send_splits");
-  auto rb = row_bytes(recv_splits, row_elems, dt, comm.size(), "alltoall recv_splits");
-  comm.alltoallv(in, sb, out, rb, "alltoall");
+void alltoall(MpiComm& comm, const void* in, void* out, const std::vector<int64_t>& splits,
+              size_t row_elems, DataType dt, TransferStats* stats) {
+  const int n = comm.size(), me = comm.rank();
+  GF_CHECK(splits.size() == static_cast<size_t>(n) * n,
+           "gradflow: alltoall needs a " << n << "x" << n << " splits matrix, got "
+                                         << splits.size() << " entries");
+  std::vector<int64_t> send(splits.begin() + me * n, splits.begin() + (me + 1) * n), recv(n);
+  for (int p = 0; p < n; ++p) recv[p] = splits[p * n + me];
+  auto sb = row_bytes(send, row_elems, dt, n, "alltoall send_splits");
+  auto rb = row_bytes(recv, row_elems, dt, n, "alltoall recv_splits");
+  // The largest send or receive total of any rank, from the agreed matrix.
+  size_t largest = 0;
+  for (int p = 0; p < n; ++p) {
+    size_t sent = 0, received = 0;
+    for (int q = 0; q < n; ++q) {
+      sent += static_cast<size_t>(splits[p * n + q]) * row_elems * dtype_size(dt);
+      received += static_cast<size_t>(splits[q * n + p]) * row_elems * dtype_size(dt);
+    }
+    largest = std::max({largest, sent, received});
+  }
+  comm.alltoallv(in, sb, out, rb, largest, "alltoall");
   if (stats) {
-    stats->bytes_sent += sum_except(sb, comm.rank());
-    stats->bytes_received += sum_except(rb, comm.rank());
+    stats->bytes_sent += sum_except(sb, me);
+    stats->bytes_received += sum_except(rb, me);
   }
 }
 

@@ -28,9 +28,11 @@ void reducescatter(MpiComm& comm, const void* in, void* out,
                    ReduceOp op, const RingOptions& opt, std::vector<uint8_t>& scratch,
                    TransferStats* stats);
 
-// send_splits[p] rows go to rank p; recv_splits[p] rows arrive from rank p.
-void alltoall(MpiComm& comm, const void* in, void* out, const std::vector<int64_t>& send_splits,
-              const std::vector<int64_t>& recv_splits, size_t row_elems, DataType dt,
-              TransferStats* stats);
+// `splits` is the agreed size*size matrix: splits[p * size + q] rows go
+// from rank p to rank q. This rank sends row `rank` and receives column
+// `rank`; the whole matrix (the same on every rank) picks the protocol, so
+// every rank posts the same one (see MpiComm::alltoallv).
+void alltoall(MpiComm& comm, const void* in, void* out, const std::vector<int64_t>& splits,
+              size_t row_elems, DataType dt, TransferStats* stats);
 
 }  // namespace gradflow

@@ -73,6 +73,22 @@ class GradflowError : public std::runtime_error {
   explicit GradflowError(const std::string& what) : std::runtime_error(what) {}
 };
 
+// Bad arguments refused where they were given (Runtime::submit): Python sees
+// gradflow.GradflowValueError, both a GradflowError and a ValueError.
+class InvalidArgumentError : public GradflowError {
+ public:
+  using GradflowError::GradflowError;
+};
+
+// The transport failed (a peer dead or stalled past GRADFLOW_TIMEOUT, an MPI
+// error). Only this kind of error is fatal for the background loop; any
+// other error while executing an agreed response fails that response's
+// handles and the runtime goes on (BackgroundLoop::cycle).
+class TransportError : public GradflowError {
+ public:
+  using GradflowError::GradflowError;
+};
+
 std::string shape_string(const std::vector<int64_t>& shape);
 
 }  // namespace gradflow
@@ -84,5 +100,15 @@ std::string shape_string(const std::vector<int64_t>& shape);
       std::ostringstream gf_check_os_;             \
       gf_check_os_ << msg;                         \
       throw ::gradflow::GradflowError(gf_check_os_.str()); \
+    }                                              \
+  } while (0)
+
+// GF_CHECK_ARG(cond, stream-expression): throw InvalidArgumentError.
+#define GF_CHECK_ARG(cond, msg)                    \
+  do {                                             \
+    if (!(cond)) {                                 \
+      std::ostringstream gf_check_os_;             \
+      gf_check_os_ << msg;                         \
+      throw ::gradflow::InvalidArgumentError(gf_check_os_.str()); \
     }                                              \
   } while (0)

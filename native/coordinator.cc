@@ -2,6 +2,7 @@
 // bit-vector fast path, rank-0 slow path with validation, stall inspection.
 #include "coordinator.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -11,6 +12,8 @@ namespace {
 constexpr uint64_t kFlagSlow = 1;      // some rank has slow-path work
 constexpr uint64_t kFlagShutdown = 2;  // some rank called shutdown()
 constexpr uint64_t kFlagAbort = 4;     // some rank is failing
+// Stored as is (not inverted), so BAND gives "every rank is blocked in wait()".
+constexpr uint64_t kFlagBlocked = 8;
 constexpr const char* kJoinName = kJoinTensorName;
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
@@ -33,13 +36,15 @@ Coordinator::Coordinator(MpiComm& comm, const Config& cfg)
     : comm_(comm), cfg_(cfg), cache_words_((cfg.cache_capacity + 63) / 64) {}
 
 CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
-                               const std::string& abort_message) {
+                               const std::string& abort_message, bool blocked) {
   auto t0 = std::chrono::steady_clock::now();
   CycleResult result;
+  const uint64_t evictions_before = evictions_;
   std::vector<Request> slow;
   std::vector<int32_t> invalid;
 
-  // A. classify new requests.
+  // A. classify new requests (after those whose cache bit was recycled).
+  slow.swap(slow_next_cycle_);
   for (const Request& r : fresh)
     if (r.kind == OpKind::kJoin) joined_ = true;
   for (const Request& r : fresh) {
@@ -59,6 +64,9 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
   double demote_after = cfg_.stall_check_seconds > 0 ? cfg_.stall_check_seconds / 2 : 5.0;
   if (cfg_.stall_shutdown_seconds > 0)
     demote_after = std::min(demote_after, cfg_.stall_shutdown_seconds / 2);
+  // Note [Bounded waits]: every rank blocked for half the timeout: let rank 0 see all.
+  const double blocked_for = all_blocked_ ? seconds_since(all_blocked_since_) : 0.0;
+  if (all_blocked_ && blocked_for > cfg_.timeout_seconds / 2) demote_after = 0.0;
   for (auto it = waiting_on_cache_.begin(); it != waiting_on_cache_.end();) {
     if (seconds_since(cache_wait_since_[it->first]) > demote_after) {
       invalid.push_back(cache_bit_of_.at(it->first));
@@ -71,7 +79,8 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
   }
 
   // B. one allreduce(BAND) of flags, ready bits and invalid bits.
-  bool rank0_due = comm_.rank() == 0 && stall_action_due();
+  const bool deadlock = all_blocked_ && blocked_for > cfg_.timeout_seconds;
+  bool rank0_due = comm_.rank() == 0 && (stall_action_due() || deadlock);
   uint64_t flags = (slow.empty() && invalid.empty() && !rank0_due ? 0 : kFlagSlow) |
                    (shutdown ? kFlagShutdown : 0) | (abort_message.empty() ? 0 : kFlagAbort);
   const size_t ready_base = 1, invalid_base = 1 + cache_words_;
@@ -85,30 +94,25 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
       if (kv.second.response.kind == OpKind::kAllreduce) set_bit(words, ready_base, kv.first);
   }
   for (int32_t b : invalid) clear_bit(words, invalid_base, b);
+  words[0] = blocked ? (words[0] | kFlagBlocked) : (words[0] & ~kFlagBlocked);
   comm_.allreduce_band(words.data(), words.size(), "negotiation (bit vector)");
-  flags = ~words[0];
+  const bool all_blocked = (words[0] & kFlagBlocked) != 0;
+  flags = ~words[0] & ~kFlagBlocked;
 
   // C. evict invalid responses everywhere, then take the globally ready ones.
   std::vector<int32_t> bits;
   for (const auto& kv : cache_) bits.push_back(kv.first);
-  for (int32_t b : bits) {
-    if (test_bit(words, invalid_base, b)) continue;
-    const std::string name = cache_[b].response.name;
-    auto w = waiting_on_cache_.find(name);
-    if (w != waiting_on_cache_.end()) {
-      slow.push_back(w->second);
-      waiting_on_cache_.erase(w);
-      cache_wait_since_.erase(name);
-    }
-    cache_bit_of_.erase(name);
-    cache_.erase(b);
-  }
-  for (const auto& kv : cache_) {
+  for (int32_t b : bits)
+    if (!test_bit(words, invalid_base, b)) evict_bit(b, &slow);
+  for (auto& kv : cache_) {
     if (!test_bit(words, ready_base, kv.first)) continue;
+    kv.second.last_used = ++use_clock_;
     result.responses.push_back(kv.second.response);
     waiting_on_cache_.erase(kv.second.response.name);
     cache_wait_since_.erase(kv.second.response.name);
   }
+
+  result.fast_responses = result.responses.size();
 
   // D. slow path through rank 0.
   if (flags & (kFlagSlow | kFlagShutdown | kFlagAbort)) {
@@ -123,13 +127,16 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
     if (comm_.rank() == 0) {
       std::vector<RequestMessage> all;
       for (const auto& bytes : gathered) all.push_back(deserialize_requests(bytes));
-      build_slow_responses(all, &decided);
+      build_slow_responses(all, &decided, deadlock);
     }
     std::vector<uint8_t> bytes = serialize(decided);
     comm_.bcast_vector(bytes, 0, "negotiation (responses from rank 0)");
     decided = deserialize_responses(bytes);
     for (Response& r : decided.responses) {
       auto it = sent_to_rank0_.find(r.name);
+      // A bit rank 0 recycled: its previous owner leaves the cache on every
+      // rank (Note [Execution order]); requests waiting on it go slow.
+      if (r.cache_bit >= 0) evict_bit(r.cache_bit, &slow_next_cycle_);
       if (r.cache_bit >= 0 && it != sent_to_rank0_.end()) insert_cache(r, it->second.signature());
       if (r.cache_bit >= 0 && it == sent_to_rank0_.end() && joined_) insert_cache(r, "");
       if (it != sent_to_rank0_.end()) sent_to_rank0_.erase(it);
@@ -139,17 +146,54 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
     result.shutdown = decided.shutdown;
     result.abort_message = decided.abort_message;
   }
+  // Note [Bounded waits]: the same flags and responses on every rank, so
+  // every rank's clock starts and stops at the same cycle.
+  if (!all_blocked || !result.responses.empty()) {
+    all_blocked_ = false;
+  } else if (!all_blocked_) {
+    all_blocked_ = true;
+    all_blocked_since_ = std::chrono::steady_clock::now();
+  }
+  result.cache_evictions = evictions_ - evictions_before;
   result.negotiation_seconds = seconds_since(t0);
   return result;
 }
 
 void Coordinator::insert_cache(const Response& r, const std::string& signature) {
   cache_bit_of_[r.name] = r.cache_bit;
-  cache_[r.cache_bit] = CacheEntry{r, signature};
+  cache_[r.cache_bit] = CacheEntry{r, signature, ++use_clock_};
+}
+
+void Coordinator::evict_bit(int32_t bit, std::vector<Request>* slow) {
+  auto c = cache_.find(bit);
+  if (c == cache_.end()) return;
+  const std::string name = c->second.response.name;
+  auto w = waiting_on_cache_.find(name);
+  if (w != waiting_on_cache_.end()) {
+    slow->push_back(w->second);
+    waiting_on_cache_.erase(w);
+    cache_wait_since_.erase(name);
+  }
+  cache_bit_of_.erase(name);
+  cache_.erase(c);
+  evictions_++;
+}
+
+int32_t Coordinator::pick_bit(const std::set<int32_t>& taken) const {
+  // The lowest free bit, else the least recently used one not handed out in
+  // this round. Only rank 0 picks; the response carries the choice.
+  for (int32_t b = 0; b < cfg_.cache_capacity; ++b)
+    if (!cache_.count(b) && !taken.count(b)) return b;
+  int32_t lru = -1;
+  uint64_t oldest = 0;
+  for (const auto& kv : cache_)
+    if (!taken.count(kv.first) && (lru < 0 || kv.second.last_used < oldest))
+      lru = kv.first, oldest = kv.second.last_used;
+  return lru;
 }
 
 void Coordinator::build_slow_responses(const std::vector<RequestMessage>& all,
-                                       ResponseMessage* out) {
+                                       ResponseMessage* out, bool deadlock) {
   const int n = comm_.size();
   for (int rank = 0; rank < static_cast<int>(all.size()); ++rank) {
     const RequestMessage& msg = all[rank];
@@ -157,7 +201,10 @@ void Coordinator::build_slow_responses(const std::vector<RequestMessage>& all,
     if (!msg.abort_message.empty() && out->abort_message.empty())
       out->abort_message = "rank " + std::to_string(rank) + " failed: " + msg.abort_message;
     for (const Request& req : msg.requests) {
-      if (req.kind == OpKind::kJoin) joined_ranks_.insert(rank);
+      if (req.kind == OpKind::kJoin) {
+        joined_ranks_.insert(rank);
+        last_joined_rank_ = rank;  // requests arrive in the order ranks joined
+      }
       const std::string& key = req.kind == OpKind::kJoin ? std::string(kJoinName) : req.name;
       auto it = table_.find(key);
       if (it == table_.end()) {
@@ -173,6 +220,7 @@ void Coordinator::build_slow_responses(const std::vector<RequestMessage>& all,
   }
   // A name is complete once every rank asked for it (joined ranks count as
   // having asked for any allreduce).
+  std::set<int32_t> taken;  // cache bits handed out in this round
   for (auto it = table_order_.begin(); it != table_order_.end();) {
     PendingOnRank0& p = table_[*it];
     int joined_absent = 0;
@@ -184,14 +232,16 @@ void Coordinator::build_slow_responses(const std::vector<RequestMessage>& all,
     }
     Response resp = validate(*it, p.by_rank);
     if (resp.kind == OpKind::kJoin) joined_ranks_.clear();
-    if (resp.error.empty() && resp.kind == OpKind::kAllreduce &&
-        next_bit_ < cfg_.cache_capacity && !cache_bit_of_.count(resp.name))
-      resp.cache_bit = next_bit_++;
+    if (resp.error.empty() && resp.kind == OpKind::kAllreduce && cfg_.cache_capacity > 0 &&
+        !cache_bit_of_.count(resp.name)) {
+      resp.cache_bit = pick_bit(taken);
+      if (resp.cache_bit >= 0) taken.insert(resp.cache_bit);
+    }
     out->responses.push_back(std::move(resp));
     table_.erase(*it);
     it = table_order_.erase(it);
   }
-  check_stalls(out);
+  check_stalls(out, deadlock);
 }
 
 Response Coordinator::validate(const std::string& name, const std::vector<Request>& reqs) {
@@ -232,7 +282,16 @@ Response Coordinator::validate(const std::string& name, const std::vector<Reques
         << " is out of range [0, " << comm_.size() << ")";
   if (resp.kind == OpKind::kJoin) {
     // Every rank joined; report the last one to join, as Horovod does.
-    resp.root = reqs.back().rank;
+    resp.root = last_joined_rank_;
+    // Each join carries the rank's counters of auto-generated names; the
+    // element-wise maximum goes back to every rank, so ranks that skipped
+    // unnamed collectives while joined (or had one refused) name the next
+    // ones as the others do.
+    for (const Request& q : reqs) {
+      if (q.splits.size() > resp.splits.size()) resp.splits.resize(q.splits.size(), 0);
+      for (size_t i = 0; i < q.splits.size(); ++i)
+        resp.splits[i] = std::max(resp.splits[i], q.splits[i]);
+    }
   }
   if (resp.kind == OpKind::kAllgather || resp.kind == OpKind::kAlltoall) {
     for (const Request& q : reqs) resp.first_dims.push_back(q.shape.empty() ? 1 : q.shape[0]);
@@ -268,7 +327,7 @@ bool Coordinator::stall_action_due() const {
   return false;
 }
 
-void Coordinator::check_stalls(ResponseMessage* out) {
+void Coordinator::check_stalls(ResponseMessage* out, bool deadlock) {
   for (auto it = table_order_.begin(); it != table_order_.end();) {
     PendingOnRank0& p = table_[*it];
     double age = seconds_since(p.first_seen);
@@ -289,11 +348,17 @@ void Coordinator::check_stalls(ResponseMessage* out) {
       std::fprintf(stderr, "[gradflow rank 0] WARNING: %s (GRADFLOW_STALL_CHECK_TIME)\n",
                    msg.c_str());
     }
-    if (cfg_.stall_shutdown_seconds > 0 && age > cfg_.stall_shutdown_seconds) {
+    const bool stalled = cfg_.stall_shutdown_seconds > 0 && age > cfg_.stall_shutdown_seconds;
+    if (stalled || deadlock) {
       Response r;
       r.name = *it;
       r.kind = kind;
-      r.error = msg + "; failing it on every rank (GRADFLOW_STALL_SHUTDOWN_TIME)";
+      r.error = msg + (stalled ? std::string("; failing it on every rank (GRADFLOW_STALL_SHUTDOWN_TIME)")
+                               : "; every rank has waited " +
+                                     std::to_string(static_cast<int>(cfg_.timeout_seconds)) +
+                                     " s for collectives that no rank can complete (names that "
+                                     "differ between ranks?): failing it on every rank "
+                                     "(GRADFLOW_TIMEOUT)");
       out->responses.push_back(r);
       table_.erase(*it);
       it = table_order_.erase(it);

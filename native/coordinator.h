@@ -17,7 +17,13 @@
 //      name, validates names complete on all ranks (kind, dtype, shape, op,
 //      root, ... must match; a mismatch becomes an error response naming the
 //      ranks and what differed), assigns cache bits, and broadcasts the list.
+//      A new bit is the lowest free one, else the least recently used: a
+//      response's bit evicts the bit's previous owner on every rank, so bits
+//      freed by evictions and demotions, and the bits of names used once
+//      (auto-generated names), are recycled and the fast path never runs out.
 //   E. Result: fast-path responses then slow-path responses.
+//
+// Bounded waits: see Note [Bounded waits] below (Coordinator's members).
 //
 // Note [Execution order]: every rank receives the same response list (the
 // fast part is computed from the same allreduced bit vector, the slow part
@@ -46,6 +52,8 @@ struct CycleResult {
   std::string abort_message;        // some rank is failing; names the rank
   double negotiation_seconds = 0.0;
   bool used_slow_path = false;
+  size_t fast_responses = 0;  // agreed through cache bits this cycle
+  uint64_t cache_evictions = 0;  // cache entries removed this cycle
 };
 
 class Coordinator {
@@ -54,9 +62,13 @@ class Coordinator {
 
   // One collective negotiation round. `fresh` are requests submitted on
   // this rank since the last cycle.
+  // `blocked`: a thread of this rank is waiting on a handle (see Note
+  // [Bounded waits]).
   CycleResult cycle(const std::vector<Request>& fresh, bool shutdown,
-                    const std::string& abort_message);
+                    const std::string& abort_message, bool blocked = false);
 
+  // Cache entries removed so far (invalidated, demoted or recycled).
+  uint64_t cache_evictions() const { return evictions_; }
   // Stall report lines produced by rank 0 (for logs and tests).
   const std::vector<std::string>& stall_warnings() const { return stall_warnings_; }
 
@@ -64,6 +76,7 @@ class Coordinator {
   struct CacheEntry {
     Response response;
     std::string signature;
+    uint64_t last_used = 0;  // use_clock_ when last agreed (rank 0 evicts the oldest)
   };
   struct PendingOnRank0 {
     std::vector<Request> by_rank;  // indexed by rank; name empty = not yet
@@ -72,11 +85,16 @@ class Coordinator {
     bool warned = false;
   };
 
-  void build_slow_responses(const std::vector<RequestMessage>& all, ResponseMessage* out);
+  void build_slow_responses(const std::vector<RequestMessage>& all, ResponseMessage* out,
+                            bool deadlock);
   Response validate(const std::string& name, const std::vector<Request>& reqs);
-  void check_stalls(ResponseMessage* out);
+  void check_stalls(ResponseMessage* out, bool deadlock);
   bool stall_action_due() const;
   void insert_cache(const Response& r, const std::string& signature);
+  // Removes `bit`'s entry (if any); a request of this rank waiting on it
+  // moves to `slow`.
+  void evict_bit(int32_t bit, std::vector<Request>* slow);
+  int32_t pick_bit(const std::set<int32_t>& taken) const;  // rank 0; -1 if none
 
   MpiComm& comm_;
   Config cfg_;
@@ -90,15 +108,27 @@ class Coordinator {
   // Cache, identical on every rank.
   std::map<std::string, int32_t> cache_bit_of_;
   std::map<int32_t, CacheEntry> cache_;
-  int32_t next_bit_ = 0;
+  uint64_t use_clock_ = 0;  // counts cache uses, identical on every rank
+  uint64_t evictions_ = 0;
+  std::vector<Request> slow_next_cycle_;  // waited on a bit rank 0 recycled
 
   // Rank 0 only: requests seen so far, in first-arrival order.
   std::list<std::string> table_order_;
   std::map<std::string, PendingOnRank0> table_;
   std::vector<std::string> stall_warnings_;
   std::set<int> joined_ranks_;  // rank 0: ranks that called join() this round
+  int last_joined_rank_ = -1;   // rank 0: the latest of them (join() returns it)
 
   bool joined_ = false;  // this rank called join() and waits for the others
+
+  // Note [Bounded waits]: every rank blocked in wait() while no response
+  // runs cannot end by itself (names that never match, a collective only
+  // some ranks issued). Each cycle ANDs the ranks' `blocked` flags; once
+  // all are blocked with nothing agreed for GRADFLOW_TIMEOUT / 2, cached
+  // waiters are demoted to the slow path, and after GRADFLOW_TIMEOUT rank 0
+  // fails every pending name on every rank, saying who submitted what.
+  bool all_blocked_ = false;
+  std::chrono::steady_clock::time_point all_blocked_since_;
 };
 
 }  // namespace gradflow

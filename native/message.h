@@ -26,7 +26,8 @@ struct Request {
   int32_t root = 0;                        // broadcast
   WireDtype wire = WireDtype::kNative;     // allreduce / reducescatter
   double prescale = 1.0, postscale = 1.0;  // allreduce
-  std::vector<int64_t> splits;             // alltoall: rows sent to each rank
+  std::vector<int64_t> splits;             // alltoall: rows sent to each rank; join: this
+                                           // rank's auto-name counters (not in signature())
   double sparse_ratio = 1.0;               // allreduce over a sparse buffer (1 = dense)
   bool in_pool = false;                    // a gradient-pool bucket: in place, never fused
 
@@ -51,7 +52,8 @@ struct Response {
   double sparse_ratio = 1.0;
   bool in_pool = false;
   std::vector<int64_t> first_dims;  // allgather: rows per rank
-  std::vector<int64_t> splits;      // alltoall: size*size matrix, row = sender
+  std::vector<int64_t> splits;      // alltoall: size*size matrix, row = sender;
+                                    // join: element-wise max of the ranks' name counters
   int32_t cache_bit = -1;           // >= 0 if the response was cached under this bit
 };
 

@@ -218,7 +218,7 @@ void MpiComm::wait_request(void* request, const char* what, int peer, WaitStyle 
   if (!ok) {
     // A pending collective cannot be cancelled; it is left to MPI (the job
     // is expected to end after this error).
-    throw GradflowError(timeout_message(
+    throw TransportError(timeout_message(
         timeout_s_, what, peer < 0 ? std::string("other ranks") : "rank " + std::to_string(peer)));
   }
 }
@@ -257,7 +257,7 @@ void MpiComm::wait_all(RequestList& reqs, const char* what, WaitStyle style) {
     mpi_check(rc, "MPI_Test", what);
     std::sort(missing.begin(), missing.end());
     missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
-    throw GradflowError(timeout_message(timeout_s_, what, rank_list(missing)));
+    throw TransportError(timeout_message(timeout_s_, what, rank_list(missing)));
   }
   L.clear();
 }
@@ -352,7 +352,7 @@ std::vector<std::vector<uint8_t>> MpiComm::gather_to_root(const std::vector<uint
       if (reqs[p] != MPI_REQUEST_NULL) MPI_Request_free(&reqs[p]);  // matched: data in flight
     }
     mpi_check(rc, "MPI_Improbe/MPI_Imrecv", what);
-    throw GradflowError(timeout_message(timeout_s_, what, rank_list(missing)));
+    throw TransportError(timeout_message(timeout_s_, what, rank_list(missing)));
   }
   return out;
 }
@@ -407,8 +407,10 @@ void exchange_p2p(MpiComm& c, const char* send, const std::vector<size_t>& send_
 
 }  // namespace
 
-// Both v-collectives use MPI's own algorithm while every count and
-// displacement fits an int, and exchange_p2p past that.
+// Both v-collectives use MPI's own algorithm while every rank's counts and
+// displacements fit an int, and exchange_p2p past that; the choice must be
+// the same on every rank (allgatherv: the agreed recv sizes; alltoallv: the
+// caller's agreed largest total).
 void MpiComm::allgatherv(const void* send, size_t send_bytes, void* recv,
                          const std::vector<size_t>& recv_bytes, const char* what) {
   GF_CHECK(recv_bytes.size() == static_cast<size_t>(size_) && recv_bytes[rank_] == send_bytes,
@@ -431,13 +433,19 @@ void MpiComm::allgatherv(const void* send, size_t send_bytes, void* recv,
 }
 
 void MpiComm::alltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
-                        const std::vector<size_t>& recv_bytes, const char* what) {
+                        const std::vector<size_t>& recv_bytes, size_t largest_total,
+                        const char* what) {
   GF_CHECK(send_bytes.size() == static_cast<size_t>(size_) &&
                recv_bytes.size() == static_cast<size_t>(size_) &&
                send_bytes[rank_] == recv_bytes[rank_],
            "gradflow: alltoallv needs one size per rank and equal self blocks in " << what);
   bool ints = true;
   auto soff = offsets_of(send_bytes, &ints), roff = offsets_of(recv_bytes, &ints);
+  // Decided from the agreed total, not this rank's own (which differ between
+  // ranks): every rank must post the same protocol.
+  GF_CHECK(soff.back() <= largest_total && roff.back() <= largest_total,
+           "gradflow: alltoallv: this rank's totals exceed the agreed largest in " << what);
+  ints = largest_total <= kMaxCount;
   if (ints) {
     auto sc = as_int(send_bytes, size_), sd = as_int(soff, size_);
     auto rcn = as_int(recv_bytes, size_), rd = as_int(roff, size_);

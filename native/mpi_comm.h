@@ -101,8 +101,11 @@ class MpiComm {
   void bcast(void* buf, size_t bytes, int root, const char* what);
   void allgatherv(const void* send, size_t send_bytes, void* recv,
                   const std::vector<size_t>& recv_bytes, const char* what);
+  // `largest_total` is the largest send or receive total of any rank, the
+  // same number on every rank: it alone picks MPI's alltoallv or the
+  // point-to-point fallback, so no two ranks post different protocols.
   void alltoallv(const void* send, const std::vector<size_t>& send_bytes, void* recv,
-                 const std::vector<size_t>& recv_bytes, const char* what);
+                 const std::vector<size_t>& recv_bytes, size_t largest_total, const char* what);
   // MPI_Allreduce on the builtin types (float32/64, int32/64, uint8); the
   // "mpi" algorithm and the baseline for benchmarks. Throws for fp16/bf16.
   void allreduce_builtin(void* buf, size_t count, DataType dt, ReduceOp op, const char* what);

@@ -28,14 +28,14 @@ inline bool mpi_finalized() {
   return fin != 0;
 }
 
-// Turns an MPI error code into a GradflowError naming the call and the
+// Turns an MPI error code into a TransportError naming the call and the
 // operation it served.
 inline void mpi_check(int rc, const char* call, const char* what) {
   if (rc == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, text, &len);
-  throw GradflowError(std::string("gradflow: ") + call + " failed in " + what + ": " +
+  throw TransportError(std::string("gradflow: ") + call + " failed in " + what + ": " +
                       std::string(text, static_cast<size_t>(len)));
 }
 

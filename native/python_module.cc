@@ -55,7 +55,11 @@ py::array_t<T> contiguous(py::array_t<T, py::array::c_style | py::array::forceca
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "gradflow native core (framework-agnostic). Use the gradflow package, not this.";
-  py::register_exception<GradflowError>(m, "GradflowError", PyExc_RuntimeError);
+  auto& base = py::register_exception<GradflowError>(m, "GradflowError", PyExc_RuntimeError);
+  // Registered after GradflowError so pybind11 tries it first: bad arguments
+  // refused at submit are both a GradflowError and a ValueError.
+  py::register_exception<InvalidArgumentError>(
+      m, "GradflowValueError", py::make_tuple(base, py::handle(PyExc_ValueError)));
 
   m.def("init",
         [](uintptr_t comm, std::map<std::string, std::string> overrides) {

@@ -215,6 +215,17 @@ void ResponseExecutor::run_group(const std::vector<const Response*>& group,
   for (size_t i = 0; i < group.size(); ++i)
     if (!group[i]->error.empty()) (*results)[i].error = group[i]->error;
   if (group.size() == 1 && !group[0]->error.empty()) return;
+  // Refuse before any communication what a kernel would refuse half-way
+  // (Runtime::submit refuses it first; this guards every other way in). The
+  // response is agreed, so every rank throws here and BackgroundLoop fails
+  // the group's handles without losing step with the peers.
+  for (const Response* r : group) {
+    std::string why;
+    if (r->kind != OpKind::kAllreduce && r->kind != OpKind::kReducescatter) continue;
+    GF_CHECK(reduce_supported(r->dtype, r->op, &why), "gradflow: " << why);
+    GF_CHECK(is_floating(r->dtype) || (r->prescale == 1.0 && r->postscale == 1.0),
+             "gradflow: cannot scale " << dtype_name(r->dtype) << " tensors");
+  }
   if (group[0]->kind == OpKind::kAllreduce) {
     run_allreduces(group, entries, results);
   } else {
@@ -324,12 +335,13 @@ void ResponseExecutor::run_other(const Response& r, TensorEntry* e, HandleResult
     case OpKind::kAlltoall: {
       const int n = comm_.size(), me = comm_.rank();
       size_t row = r.shape.size() > 1 ? elements_of({r.shape.begin() + 1, r.shape.end()}) : 1;
-      std::vector<int64_t> send(r.splits.begin() + me * n, r.splits.begin() + (me + 1) * n);
       std::vector<int64_t> recv(n);
       int64_t rows = 0;
       for (int p = 0; p < n; ++p) rows += (recv[p] = r.splits[p * n + me]);
       result->data = std::make_shared<std::vector<uint8_t>>(rows * row * esize);
-      alltoall(comm_, e->input, result->data->data(), send, recv, row, r.dtype, &ts);
+      // The whole agreed matrix goes down: it picks the protocol (Note
+      // [Execution order]: only agreed data may decide what ranks post).
+      alltoall(comm_, e->input, result->data->data(), r.splits, row, r.dtype, &ts);
       result->shape = e->request.shape.empty() ? std::vector<int64_t>{rows} : e->request.shape;
       result->shape[0] = rows;
       result->recv_splits = recv;
@@ -358,6 +370,7 @@ void ResponseExecutor::run_other(const Response& r, TensorEntry* e, HandleResult
       break;  // agreement itself is the barrier
     case OpKind::kJoin:
       result->shape = {r.root};  // the last rank to join
+      result->recv_splits = r.splits;  // agreed auto-name counters (Coordinator::validate)
       break;
     case OpKind::kAllreduce:
       break;  // handled by run_allreduces

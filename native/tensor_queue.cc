@@ -64,10 +64,17 @@ HandleResult TensorQueue::wait(int64_t handle) {
   std::unique_lock<std::mutex> lock(mu_);
   GF_CHECK(finished_.count(handle) || in_flight_handles_.count(handle),
            "gradflow: unknown or already waited handle " << handle);
+  ++blocked_waits_;
   done_cv_.wait(lock, [&] { return finished_.count(handle) > 0; });
+  --blocked_waits_;
   HandleResult r = std::move(*finished_[handle]);
   finished_.erase(handle);
   return r;
+}
+
+bool TensorQueue::someone_waits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return blocked_waits_ > 0;
 }
 
 std::vector<TensorEntry> TensorQueue::close(const std::string& reason) {

@@ -56,6 +56,9 @@ class TensorQueue {
   bool poll(int64_t handle);
   // Blocks until done, removes the handle and returns its result.
   HandleResult wait(int64_t handle);
+  // Whether some thread is blocked in wait() now (the coordinator's
+  // deadlock check: every rank blocked, nothing can complete).
+  bool someone_waits() const;
 
   // After a fatal error or shutdown: every queued and future submit fails
   // with `reason`; returns the entries still queued so the caller can fail them.
@@ -75,6 +78,7 @@ class TensorQueue {
   std::map<int64_t, std::unique_ptr<HandleResult>> finished_;
   std::set<int64_t> in_flight_handles_;
   std::set<std::string> in_flight_names_;
+  int blocked_waits_ = 0;  // threads inside wait()
   bool closed_ = false;
   bool woken_ = false;
   std::string close_reason_;

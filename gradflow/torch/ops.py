@@ -12,9 +12,10 @@ import torch
 
 from .. import _dtypes
 from .._handles import Handle
-from .._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, JOIN, REDUCESCATTER,
+from .._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, REDUCESCATTER,
                         auto_name, rank, size, submit)
 from ..collectives import Average, ReduceOp, Sum
+from ..collectives import join as _np_join
 from ..compression import Compression, wire_code
 
 __all__ = [
@@ -417,9 +418,10 @@ def poll(handle) -> bool:
 
 def join(device: int = -1) -> int:
     """Declare this rank done: it contributes zeros to the other ranks'
-    allreduces until every rank has joined. Returns the last rank to join."""
-    r = submit(JOIN, auto_name(JOIN, None), 0, 0, _dtypes.UINT8, [0], ()).wait()
-    return int(r["shape"][0])
+    allreduces until every rank has joined (other collectives fail on every
+    rank meanwhile). Returns the rank that joined last. `device` is accepted
+    for Horovod compatibility (CPU only here)."""
+    return _np_join()
 
 
 def barrier() -> None:

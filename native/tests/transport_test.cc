@@ -325,7 +325,10 @@ void test_collectives(MpiComm& c) {
     size_t k = 0;
     for (int d = 0; d < N; ++d)
       for (size_t e = 0; e < ss[d] * row_elems; ++e) in[k++] = static_cast<int32_t>(R * 100000 + d * 1000 + e % 997);
-    alltoall(c, in.data(), out.data(), ss, rs, row_elems, DataType::kInt32, nullptr);
+    std::vector<int64_t> matrix(N * N);
+    for (int s = 0; s < N; ++s)
+      for (int d = 0; d < N; ++d) matrix[s * N + d] = (s + d) % 3;
+    alltoall(c, in.data(), out.data(), matrix, row_elems, DataType::kInt32, nullptr);
     size_t bad = 0;
     k = 0;
     for (int s = 0; s < N; ++s)

@@ -10,7 +10,10 @@ to try next and shrinks a failure to a minimal batch while the other ranks
 follow. Properties:
   - valid collectives match a numpy reference computed from (seed, rank);
   - a locally invalid one (Average of ints, Sum of bools, reducescatter of a
-    0-d array) raises at submit on every rank;
+    0-d array, a prescale/postscale factor on an integer tensor) raises at
+    submit on every rank, and the runtime keeps working;
+  - pre/postscale factors scale floating results; big-endian inputs give
+    the same results as native ones;
   - a cross-rank mismatch raises GradflowError naming the tensor on every
     rank, within --error-bound seconds; the runtime keeps working after it.
 A crash or hang fails the pytest wrapper (test_properties.py).
@@ -54,7 +57,7 @@ def np_dtype(name):
     return np.dtype(name)
 
 
-def locally_invalid(kind, dtype, op, shape, name=""):
+def locally_invalid(kind, dtype, op, shape, name="", scale=(1.0, 1.0)):
     """The error every rank raises at submit for this request, or None."""
     if "\x00" in name:
         return ValueError
@@ -65,7 +68,13 @@ def locally_invalid(kind, dtype, op, shape, name=""):
             return gf.GradflowError
         if dtype not in FLOAT and op == gf.Average:
             return gf.GradflowError
+        if dtype not in FLOAT and scale != (1.0, 1.0):
+            return ValueError  # not computable: used to kill the background loop
     return None
+
+
+def scale_of(c):
+    return (c.get("prescale", 1.0), c.get("postscale", 1.0))
 
 
 # ----------------------------------------------------------- the strategy (rank 0)
@@ -90,12 +99,17 @@ def batch_strategy(st, n):
              "first_dims": [shape[0] if shape else 1] * n, "splits": None}
         if kind == "allreduce" and dtype == "float32":
             c["wire"] = draw(st.sampled_from(sorted(WIRES)))
+        if kind == "allreduce" and draw(st.booleans()):
+            c["prescale"], c["postscale"] = draw(st.sampled_from([(2.0, 1.0), (1.0, 0.5),
+                                                                  (0.5, 4.0)]))
+        c["big_endian"] = draw(st.booleans())
         if kind in ("allgather", "alltoall") and ndim > 0:
             # The first dimension may differ between ranks: valid.
             c["first_dims"] = draw(st.lists(st.integers(0, 5), min_size=n, max_size=n))
         if kind == "alltoall":
             c["splits"] = [draw(split_strategy(st, c["first_dims"][r], n)) for r in range(n)]
-        if n > 1 and locally_invalid(kind, dtype, op, shape, c["name"]) is None and draw(st.booleans()):
+        if n > 1 and locally_invalid(kind, dtype, op, shape, c["name"], scale_of(c)) is None \
+                and draw(st.booleans()):
             c["mismatch"] = draw(mismatch_strategy(st, c, n))
         return c
 
@@ -132,14 +146,14 @@ def mismatch_strategy(st, c, n):
         rank = draw(st.integers(0, n - 1))
         if field == "dtype":
             ok = [d for d in DTYPES if d != c["dtype"]
-                  and locally_invalid(kind, d, c["op"], shape) is None]
+                  and locally_invalid(kind, d, c["op"], shape, scale=scale_of(c)) is None]
             value = draw(st.sampled_from(ok))
         elif field == "shape":
             value = tuple(shape) + (1,) if draw(st.booleans()) or not shape else \
                 (shape[0] + 1,) + tuple(shape[1:])
         elif field == "op":
             ok = [int(o) for o in OPS if int(o) != c["op"]
-                  and locally_invalid(kind, c["dtype"], int(o), shape) is None]
+                  and locally_invalid(kind, c["dtype"], int(o), shape, scale=scale_of(c)) is None]
             if not ok:
                 return {"rank": rank, "field": "kind", "value": "broadcast"}
             value = draw(st.sampled_from(ok))
@@ -190,6 +204,10 @@ def reduce_ref(stack, op, dtype):
 def expected(c):
     kind, dtype = c["kind"], c["dtype"]
     if kind == "allreduce":
+        pre, post = scale_of(c)
+        if (pre, post) != (1.0, 1.0):  # floating only (integers are refused)
+            stack = np.stack([inputs(c, r).astype(np.float64) * pre for r in range(N)])
+            return (reduce_ref(stack, c["op"], "float64") * post).astype(np_dtype(dtype))
         return reduce_ref(np.stack([inputs(c, r) for r in range(N)]), c["op"], dtype)
     if kind == "broadcast":
         return inputs(c, c["root"])
@@ -237,8 +255,12 @@ def submit(c, full_name):
         elif mm["field"] == "kind":
             kind_eff = mm["value"]
     x = inputs(c, R, dtype, shape)
+    if c.get("big_endian"):  # swapped to native by gradflow; same results
+        x = x.astype(x.dtype.newbyteorder(">"))
     if kind_eff == "allreduce":
-        return gf.allreduce_async(x, op=op, name=full_name, compression=WIRES[c["wire"]])
+        pre, post = scale_of(c)
+        return gf.allreduce_async(x, op=op, name=full_name, compression=WIRES[c["wire"]],
+                                  prescale_factor=pre, postscale_factor=post)
     if kind_eff == "broadcast":
         return gf.broadcast_async(x, root, name=full_name)
     if kind_eff == "allgather":
@@ -258,7 +280,7 @@ def run_batch(batch, k):
     t0 = time.monotonic()
     for i in submit_order:
         c = cases[i]
-        want = locally_invalid(c["kind"], c["dtype"], c["op"], c["shape"], c["name"])
+        want = locally_invalid(c["kind"], c["dtype"], c["op"], c["shape"], c["name"], scale_of(c))
         try:
             handles[i] = submit(c, names[i])
             if want is not None:

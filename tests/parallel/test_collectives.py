@@ -30,9 +30,31 @@ def test_collectives_small_pipeline_and_no_cache(n):
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
-def test_join_contributes_zeros(n):
-    out = run_mpi(n, "join_script.py", timeout=120)
-    assert f"join OK on {n} ranks" in out.stdout
+def test_cache_bits_recycled(n):
+    # 4 cache bits, > 40 distinct names: bits are recycled (LRU, agreed on
+    # every rank), so the names in use still take the fast path.
+    out = run_mpi(n, "collectives_script.py", "--cache-churn", timeout=120,
+                  env={"GRADFLOW_CACHE_CAPACITY": "4"})
+    assert f"cache recycling OK on {n} ranks" in out.stdout
+
+
+@pytest.mark.parametrize("n,order", [(1, "0"), (2, "0,1"), (2, "1,0"), (3, "2,0,1"), (3, "1,2,0"),
+                                     (2, "together"), (3, "together")])
+def test_join_order_and_every_collective(n, order):
+    # Ranks join in different orders (rank 0 last too); join() returns the
+    # last one; other collective kinds are refused while a rank is joined and
+    # everything (unnamed collectives included) works afterwards. The stall
+    # shutdown turns a name mismatch into a failure instead of a hang.
+    out = run_mpi(n, "join_script.py", order, timeout=120,
+                  env={"GRADFLOW_STALL_SHUTDOWN_TIME": "10", "GRADFLOW_STALL_CHECK_TIME": "5"})
+    assert f"join OK on {n} ranks, order {order}" in out.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_join_with_distributed_optimizer(n):
+    pytest.importorskip("torch")
+    out = run_mpi(n, "join_torch_script.py", timeout=150)
+    assert f"join optimizer OK on {n} ranks" in out.stdout
 
 
 @pytest.mark.parametrize("n", [3, 4])

@@ -34,3 +34,11 @@ def test_exception_on_one_rank_aborts_the_others():
     for r in (0, 2):
         assert f"rank {r} raised" in out.stdout, out.stdout
     assert "rank 1 failed: ValueError: boom on rank 1" in out.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_wait_is_bounded(n):
+    # Default stall settings: only GRADFLOW_TIMEOUT may end a wait that
+    # cannot complete; a busy rank must not trip it.
+    out = run_mpi(n, "bounded_wait_script.py", "6", env={"GRADFLOW_TIMEOUT": "6"}, timeout=180)
+    assert f"bounded waits OK on {n} ranks" in out.stdout

@@ -117,8 +117,9 @@ hvd.broadcast_parameters(sd, root_rank=0)
 assert sd["a"].tolist() == [0.0, 0.0] and sd["b"].item() == 0
 ok("objects")
 
-# barrier and topology (join() is exercised elsewhere: it hangs in the core
-# when every rank joins with nothing pending, see the report)
+# barrier, join (every rank at once, nothing pending) and topology
 hvd.barrier()
+last = hvd.join()
+assert hvd.allgather_object(last) == [last] * N and 0 <= last < N, last
 assert hvd.is_initialized() and hvd.local_size() >= 1 and hvd.cross_size() >= 1
 ok("barrier")

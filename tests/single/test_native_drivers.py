@@ -20,9 +20,9 @@ def _tool(name: str) -> str:
     return path
 
 
-def _build(tmp_path, compiler: str, sources, name: str) -> str:
+def _build(tmp_path, compiler: str, sources, name: str, defines=()) -> str:
     out = str(tmp_path / name)
-    cmd = [compiler, "-O1", "-std=c++17", f"-I{NATIVE}",
+    cmd = [compiler, "-O1", "-std=c++17", f"-I{NATIVE}", *defines,
            *[os.path.join(NATIVE, s) for s in sources], "-o", out]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr[-4000:]}"
@@ -63,3 +63,20 @@ def transport_exe(tmp_path_factory):
 def test_transport(transport_exe, n):
     out = _run([_tool("mpiexec"), "-n", str(n), transport_exe], timeout=180)
     assert "ALL PASSED" in out
+
+
+@pytest.fixture(scope="module")
+def alltoall_protocol_exe(tmp_path_factory):
+    # A 64-byte MPI count limit puts rank 0's alltoall totals past it and the
+    # other ranks' not: the protocol must still be the same on every rank.
+    return _build(tmp_path_factory.mktemp("a2a"), _tool("mpicxx"),
+                  ["common.cc", "mpi_comm.cc", "rma_window.cc", "ring_allreduce.cc",
+                   "collectives.cc", "wire_codec.cc", "reduce_kernels.cc",
+                   "tests/alltoall_protocol_test.cc"],
+                  "alltoall_protocol_test", defines=("-DGRADFLOW_MAX_MPI_COUNT=64",))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_alltoall_protocol_agreed_past_max_count(alltoall_protocol_exe, n):
+    out = _run([_tool("mpiexec"), "-n", str(n), alltoall_protocol_exe], timeout=120)
+    assert f"ALL PASSED on {n} ranks" in out
