@@ -18,6 +18,10 @@
 // and received per rank, in two MPI collectives.
 #include "mpi_allreduce.h"
 
+#include <algorithm>
+
+#include <algorithm>
+
 #include <chrono>
 #include <cstring>
 
@@ -88,7 +92,10 @@ void mpi_allreduce(MpiComm& comm, void* buf, size_t count, DataType dt, ReduceOp
   }
   std::vector<size_t> send_bytes(n), recv_bytes(n, cnt[r] * ws), seg_bytes(n);
   for (int q = 0; q < n; ++q) send_bytes[q] = seg_bytes[q] = cnt[q] * ws;
-  comm.alltoallv(send, send_bytes, recv, recv_bytes, "allreduce (MPI alltoall of shards)");
+  // Every rank sends count * ws bytes; rank 0 owns the largest segment and
+  // receives the most: the same number everywhere (see MpiComm::alltoallv).
+  const size_t largest = std::max(count * ws, cnt[0] * n * ws);
+  comm.alltoallv(send, send_bytes, recv, recv_bytes, largest, "allreduce (MPI alltoall of shards)");
 
   // Step 2: reduce segment r in rank order. The result is kept in segment r
   // of the send image (wire) or of the buffer, both free once the alltoall
