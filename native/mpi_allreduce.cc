@@ -20,8 +20,6 @@
 
 #include <algorithm>
 
-#include <algorithm>
-
 #include <chrono>
 #include <cstring>
 
