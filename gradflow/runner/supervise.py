@@ -14,12 +14,20 @@ import sys
 import time
 from typing import Any, Dict, List, Sequence, Tuple
 
+try:
+    from . import notice as _notice
+    from .rank_wrapper import NOTICE_FILE
+except ImportError:  # run as a script, as launch.py allows
+    import notice as _notice  # type: ignore[no-redef]
+    from rank_wrapper import NOTICE_FILE  # type: ignore[no-redef]
+
 # After a rank fails, the others get time to raise their own error before the
 # launcher stops them (hydra's auto-cleanup is off so they can): gradflow
-# ranks learn of a peer's exception within a cycle (FAILURE_GRACE_SECONDS is
-# plenty), of a peer killed by a signal only after GRADFLOW_TIMEOUT.
-FAILURE_GRACE_SECONDS = 5.0
-DEFAULT_TIMEOUT_SECONDS = 60.0
+# ranks learn of a peer's exception within a cycle, of any other failure
+# (a signal, an exit without finishing) from the notice this launcher writes
+# into the status dir, which the rank wrappers pass to the ranks' runtime
+# (notice.py); without it they would wait GRADFLOW_TIMEOUT.
+FAILURE_GRACE_SECONDS = 3.0
 KILL_GRACE_SECONDS = 5.0  # between the stages of stopping a job (see _Stopper)
 # Which rank "failed first" is decided by when its failure was seen. A rank
 # killed by a signal is usually the cause and its peers the consequence, but
@@ -69,11 +77,6 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
     received: List[int] = []
     seen_at: Dict[int, float] = {}  # failed rank -> when its failure was first seen
     seen = 0
-    try:
-        grace = float(env.get("GRADFLOW_TIMEOUT", DEFAULT_TIMEOUT_SECONDS)) + FAILURE_GRACE_SECONDS
-    except ValueError:
-        grace = DEFAULT_TIMEOUT_SECONDS + FAILURE_GRACE_SECONDS
-    wait_for = grace
 
     def on_signal(signum: int, _frame: Any) -> None:
         received.append(signum)
@@ -94,15 +97,14 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
                 stopper.start(received[0], "interrupted")
                 seen = len(received)
             statuses = _read_statuses(status_dir, np)
-            codes = [c for c, _ in statuses.values()]
             for r, (c, stopped) in statuses.items():
                 if c != 0 and not stopped and r not in seen_at:
                     seen_at[r] = now
-            if failed_at is None and any(c != 0 for c in codes):
+            if failed_at is None and seen_at:
                 failed_at = now
-                killed = any(_killed(c) for c in codes)
-                wait_for = grace if killed else FAILURE_GRACE_SECONDS
-            if failed_at and now - failed_at > wait_for:
+                first = failure_order(seen_at, statuses)[0]
+                write_notice(status_dir, _notice.describe_exit(first, statuses[first][0]))
+            if failed_at and now - failed_at > FAILURE_GRACE_SECONDS:
                 stopper.start(signal.SIGTERM, "failed")
             if stopper.stage == 0 and now - started > start_timeout:
                 missing = [r for r in local_ranks if not os.path.exists(
@@ -120,6 +122,17 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
     statuses = _read_statuses(status_dir, np)
     return _report(proc.returncode, statuses, np, received, stopper.why,
                    failure_order(seen_at, statuses))
+
+
+def write_notice(status_dir: str, message: str) -> None:
+    """Tell the local rank wrappers that a rank failed (see rank_wrapper.py)."""
+    path = os.path.join(status_dir, NOTICE_FILE)
+    try:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(message + "\n")
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
 
 
 def failure_order(seen_at: Dict[int, float], statuses: Dict[int, Tuple[int, bool]]) -> List[int]:
