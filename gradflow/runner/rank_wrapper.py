@@ -105,7 +105,8 @@ def _pump(src: BinaryIO, fd: int, prefix: bytes, log: Optional[BinaryIO]) -> Non
 
 
 def failed_peers(status_dir: Optional[str], rank: str) -> List[str]:
-    """Descriptions of the other ranks whose exit status files say they failed."""
+    """How the other ranks that ended by themselves ended, failures first,
+    from their exit status files (for hydra's SIGUSR1, which names no rank)."""
     out = []
     if not status_dir:
         return out
@@ -119,16 +120,18 @@ def failed_peers(status_dir: Optional[str], rank: str) -> List[str]:
             continue
         try:
             with open(os.path.join(status_dir, name), encoding="utf-8") as f:
-                code, stopped = f.read().split()
+                code, stopped = f.read().split()[:2]
+            int(code)
         except (OSError, ValueError):
             continue
-        if code != "0" and stopped == "0":
-            out.append(_notice.describe_exit(parts[1], int(code)))
-    return out
+        if stopped == "0":
+            out.append((code == "0", _notice.describe_exit(parts[1], int(code))))
+    # Failures first; a rank that exited with code 0 may not have finalized MPI.
+    return [text for _, text in sorted(out, key=lambda item: item[0])]
 
 
 def _watch_peers(status_dir: Optional[str], rank: str, hydra_said: threading.Event,
-                 fd: int) -> None:
+                 fd: int, notified: threading.Event) -> None:
     """Pass the first news of a failed peer to the command's gradflow runtime
     (notice.py): gradflowrun's notice file in the status dir (local ranks,
     any launcher) or hydra's SIGUSR1 (any host: a rank ended without
@@ -144,9 +147,11 @@ def _watch_peers(status_dir: Optional[str], rank: str, hydra_said: threading.Eve
             except OSError:
                 pass
         if not message and hydra:
-            message = "; ".join(failed_peers(status_dir, rank)) or (
-                "another rank ended without finalizing MPI (hydra sent SIGUSR1)")
+            ended = failed_peers(status_dir, rank)
+            message = ("a rank ended without finalizing MPI (hydra sent SIGUSR1)"
+                       + (f"; {'; '.join(ended)}" if ended else ""))
         if message:
+            notified.set()
             _notice.send(fd, "gradflowrun reports that " + message)
             return
 
@@ -219,10 +224,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 127
     finally:
         os.close(notice_r)
-    peer_failed = threading.Event()
+    peer_failed, notified = threading.Event(), threading.Event()
     signal.signal(signal.SIGUSR1, lambda _s, _f: peer_failed.set())
     watcher = threading.Thread(target=_watch_peers, daemon=True,
-                               args=(status_dir, rank, peer_failed, notice_w))
+                               args=(status_dir, rank, peer_failed, notice_w, notified))
     watcher.start()
 
     stopped = []
@@ -254,7 +259,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     # Status first, output after: the launcher decides which rank failed
     # first from when the status files appear, and draining the pipes can
     # take a while (a grandchild may hold them; the machine may be busy).
-    write_status(status_dir, rank, "exit", f"{code} {1 if stopped else 0}\n")
+    # "notified": the command was told of a failed peer before it ended, so
+    # its own failure is a consequence (the launcher blames the others first).
+    write_status(status_dir, rank, "exit",
+                 f"{code} {1 if stopped else 0} {1 if notified.is_set() else 0}\n")
     for t in pumps:  # a grandchild may keep the pipes open: do not wait forever
         t.join(timeout=10.0)
     return code

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Sequence, Tuple
 
 try:
     from . import notice as _notice
@@ -97,8 +97,8 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
                 stopper.start(received[0], "interrupted")
                 seen = len(received)
             statuses = _read_statuses(status_dir, np)
-            for r, (c, stopped) in statuses.items():
-                if c != 0 and not stopped and r not in seen_at:
+            for r, st in statuses.items():
+                if st.code != 0 and not st.stopped and r not in seen_at:
                     seen_at[r] = now
             if failed_at is None and seen_at:
                 failed_at = now
@@ -135,13 +135,23 @@ def write_notice(status_dir: str, message: str) -> None:
         pass
 
 
-def failure_order(seen_at: Dict[int, float], statuses: Dict[int, Tuple[int, bool]]) -> List[int]:
-    """Failed ranks, the one to blame first: by when the failure was seen,
-    a signal death moved SIGNAL_HEAD_START_SECONDS earlier; ties: killed
-    ranks, then lower rank."""
-    def key(r: int) -> Tuple[float, bool, int]:
-        killed = _killed(statuses[r][0])
-        return (seen_at[r] - (SIGNAL_HEAD_START_SECONDS if killed else 0.0), not killed, r)
+class RankExit(NamedTuple):
+    """A rank wrapper's exit status file."""
+
+    code: int  # 128 + signal number for a signal death
+    stopped: bool  # ended by a signal the launcher forwarded
+    notified: bool = False  # told of a failed peer before it ended
+
+
+def failure_order(seen_at: Dict[int, float], statuses: Dict[int, Tuple]) -> List[int]:
+    """Failed ranks, the one to blame first: ranks that failed before being
+    told of a failed peer, by when the failure was seen, a signal death moved
+    SIGNAL_HEAD_START_SECONDS earlier; ties: killed ranks, then lower rank."""
+    def key(r: int) -> Tuple[bool, float, bool, int]:
+        st = RankExit(*statuses[r])
+        killed = _killed(st.code)
+        return (st.notified, seen_at[r] - (SIGNAL_HEAD_START_SECONDS if killed else 0.0),
+                not killed, r)
     return sorted((r for r in seen_at if r in statuses), key=key)
 
 
@@ -150,14 +160,14 @@ def _killed(code: int) -> bool:
     return code < 0 or code > 128
 
 
-def _read_statuses(status_dir: str, np: int) -> Dict[int, Tuple[int, bool]]:
-    """rank -> (exit code, stopped by a forwarded signal) from the wrappers' files."""
+def _read_statuses(status_dir: str, np: int) -> Dict[int, RankExit]:
+    """rank -> its RankExit, from the wrappers' files."""
     out = {}
     for r in range(np):
         try:
             with open(os.path.join(status_dir, f"rank.{r}.exit"), encoding="utf-8") as f:
-                code, stopped = f.read().split()
-            out[r] = (int(code), stopped == "1")
+                code, stopped, notified = f.read().split()
+            out[r] = RankExit(int(code), stopped == "1", notified == "1")
         except (OSError, ValueError):
             continue
     return out
@@ -172,7 +182,7 @@ def _report(mpiexec_rc: int, statuses: Dict[int, Tuple[int, bool]], np: int,
     """Print which ranks failed (the first one seen first) and return the exit
     code: the first failed rank's, else 128 + signal when interrupted, else
     mpiexec's."""
-    failed = sorted(r for r, (code, stopped) in statuses.items() if code != 0 and not stopped)
+    failed = sorted(r for r, st in statuses.items() if st[0] != 0 and not st[1])
     failed = [r for r in order if r in failed] + [r for r in failed if r not in order]
     for r in failed:
         code = statuses[r][0]
@@ -186,6 +196,13 @@ def _report(mpiexec_rc: int, statuses: Dict[int, Tuple[int, bool]], np: int,
         if len(failed) > 1:
             print(f"gradflowrun: rank {failed[0]} failed first; rank(s) {_ranks(failed[1:])} "
                   "failed after it", file=sys.stderr, flush=True)
+        quit_early = [r for r, st in statuses.items() if st[0] == 0]
+        if quit_early and all(RankExit(*statuses[r]).notified for r in failed):
+            # Told that a peer ended without finalizing MPI, and no rank failed
+            # otherwise: the cause is likely a rank that exited with code 0.
+            print(f"gradflowrun: the failed ranks were told that another rank ended without "
+                  f"finalizing MPI; rank(s) {_ranks(quit_early)} exited with code 0",
+                  file=sys.stderr, flush=True)
         others = [r for r in range(np) if r not in failed]
         if others and why == "failed":
             print(f"gradflowrun: stopped rank(s) {_ranks(others)} after the failure",
@@ -193,7 +210,7 @@ def _report(mpiexec_rc: int, statuses: Dict[int, Tuple[int, bool]], np: int,
         return statuses[failed[0]][0]
     if mpiexec_rc != 0:
         rc = mpiexec_rc if mpiexec_rc > 0 else 128 - mpiexec_rc
-        if len(statuses) == np and all(code == 0 for code, _ in statuses.values()):
+        if len(statuses) == np and all(st[0] == 0 for st in statuses.values()):
             # Seen with hydra's rsh launcher: mpiexec killed by SIGPIPE at
             # teardown after every rank had finished. The ranks' codes decide.
             print(f"gradflowrun: note: every rank exited with code 0; ignoring mpiexec's exit "
