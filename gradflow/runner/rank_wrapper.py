@@ -130,6 +130,16 @@ def failed_peers(status_dir: Optional[str], rank: str) -> List[str]:
     return [text for _, text in sorted(out, key=lambda item: item[0])]
 
 
+def _hydra_notice(status_dir: Optional[str], rank: str) -> str:
+    """What hydra's SIGUSR1 means, in the words of the status files here."""
+    ended = failed_peers(status_dir, rank)
+    failures = [text for text in ended if not text.endswith(" with code 0")]
+    if failures:
+        return "; ".join(failures)
+    return "a rank ended without finalizing MPI (hydra sent SIGUSR1)" + "".join(
+        f"; {text}" for text in ended)
+
+
 def _watch_peers(status_dir: Optional[str], rank: str, hydra_said: threading.Event,
                  fd: int, notified: threading.Event) -> None:
     """Pass the first news of a failed peer to the command's gradflow runtime
@@ -147,9 +157,7 @@ def _watch_peers(status_dir: Optional[str], rank: str, hydra_said: threading.Eve
             except OSError:
                 pass
         if not message and hydra:
-            ended = failed_peers(status_dir, rank)
-            message = ("a rank ended without finalizing MPI (hydra sent SIGUSR1)"
-                       + (f"; {'; '.join(ended)}" if ended else ""))
+            message = _hydra_notice(status_dir, rank)
         if message:
             notified.set()
             _notice.send(fd, "gradflowrun reports that " + message)
@@ -224,6 +232,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 127
     finally:
         os.close(notice_r)
+    # The launcher watches this pid to date a death before this wrapper, which
+    # a busy machine may schedule late, writes the exit status.
+    write_status(status_dir, rank, "child", f"{child.pid}\n")
     peer_failed, notified = threading.Event(), threading.Event()
     signal.signal(signal.SIGUSR1, lambda _s, _f: peer_failed.set())
     watcher = threading.Thread(target=_watch_peers, daemon=True,

@@ -76,6 +76,7 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
     grace period); report failed ranks; return the exit code."""
     received: List[int] = []
     seen_at: Dict[int, float] = {}  # failed rank -> when its failure was first seen
+    gone_at: Dict[int, float] = {}  # local rank -> when its process was seen dead
     seen = 0
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -97,9 +98,12 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
                 stopper.start(received[0], "interrupted")
                 seen = len(received)
             statuses = _read_statuses(status_dir, np)
+            for r in range(np):
+                if r not in statuses and r not in gone_at and _child_gone(status_dir, r):
+                    gone_at[r] = now
             for r, st in statuses.items():
                 if st.code != 0 and not st.stopped and r not in seen_at:
-                    seen_at[r] = now
+                    seen_at[r] = gone_at.get(r, now)
             if failed_at is None and seen_at:
                 failed_at = now
                 first = failure_order(seen_at, statuses)[0]
@@ -158,6 +162,24 @@ def failure_order(seen_at: Dict[int, float], statuses: Dict[int, Tuple]) -> List
 def _killed(code: int) -> bool:
     """Exit code of a process ended by a signal (wrapper: 128 + signal number)."""
     return code < 0 or code > 128
+
+
+def _child_gone(status_dir: str, rank: int) -> bool:
+    """True when the local rank's process (pid in its wrapper's "child" file)
+    has died, as a zombie not yet reaped or gone; False if unknown."""
+    try:
+        with open(os.path.join(status_dir, f"rank.{rank}.child"), encoding="utf-8") as f:
+            pid = int(f.read())
+    except (OSError, ValueError):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return True
+    except (OSError, IndexError):
+        return False
+    return state in ("Z", "X")
 
 
 def _read_statuses(status_dir: str, np: int) -> Dict[int, RankExit]:
