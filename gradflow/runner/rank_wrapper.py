@@ -202,9 +202,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             finally:
                 os.close(dir_fd)
         except OSError as e:
-            why = "a symbolic link" if e.errno == errno.ELOOP else e.strerror
+            where = os.path.join(output_dir, f"rank.{rank}")
+            links = os.path.islink(where) or os.path.islink(os.path.join(where, e.filename or ""))
+            why = "a symbolic link is in the way" if links or e.errno == errno.ELOOP else e.strerror
             _write_all(2, f"[{rank}]<stderr>: gradflowrun: --output-filename: cannot create "
-                          f"{os.path.join(output_dir, f'rank.{rank}')}/: {why}\n".encode())
+                          f"{where}/: {why}\n".encode())
             write_status(status_dir, rank, "exit", "2 0\n")
             return 2
     write_status(status_dir, rank, "start", f"{os.getpid()} {socket.gethostname()}\n")
