@@ -207,7 +207,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             why = "a symbolic link is in the way" if links or e.errno == errno.ELOOP else e.strerror
             _write_all(2, f"[{rank}]<stderr>: gradflowrun: --output-filename: cannot create "
                           f"{where}/: {why}\n".encode())
-            write_status(status_dir, rank, "exit", "2 0\n")
+            write_status(status_dir, rank, "exit", "2 0 0\n")
             return 2
     write_status(status_dir, rank, "start", f"{os.getpid()} {socket.gethostname()}\n")
 
@@ -230,7 +230,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except OSError as e:
         msg = f"[{rank}]<stderr>: gradflowrun: cannot run {argv[0]!r}: {e.strerror}\n"
         _write_all(2, msg.encode())
-        write_status(status_dir, rank, "exit", "127 0\n")
+        write_status(status_dir, rank, "exit", "127 0 0\n")
         return 127
     finally:
         os.close(notice_r)

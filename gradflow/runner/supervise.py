@@ -188,9 +188,9 @@ def _read_statuses(status_dir: str, np: int) -> Dict[int, RankExit]:
     for r in range(np):
         try:
             with open(os.path.join(status_dir, f"rank.{r}.exit"), encoding="utf-8") as f:
-                code, stopped, notified = f.read().split()
-            out[r] = RankExit(int(code), stopped == "1", notified == "1")
-        except (OSError, ValueError):
+                fields = f.read().split()  # code stopped [notified]
+            out[r] = RankExit(int(fields[0]), fields[1] == "1", fields[2:3] == ["1"])
+        except (OSError, ValueError, IndexError):
             continue
     return out
 
