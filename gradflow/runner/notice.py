@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import sys
 import threading
 from typing import Callable, Dict, Optional, Tuple
 
@@ -90,6 +91,10 @@ def watch(on_notice: Callable[[str], None], environ=None) -> bool:
             line = f.readline(_MAX_MESSAGE + 1)  # EOF (the wrapper is gone): nothing to do
         message = line.decode("utf-8", "replace").strip()
         if message:
+            # Said here too: a rank busy outside gradflow is stopped by the
+            # launcher's grace period before any collective could say it.
+            print(f"gradflow: {message}; gradflow collectives on this rank now fail",
+                  file=sys.stderr, flush=True)
             on_notice(message)
 
     threading.Thread(target=run, name="gradflowrun-notice", daemon=True).start()

@@ -2,7 +2,8 @@
 must raise GradflowError. argv[2] says when: "mid" while a stream of 64 MiB
 allreduces is on the wire (MPI itself may notice), "idle" while the others
 wait for it in negotiation (only GRADFLOW_TIMEOUT or gradflowrun's failure
-notice ends that wait). Prints "rank V: SIGKILL at <epoch>" and "rank R
+notice ends that wait), "busy" while the others compute outside gradflow
+(gradflowrun's grace period stops them). Prints "rank V: SIGKILL at <epoch>" and "rank R
 raised at <epoch> after T s ...": the test checks the times and exit codes."""
 import os
 import signal
@@ -30,8 +31,13 @@ def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+if MODE == "busy" and R != VICTIM:  # computing, outside gradflow, when the victim dies
+    time.sleep(120)
+    print(f"rank {R}: still running after 120 s", flush=True)
+    sys.exit(0)
+
 if R == VICTIM:
-    if MODE == "idle":
+    if MODE in ("idle", "busy"):
         time.sleep(0.5)  # the others are waiting in negotiation by now
         die()
     def kill_soon():
