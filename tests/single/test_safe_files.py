@@ -101,3 +101,26 @@ def test_keras_checkpoint_temp_file_is_private_and_synced(tmp_path, monkeypatch)
     assert synced == [os.path.join(os.path.dirname(seen[0]), "best.keras"), str(tmp_path)] or (
         synced[-1] == str(tmp_path) and len(synced) == 2), synced
     assert not os.path.exists(os.path.dirname(seen[0]))  # scratch folder removed
+
+
+def test_example_checkpoint_is_synced_before_the_rename(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "pytorch_digits_example", os.path.join(ROOT, "examples", "pytorch_digits.py"))
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(ex.os, "fsync", lambda fd: (events.append(
+        ("fsync", os.readlink(f"/proc/self/fd/{fd}"))), real_fsync(fd))[1])
+    monkeypatch.setattr(ex.os, "replace", lambda a, b: (events.append(("replace", a)),
+                                                        real_replace(a, b))[1])
+    model = torch.nn.Linear(2, 2)
+    path = tmp_path / "ckpt.pt"
+    ex.save_checkpoint(str(path), model, torch.optim.SGD(model.parameters(), lr=0.1), 3)
+    tmp = events[0][1]
+    assert os.path.basename(tmp).startswith(".tmp-ckpt-") and os.path.dirname(tmp) == str(tmp_path)
+    assert events == [("fsync", tmp), ("replace", tmp), ("fsync", str(tmp_path))]
+    assert torch.load(path)["epoch"] == 3
