@@ -124,6 +124,10 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
         for s, handler in old.items():
             signal.signal(s, handler)
     statuses = _read_statuses(status_dir, np)
+    now = time.monotonic()  # failures that arrived with mpiexec's end: seen together
+    for r, st in statuses.items():
+        if st.code != 0 and not st.stopped and r not in seen_at:
+            seen_at[r] = gone_at.get(r, now)
     return _report(proc.returncode, statuses, np, received, stopper.why,
                    failure_order(seen_at, statuses))
 

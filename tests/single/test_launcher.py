@@ -450,3 +450,13 @@ def test_hydra_notice_names_the_failed_peer(tmp_path):
     (tmp_path / "rank.1.exit").unlink()
     assert W._hydra_notice(str(tmp_path), "0") == (
         "a rank ended without finalizing MPI (hydra sent SIGUSR1); rank 2 exited with code 0")
+
+
+def test_failures_seen_only_after_the_launcher_ended_are_still_ordered(tmp_path, capsys):
+    # All ranks end within one poll, together with mpiexec: rank 0 failed
+    # after being told of rank 1's failure, so rank 1 is named first.
+    d = str(tmp_path)
+    script = (f"echo '1 0 1' > {d}/rank.0.exit; echo '3 0 0' > {d}/rank.1.exit; "
+              f"echo '1 0 1' > {d}/rank.2.exit; exit 3")
+    assert S.run_job(["sh", "-c", script], dict(os.environ), 3, [], 30.0, d) == 3
+    assert "rank 1 failed first; rank(s) 0, 2 failed after it" in capsys.readouterr().err
