@@ -54,14 +54,23 @@ def load_data(seed: int):
 
 
 def save_checkpoint(path: str, model, optimizer, epoch: int) -> None:
-    """Rank 0 only; temp file + os.replace so a crash never leaves half a file."""
+    """Rank 0 only: a fresh temp file (mkstemp: unpredictable name, O_EXCL) in
+    the target folder, fsynced, then os.replace and an fsync of the folder,
+    so a crash leaves the old checkpoint or the new one, never half a file."""
     d = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-ckpt-")
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                         "epoch": epoch}, f)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+        dir_fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

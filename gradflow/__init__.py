@@ -4,6 +4,33 @@ Framework-free API (numpy): `init`, `rank`, `size`, the collectives and
 their `_async` forms. `gradflow.torch`, `gradflow.tensorflow` and
 `gradflow.keras` build on this; all share one native runtime.
 """
+import importlib.util as _importlib_util
+import os as _os
+
+
+def _native_missing_message() -> str:
+    """Why `import gradflow` found a package without its compiled extension,
+    and what to do instead (usually: Python was started in the source tree)."""
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    installed = ""
+    try:
+        from importlib import metadata
+        dist = metadata.distribution("gradflow")
+        where = _os.path.abspath(str(dist.locate_file("gradflow")))
+        if where != here:
+            installed = f" An installed gradflow is at {where}."
+    except Exception:  # no installed distribution, or unreadable metadata
+        pass
+    return (f"gradflow: the compiled extension gradflow._native is missing in {here}. "
+            "This is probably the source tree (Python puts the current directory first on "
+            "sys.path), not the installed package." + installed + " Run Python from another "
+            "directory to use the installed gradflow, or build the source tree in place "
+            "with `python setup.py build_ext --inplace`.")
+
+
+if _importlib_util.find_spec(__name__ + "._native") is None:
+    raise ImportError(_native_missing_message(), name=__name__ + "._native")
+
 from ._runtime import (GradflowError, cross_rank, cross_size, init, is_initialized, local_rank,
                        local_size, mpi_comm, rank, reset_stats, shutdown, size, stats,
                        timeline_mark)
@@ -13,6 +40,12 @@ from .collectives import (Average, Max, Min, Product, ReduceOp, Sum, allgather, 
                           synchronize)
 from .compression import Compression
 from ._handles import Handle
+from . import _native
+from .runner import notice as _notice
+
+# Under gradflowrun: when the launcher reports a dead peer, pending and later
+# waits fail at once with its message instead of after GRADFLOW_TIMEOUT.
+_notice.watch(_native.interrupt_waits)
 
 __version__ = "0.1.0"
 

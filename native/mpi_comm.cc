@@ -9,7 +9,9 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <atomic>
 #include <limits>
+#include <mutex>
 #include <thread>
 #include <type_traits>
 
@@ -20,6 +22,11 @@ namespace gradflow {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// interrupt_waits(): the flag is read in every poll, the reason only after.
+std::atomic<bool> g_interrupted{false};
+std::mutex g_interrupt_mu;
+std::string g_interrupt_why;
 
 // mpi4py's comm.handle is the MPI_Comm value as an integer; MPICH's MPI_Comm
 // is an int, the standard ABI's (and Open MPI's) is a pointer.
@@ -54,7 +61,7 @@ bool poll_until(Clock::time_point deadline, WaitStyle style, Done done) {
     if (done()) return true;
     if (spins < 16) continue;
     auto now = Clock::now();
-    if (now >= deadline) return done();
+    if (now >= deadline || g_interrupted.load(std::memory_order_relaxed)) return done();
     if (now - start < spin_for) {
       std::this_thread::yield();
     } else {
@@ -66,6 +73,11 @@ bool poll_until(Clock::time_point deadline, WaitStyle style, Done done) {
 
 std::string timeout_message(double timeout_s, const char* what, const std::string& whom) {
   std::ostringstream os;
+  if (g_interrupted.load()) {
+    std::lock_guard<std::mutex> lock(g_interrupt_mu);
+    os << "gradflow: stopped waiting for " << whom << " in " << what << ": " << g_interrupt_why;
+    return os.str();
+  }
   os << "gradflow: timed out after " << timeout_s << " s in " << what << " waiting for " << whom
      << "; a rank may have died or stalled (GRADFLOW_TIMEOUT sets the limit)";
   return os.str();
@@ -106,6 +118,14 @@ MPI_Op mpi_op(ReduceOp op, DataType dt) {
 }
 
 }  // namespace
+
+void interrupt_waits(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(g_interrupt_mu);
+    if (!g_interrupted.load()) g_interrupt_why = why.empty() ? "interrupted" : why;
+  }
+  g_interrupted.store(true);
+}
 
 // ---------------------------------------------------------------- requests
 

@@ -134,4 +134,10 @@ enum CommTag : int {
   kTagCollective = 5,
 };
 
+// Process-wide: every deadline-polled wait (now and later, in any runtime)
+// ends at once with GradflowError naming `why`. For news that a peer is gone
+// for good (gradflowrun saw it die), which otherwise costs GRADFLOW_TIMEOUT.
+// Thread-safe; the first reason is kept.
+void interrupt_waits(const std::string& why);
+
 }  // namespace gradflow

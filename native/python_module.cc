@@ -120,6 +120,10 @@ PYBIND11_MODULE(_native, m) {
   m.def("abort", [](const std::string& msg) { if (g_runtime) g_runtime->abort(msg); },
         "Tell every rank that this rank is failing (their collectives raise `msg`).");
 
+  m.def("interrupt_waits", [](const std::string& why) { interrupt_waits(why); },
+        "Make every pending and later wait of this process fail at once with `why` (a peer "
+        "is known dead, e.g. gradflowrun saw it killed); the runtime then fails fatally.");
+
   m.def("failed_fatally", [] { return g_runtime && g_runtime->failed_fatally(); },
         "True if communication failed (dead/stalled rank, abort): MPI_Finalize may hang.");
   m.def("timeline_mark", [](const std::string& name) { runtime().timeline().mark(name); },

@@ -1,6 +1,13 @@
 // timeline.cc — Chrome-trace JSON writer (array format, one event per line).
 #include "timeline.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include "common.h"
 
 namespace gradflow {
@@ -22,12 +29,42 @@ std::string json_escape(const std::string& s) {
   return out;
 }
 
+namespace {
+
+// Never follows a symbolic link planted at `path` (O_NOFOLLOW) and writes
+// only regular files (a FIFO or device is refused, without blocking on it).
+std::FILE* open_for_writing(const std::string& path) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0644);
+  int err = errno;
+  GF_CHECK(fd >= 0, "gradflow: cannot open timeline file '"
+                        << path << "' (GRADFLOW_TIMELINE): "
+                        << (err == ELOOP ? "it is a symbolic link, which gradflow does not follow"
+                                         : std::strerror(err)));
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw GradflowError("gradflow: timeline file '" + path +
+                        "' (GRADFLOW_TIMELINE) is not a regular file");
+  }
+  // Truncate only now that it is known to be a regular file; back to blocking writes.
+  if (::ftruncate(fd, 0) != 0 || ::fcntl(fd, F_SETFL, 0) != 0) {
+    err = errno;
+    ::close(fd);
+    throw GradflowError("gradflow: cannot truncate timeline file '" + path +
+                        "' (GRADFLOW_TIMELINE): " + std::strerror(err));
+  }
+  FILE* f = ::fdopen(fd, "w");
+  if (!f) ::close(fd);
+  GF_CHECK(f != nullptr, "gradflow: cannot open timeline file '" << path << "'");
+  return f;
+}
+
+}  // namespace
+
 void Timeline::open(const std::string& path, int rank) {
   std::lock_guard<std::mutex> lock(mu_);
   if (path.empty() || file_) return;
-  file_ = std::fopen(path.c_str(), "w");
-  GF_CHECK(file_ != nullptr, "gradflow: cannot open timeline file '" << path
-                                                                    << "' (GRADFLOW_TIMELINE)");
+  file_ = open_for_writing(path);
   rank_ = rank;
   origin_ = Clock::now();
   std::fputs("[\n", file_);

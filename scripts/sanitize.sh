@@ -9,13 +9,24 @@
 #   GRADFLOW_ASAN_DIR=/tmp/x NPS="2" scripts/sanitize.sh
 #   ONLY="soak property" scripts/sanitize.sh   # a subset of the runs below
 #
+# A full run (no ONLY, default NPS) records its result in
+# benchmarks/results/sanitizers.txt (RESULT= to change or, empty, skip).
+# Python: $PYTHON, else the README's ./.venv, else python3. The build
+# dependencies (pyproject.toml's [build-system]: setuptools, pybind11) live
+# only in pip's isolated build, so they are installed into $DEST/build-deps.
 # See docs/sanitizers.md for what it checks and the last result.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DEST=${GRADFLOW_ASAN_DIR:-/tmp/gradflow-asan}
-PY=${PYTHON:-$(command -v python3)}
-[ -x "$ROOT/../venv/bin/python" ] && [ -z "${PYTHON:-}" ] && PY="$ROOT/../venv/bin/python"
+if [ -n "${PYTHON:-}" ]; then PY=$PYTHON
+elif [ -x "$ROOT/.venv/bin/python" ]; then PY="$ROOT/.venv/bin/python"
+else PY=$(command -v python3); fi
 MPIEXEC=${MPIEXEC:-$(dirname "$PY")/mpiexec}
+if [ -z "${ONLY:-}" ] && [ -z "${NPS:-}" ]; then
+  RESULT=${RESULT-"$ROOT/benchmarks/results/sanitizers.txt"}
+else
+  RESULT=${RESULT:-}
+fi
 [ -x "$MPIEXEC" ] || MPIEXEC=$(command -v mpiexec)
 NPS=${NPS:-"2 3"}
 PER_RUN_TIMEOUT=${PER_RUN_TIMEOUT:-600}
@@ -27,9 +38,22 @@ tar -C "$ROOT" --exclude='__pycache__' --exclude='*.so' --exclude='./build' \
 SO=$(ls "$DEST"/src/gradflow/_native*.so 2>/dev/null | head -1 || true)
 STAMP=$(cd "$DEST/src" && cat setup.py native/*.cc native/*.h | sha256sum | cut -c1-16)
 if [ -z "$SO" ] || [ "$(cat "$DEST/stamp" 2>/dev/null)" != "$STAMP" ]; then
+  # Build requirements minus mpich (a runtime dependency: its mpicxx is
+  # beside Python already), installed once per requirement list.
+  REQS=$(sed -n '/^\[build-system\]/,/^\[/s/^requires *= *\[\(.*\)\]/\1/p' "$ROOT/pyproject.toml" \
+         | tr -d '"' | tr ',' '\n' | sed 's/^ *//; s/ *$//' | grep -v '^mpich' | tr '\n' ' ')
+  if [ "$(cat "$DEST/build-deps/.requires" 2>/dev/null)" != "$REQS" ]; then
+    echo "sanitize.sh: installing build dependencies ($REQS) into $DEST/build-deps" >&2
+    rm -rf "$DEST/build-deps"
+    # shellcheck disable=SC2086  # one word per requirement
+    "$PY" -m pip install -q --disable-pip-version-check --target "$DEST/build-deps" $REQS \
+      >"$DEST/pip.log" 2>&1 || { tail -20 "$DEST/pip.log" >&2
+        echo "sanitize.sh: cannot install the build dependencies" >&2; exit 1; }
+    echo "$REQS" > "$DEST/build-deps/.requires"
+  fi
   echo "sanitize.sh: building with -fsanitize=address,undefined in $DEST/src" >&2
   rm -f "$DEST"/src/gradflow/_native*.so
-  (cd "$DEST/src" && GRADFLOW_SANITIZE=address,undefined \
+  (cd "$DEST/src" && PYTHONPATH="$DEST/build-deps" GRADFLOW_SANITIZE=address,undefined \
      "$PY" setup.py -q build_ext --inplace --build-temp "$DEST/build-temp" \
      --build-lib "$DEST/build-lib" >"$DEST/build.log" 2>&1) || {
     tail -50 "$DEST/build.log" >&2; echo "sanitize.sh: build failed" >&2; exit 1; }
@@ -48,6 +72,7 @@ LOGDIR="$DEST/logs"
 rm -rf "$LOGDIR"; mkdir -p "$LOGDIR"
 export PYTHONPATH="$DEST/src" OMP_NUM_THREADS=1 MPIR_CVAR_POLLS_BEFORE_YIELD=10
 SCRIPTS="$DEST/src/tests/parallel"
+{
 fail=0
 run() {  # run NAME N [ENV=VALUE ...] -- SCRIPT [ARGS]
   local label=$1 n=$2; shift 2
@@ -87,4 +112,14 @@ else
   done
   echo "sanitize.sh: FAILED (logs in $LOGDIR)"
 fi
-exit $fail
+} 2>&1 | tee "$LOGDIR/summary.txt"
+fail=$(grep -q "^sanitize.sh: clean" "$LOGDIR/summary.txt" && echo 0 || echo 1)
+if [ -n "$RESULT" ]; then
+  { echo "# scripts/sanitize.sh, $(date -u +%Y-%m-%dT%H:%MZ)"
+    echo "# commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)$(
+      git -C "$ROOT" diff --quiet HEAD -- native setup.py 2>/dev/null || echo ' + local changes')"
+    echo "# $(gcc --version | head -1); $("$PY" -c 'import mpi4py.MPI as M; print(M.Get_library_version().splitlines()[0])'); Python $("$PY" -c 'import platform; print(platform.python_version())'); $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+    cat "$LOGDIR/summary.txt"; } > "$RESULT"
+  echo "sanitize.sh: result written to $RESULT"
+fi
+exit "$fail"

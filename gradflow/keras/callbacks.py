@@ -12,6 +12,8 @@ rank sees the same averaged values and takes the same decisions.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from typing import Callable, Dict, Optional, Union
 
 import keras
@@ -193,10 +195,38 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
                   f"{_get_lr(self.model.optimizer):g}.")
 
 
+def _fsync_path(path: str, flags: int = os.O_RDONLY) -> None:
+    fd = os.open(path, flags | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _save_atomically(path: str, save: Callable[[str], None]) -> None:
+    """``save(tmp)`` then rename over `path`. The temporary file lives in a
+    fresh private folder (mkdtemp: unpredictable name, mode 0700) beside
+    `path`, so nothing planted there (a symbolic link) is followed, and the
+    rename stays on one filesystem; the data is fsynced before the rename
+    and the folder after it, so a crash leaves the old file or the new one."""
+    folder, base = os.path.split(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix=".tmp-ckpt-", dir=folder)
+    try:
+        tmp = os.path.join(scratch, base)  # keeps the suffix Keras requires
+        save(tmp)
+        _fsync_path(tmp)
+        os.replace(tmp, path)
+        _fsync_path(folder, os.O_DIRECTORY)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 class BestModelCheckpoint(keras.callbacks.Callback):
     """Save the model when `monitor` improves; only rank 0 writes. The file is
-    written to a temporary name in the same folder and renamed over `filepath`
-    (os.replace), so a reader never sees a half-written file. `filepath` may
+    written to a private temporary folder beside `filepath`, fsynced and
+    renamed over it (os.replace), so a reader never sees a half-written file
+    and a crash leaves the previous one. `filepath` may
     hold `{epoch}` and log keys, as in keras.callbacks.ModelCheckpoint; it must
     end in `.keras` (or `.weights.h5` with save_weights_only=True). Put
     MetricAverageCallback before it so the decision uses averaged metrics."""
@@ -235,18 +265,8 @@ class BestModelCheckpoint(keras.callbacks.Callback):
         self.last_saved = path
         if rank() != 0:
             return
-        folder, base = os.path.split(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        tmp = os.path.join(folder, f".tmp-{os.getpid()}-{base}")  # keeps the required suffix
-        try:
-            if self.save_weights_only:
-                self.model.save_weights(tmp)
-            else:
-                self.model.save(tmp)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        _save_atomically(path, self.model.save_weights if self.save_weights_only
+                         else self.model.save)
         if self.verbose:
             print(f"\nEpoch {epoch + 1}: {self.monitor} improved to {value:.5f}, saved {path}")
 

@@ -6,11 +6,13 @@ processes or import the native module.
 from __future__ import annotations
 
 import dataclasses
+import re
 import socket
 from typing import Iterable, List, Sequence
 
 __all__ = [
     "HostSlots",
+    "check_host_name",
     "parse_hosts",
     "parse_hostfile",
     "read_hostfile",
@@ -50,6 +52,20 @@ def _check_unique(hosts: Sequence[HostSlots], where: str) -> List[HostSlots]:
     return list(hosts)
 
 
+# Letters, digits, '.', '_' and '-' (DNS names, IPv4 addresses, /etc/hosts
+# aliases), not starting with '-' or '.': a name reaches ssh's and hydra's
+# argv, where "-oProxyCommand=..." would be taken as an option.
+_HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+
+
+def check_host_name(name: str, where: str) -> str:
+    """Return ``name`` if it is a plausible host name; raise ValueError otherwise."""
+    if not _HOST_NAME.fullmatch(name):
+        raise ValueError(f"{where}: bad host name {name!r}: use letters, digits, '.', '_' and "
+                         "'-', not starting with '-' or '.'")
+    return name
+
+
 def _parse_entry(entry: str, where: str) -> HostSlots:
     """``host``, ``host:N`` (one entry of -H or a hostfile line ``host:N``)."""
     name, sep, slots = entry.rpartition(":")
@@ -57,7 +73,7 @@ def _parse_entry(entry: str, where: str) -> HostSlots:
         name, slots = entry, "1"
     if not name or any(c.isspace() for c in name):
         raise ValueError(f"{where}: bad host entry {entry!r}; expected host or host:slots")
-    return HostSlots(name, _parse_slots(slots, where))
+    return HostSlots(check_host_name(name, where), _parse_slots(slots, where))
 
 
 def parse_hosts(spec: str) -> List[HostSlots]:
@@ -86,7 +102,8 @@ def parse_hostfile(lines: Iterable[str], source: str = "hostfile") -> List[HostS
         elif len(fields) == 2 and fields[1].startswith("slots="):
             if ":" in fields[0]:
                 raise ValueError(f"{where}: give slots either as host:N or slots=N, not both")
-            hosts.append(HostSlots(fields[0], _parse_slots(fields[1][len("slots="):], where)))
+            hosts.append(HostSlots(check_host_name(fields[0], where),
+                                   _parse_slots(fields[1][len("slots="):], where)))
         else:
             raise ValueError(f"{where}: cannot parse {raw.strip()!r}; expected "
                              "'host slots=N' or 'host:N'")

@@ -7,18 +7,26 @@ launcher. Standard library only; run by path so it never imports gradflow.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
-from typing import BinaryIO, List, Mapping, Optional
+from typing import BinaryIO, Dict, List, Mapping, Optional
+
+try:
+    from . import notice as _notice
+except ImportError:  # run by path (as gradflowrun does): this folder is on sys.path
+    import notice as _notice  # type: ignore[no-redef]
 
 # Set by the launcher (see launch.py); not GRADFLOW_* so config.cc ignores them.
 STATUS_DIR_ENV = "GRADFLOWRUN_STATUS_DIR"
 OUTPUT_DIR_ENV = "GRADFLOWRUN_OUTPUT_DIR"
 RANK_ENV_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+NOTICE_FILE = "notice"  # in the status dir: gradflowrun's word that a rank failed
+NOTICE_POLL_SECONDS = 0.1
 _MAX_LINE = 1 << 16  # longer lines are split, never held back indefinitely
 
 
@@ -54,10 +62,31 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def _pump(src: BinaryIO, fd: int, prefix: bytes, log_path: Optional[str]) -> None:
+def open_log_dir(output_dir: str, rank: str) -> int:
+    """A descriptor of ``output_dir/rank.<rank>`` (created if needed) that is
+    not a symbolic link, for open_log(); raises OSError otherwise."""
+    rank_dir = os.path.join(output_dir, f"rank.{rank}")
+    os.makedirs(rank_dir, exist_ok=True)
+    # O_NOFOLLOW: a rank.N planted as a link to elsewhere is refused (ELOOP).
+    return os.open(rank_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def open_log(dir_fd: int, name: str) -> BinaryIO:
+    """Create ``name`` in ``dir_fd`` afresh: an old file (or a planted link,
+    hard or symbolic) is unlinked, never followed or truncated; O_EXCL fails
+    if one reappears in between."""
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644, dir_fd=dir_fd)
+    return os.fdopen(fd, "wb")
+
+
+def _pump(src: BinaryIO, fd: int, prefix: bytes, log: Optional[BinaryIO]) -> None:
     """Copy ``src`` to ``fd`` line by line, one write per prefixed line, so
-    mpiexec keeps lines from different ranks intact."""
-    log = open(log_path, "wb") if log_path else None
+    mpiexec keeps lines from different ranks intact; also to ``log``."""
     try:
         while True:
             line = src.readline(_MAX_LINE)
@@ -72,6 +101,66 @@ def _pump(src: BinaryIO, fd: int, prefix: bytes, log_path: Optional[str]) -> Non
     finally:
         if log:
             log.close()
+
+
+def failed_peers(status_dir: Optional[str], rank: str) -> List[str]:
+    """How the other ranks that ended by themselves ended, failures first,
+    from their exit status files (for hydra's SIGUSR1, which names no rank)."""
+    out = []
+    if not status_dir:
+        return out
+    try:
+        names = sorted(os.listdir(status_dir))
+    except OSError:
+        return out
+    for name in names:
+        parts = name.split(".")
+        if len(parts) != 3 or parts[0] != "rank" or parts[2] != "exit" or parts[1] == rank:
+            continue
+        try:
+            with open(os.path.join(status_dir, name), encoding="utf-8") as f:
+                code, stopped = f.read().split()[:2]
+            int(code)
+        except (OSError, ValueError):
+            continue
+        if stopped == "0":
+            out.append((code == "0", _notice.describe_exit(parts[1], int(code))))
+    # Failures first; a rank that exited with code 0 may not have finalized MPI.
+    return [text for _, text in sorted(out, key=lambda item: item[0])]
+
+
+def _hydra_notice(status_dir: Optional[str], rank: str) -> str:
+    """What hydra's SIGUSR1 means, in the words of the status files here."""
+    ended = failed_peers(status_dir, rank)
+    failures = [text for text in ended if not text.endswith(" with code 0")]
+    if failures:
+        return "; ".join(failures)
+    return "a rank ended without finalizing MPI (hydra sent SIGUSR1)" + "".join(
+        f"; {text}" for text in ended)
+
+
+def _watch_peers(status_dir: Optional[str], rank: str, hydra_said: threading.Event,
+                 fd: int, notified: threading.Event) -> None:
+    """Pass the first news of a failed peer to the command's gradflow runtime
+    (notice.py): gradflowrun's notice file in the status dir (local ranks,
+    any launcher) or hydra's SIGUSR1 (any host: a rank ended without
+    MPI_Finalize), described from the status files when they are here."""
+    path = os.path.join(status_dir, NOTICE_FILE) if status_dir else None
+    while True:
+        hydra = hydra_said.wait(NOTICE_POLL_SECONDS if path else None)
+        message = ""
+        if path:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    message = f.read().strip()
+            except OSError:
+                pass
+        if not message and hydra:
+            message = _hydra_notice(status_dir, rank)
+        if message:
+            notified.set()
+            _notice.send(fd, "gradflowrun reports that " + message)
+            return
 
 
 def _die_with_parent_fn():
@@ -103,20 +192,33 @@ def main(argv: Optional[List[str]] = None) -> int:
     rank = detect_rank(os.environ)
     status_dir = os.environ.get(STATUS_DIR_ENV)
     output_dir = os.environ.get(OUTPUT_DIR_ENV)
-    logs = {"stdout": None, "stderr": None}
+    logs: Dict[str, Optional[BinaryIO]] = {"stdout": None, "stderr": None}
     if output_dir:
-        rank_dir = os.path.join(output_dir, f"rank.{rank}")
-        os.makedirs(rank_dir, exist_ok=True)
-        logs = {k: os.path.join(rank_dir, k) for k in logs}
+        try:
+            dir_fd = open_log_dir(output_dir, rank)
+            try:
+                logs = {k: open_log(dir_fd, k) for k in logs}
+            finally:
+                os.close(dir_fd)
+        except OSError as e:
+            where = os.path.join(output_dir, f"rank.{rank}")
+            links = os.path.islink(where) or os.path.islink(os.path.join(where, e.filename or ""))
+            why = "a symbolic link is in the way" if links or e.errno == errno.ELOOP else e.strerror
+            _write_all(2, f"[{rank}]<stderr>: gradflowrun: --output-filename: cannot create "
+                          f"{where}/: {why}\n".encode())
+            write_status(status_dir, rank, "exit", "2 0 0\n")
+            return 2
     write_status(status_dir, rank, "start", f"{os.getpid()} {socket.gethostname()}\n")
 
-    # With -disable-auto-cleanup hydra tells a rank that another one ended by
-    # sending it SIGUSR1, whose default action kills it even after a clean
-    # MPI_Finalize. Ignored here, ignored in the command (the disposition
-    # survives exec); gradflow detects dead peers by GRADFLOW_TIMEOUT instead.
+    # With -disable-auto-cleanup hydra tells a rank that another one ended
+    # without MPI_Finalize by sending it SIGUSR1, whose default action kills
+    # it even after a clean MPI_Finalize. The command inherits SIG_IGN (the
+    # disposition survives exec); this wrapper takes it as a failure notice.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")  # Python ranks: lines arrive as printed
+    notice_r, notice_w, notice_env = _notice.open_channel()
+    env.update(notice_env)
     try:
         # Own session: a signal reaches the command once, through forward().
         # close_fds=False: the MPI launcher's inherited descriptors (hydra's
@@ -127,8 +229,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     except OSError as e:
         msg = f"[{rank}]<stderr>: gradflowrun: cannot run {argv[0]!r}: {e.strerror}\n"
         _write_all(2, msg.encode())
-        write_status(status_dir, rank, "exit", "127 0\n")
+        write_status(status_dir, rank, "exit", "127 0 0\n")
         return 127
+    finally:
+        os.close(notice_r)
+    # The launcher watches this pid to date a death before this wrapper, which
+    # a busy machine may schedule late, writes the exit status.
+    write_status(status_dir, rank, "child", f"{child.pid}\n")
+    peer_failed, notified = threading.Event(), threading.Event()
+    signal.signal(signal.SIGUSR1, lambda _s, _f: peer_failed.set())
+    watcher = threading.Thread(target=_watch_peers, daemon=True,
+                               args=(status_dir, rank, peer_failed, notice_w, notified))
+    watcher.start()
 
     stopped = []
 
@@ -151,11 +263,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     for t in pumps:
         t.start()
     rc = child.wait()
+    # Hydra signals the others as each failed rank exits: from here on that
+    # is no news, and a Python handler would be reset to the default (death)
+    # while this interpreter shuts down.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     code = rc if rc >= 0 else 128 - rc
     # Status first, output after: the launcher decides which rank failed
     # first from when the status files appear, and draining the pipes can
     # take a while (a grandchild may hold them; the machine may be busy).
-    write_status(status_dir, rank, "exit", f"{code} {1 if stopped else 0}\n")
+    # "notified": the command was told of a failed peer before it ended, so
+    # its own failure is a consequence (the launcher blames the others first).
+    write_status(status_dir, rank, "exit",
+                 f"{code} {1 if stopped else 0} {1 if notified.is_set() else 0}\n")
     for t in pumps:  # a grandchild may keep the pipes open: do not wait forever
         t.join(timeout=10.0)
     return code

@@ -12,14 +12,22 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Sequence, Tuple
+
+try:
+    from . import notice as _notice
+    from .rank_wrapper import NOTICE_FILE
+except ImportError:  # run as a script, as launch.py allows
+    import notice as _notice  # type: ignore[no-redef]
+    from rank_wrapper import NOTICE_FILE  # type: ignore[no-redef]
 
 # After a rank fails, the others get time to raise their own error before the
 # launcher stops them (hydra's auto-cleanup is off so they can): gradflow
-# ranks learn of a peer's exception within a cycle (FAILURE_GRACE_SECONDS is
-# plenty), of a peer killed by a signal only after GRADFLOW_TIMEOUT.
-FAILURE_GRACE_SECONDS = 5.0
-DEFAULT_TIMEOUT_SECONDS = 60.0
+# ranks learn of a peer's exception within a cycle, of any other failure
+# (a signal, an exit without finishing) from the notice this launcher writes
+# into the status dir, which the rank wrappers pass to the ranks' runtime
+# (notice.py); without it they would wait GRADFLOW_TIMEOUT.
+FAILURE_GRACE_SECONDS = 3.0
 KILL_GRACE_SECONDS = 5.0  # between the stages of stopping a job (see _Stopper)
 # Which rank "failed first" is decided by when its failure was seen. A rank
 # killed by a signal is usually the cause and its peers the consequence, but
@@ -68,12 +76,8 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
     grace period); report failed ranks; return the exit code."""
     received: List[int] = []
     seen_at: Dict[int, float] = {}  # failed rank -> when its failure was first seen
+    gone_at: Dict[int, float] = {}  # local rank -> when its process was seen dead
     seen = 0
-    try:
-        grace = float(env.get("GRADFLOW_TIMEOUT", DEFAULT_TIMEOUT_SECONDS)) + FAILURE_GRACE_SECONDS
-    except ValueError:
-        grace = DEFAULT_TIMEOUT_SECONDS + FAILURE_GRACE_SECONDS
-    wait_for = grace
 
     def on_signal(signum: int, _frame: Any) -> None:
         received.append(signum)
@@ -94,15 +98,17 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
                 stopper.start(received[0], "interrupted")
                 seen = len(received)
             statuses = _read_statuses(status_dir, np)
-            codes = [c for c, _ in statuses.values()]
-            for r, (c, stopped) in statuses.items():
-                if c != 0 and not stopped and r not in seen_at:
-                    seen_at[r] = now
-            if failed_at is None and any(c != 0 for c in codes):
+            for r in range(np):
+                if r not in statuses and r not in gone_at and _child_gone(status_dir, r):
+                    gone_at[r] = now
+            for r, st in statuses.items():
+                if st.code != 0 and not st.stopped and r not in seen_at:
+                    seen_at[r] = gone_at.get(r, now)
+            if failed_at is None and seen_at:
                 failed_at = now
-                killed = any(_killed(c) for c in codes)
-                wait_for = grace if killed else FAILURE_GRACE_SECONDS
-            if failed_at and now - failed_at > wait_for:
+                first = failure_order(seen_at, statuses)[0]
+                write_notice(status_dir, _notice.describe_exit(first, statuses[first][0]))
+            if failed_at and now - failed_at > FAILURE_GRACE_SECONDS:
                 stopper.start(signal.SIGTERM, "failed")
             if stopper.stage == 0 and now - started > start_timeout:
                 missing = [r for r in local_ranks if not os.path.exists(
@@ -118,17 +124,42 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
         for s, handler in old.items():
             signal.signal(s, handler)
     statuses = _read_statuses(status_dir, np)
+    now = time.monotonic()  # failures that arrived with mpiexec's end: seen together
+    for r, st in statuses.items():
+        if st.code != 0 and not st.stopped and r not in seen_at:
+            seen_at[r] = gone_at.get(r, now)
     return _report(proc.returncode, statuses, np, received, stopper.why,
                    failure_order(seen_at, statuses))
 
 
-def failure_order(seen_at: Dict[int, float], statuses: Dict[int, Tuple[int, bool]]) -> List[int]:
-    """Failed ranks, the one to blame first: by when the failure was seen,
-    a signal death moved SIGNAL_HEAD_START_SECONDS earlier; ties: killed
-    ranks, then lower rank."""
-    def key(r: int) -> Tuple[float, bool, int]:
-        killed = _killed(statuses[r][0])
-        return (seen_at[r] - (SIGNAL_HEAD_START_SECONDS if killed else 0.0), not killed, r)
+def write_notice(status_dir: str, message: str) -> None:
+    """Tell the local rank wrappers that a rank failed (see rank_wrapper.py)."""
+    path = os.path.join(status_dir, NOTICE_FILE)
+    try:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(message + "\n")
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
+
+
+class RankExit(NamedTuple):
+    """A rank wrapper's exit status file."""
+
+    code: int  # 128 + signal number for a signal death
+    stopped: bool  # ended by a signal the launcher forwarded
+    notified: bool = False  # told of a failed peer before it ended
+
+
+def failure_order(seen_at: Dict[int, float], statuses: Dict[int, Tuple]) -> List[int]:
+    """Failed ranks, the one to blame first: ranks that failed before being
+    told of a failed peer, by when the failure was seen, a signal death moved
+    SIGNAL_HEAD_START_SECONDS earlier; ties: killed ranks, then lower rank."""
+    def key(r: int) -> Tuple[bool, float, bool, int]:
+        st = RankExit(*statuses[r])
+        killed = _killed(st.code)
+        return (st.notified, seen_at[r] - (SIGNAL_HEAD_START_SECONDS if killed else 0.0),
+                not killed, r)
     return sorted((r for r in seen_at if r in statuses), key=key)
 
 
@@ -137,15 +168,33 @@ def _killed(code: int) -> bool:
     return code < 0 or code > 128
 
 
-def _read_statuses(status_dir: str, np: int) -> Dict[int, Tuple[int, bool]]:
-    """rank -> (exit code, stopped by a forwarded signal) from the wrappers' files."""
+def _child_gone(status_dir: str, rank: int) -> bool:
+    """True when the local rank's process (pid in its wrapper's "child" file)
+    has died, as a zombie not yet reaped or gone; False if unknown."""
+    try:
+        with open(os.path.join(status_dir, f"rank.{rank}.child"), encoding="utf-8") as f:
+            pid = int(f.read())
+    except (OSError, ValueError):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return True
+    except (OSError, IndexError):
+        return False
+    return state in ("Z", "X")
+
+
+def _read_statuses(status_dir: str, np: int) -> Dict[int, RankExit]:
+    """rank -> its RankExit, from the wrappers' files."""
     out = {}
     for r in range(np):
         try:
             with open(os.path.join(status_dir, f"rank.{r}.exit"), encoding="utf-8") as f:
-                code, stopped = f.read().split()
-            out[r] = (int(code), stopped == "1")
-        except (OSError, ValueError):
+                fields = f.read().split()  # code stopped [notified]
+            out[r] = RankExit(int(fields[0]), fields[1] == "1", fields[2:3] == ["1"])
+        except (OSError, ValueError, IndexError):
             continue
     return out
 
@@ -159,7 +208,7 @@ def _report(mpiexec_rc: int, statuses: Dict[int, Tuple[int, bool]], np: int,
     """Print which ranks failed (the first one seen first) and return the exit
     code: the first failed rank's, else 128 + signal when interrupted, else
     mpiexec's."""
-    failed = sorted(r for r, (code, stopped) in statuses.items() if code != 0 and not stopped)
+    failed = sorted(r for r, st in statuses.items() if st[0] != 0 and not st[1])
     failed = [r for r in order if r in failed] + [r for r in failed if r not in order]
     for r in failed:
         code = statuses[r][0]
@@ -173,6 +222,13 @@ def _report(mpiexec_rc: int, statuses: Dict[int, Tuple[int, bool]], np: int,
         if len(failed) > 1:
             print(f"gradflowrun: rank {failed[0]} failed first; rank(s) {_ranks(failed[1:])} "
                   "failed after it", file=sys.stderr, flush=True)
+        quit_early = [r for r, st in statuses.items() if st[0] == 0]
+        if quit_early and all(RankExit(*statuses[r]).notified for r in failed):
+            # Told that a peer ended without finalizing MPI, and no rank failed
+            # otherwise: the cause is likely a rank that exited with code 0.
+            print(f"gradflowrun: the failed ranks were told that another rank ended without "
+                  f"finalizing MPI; rank(s) {_ranks(quit_early)} exited with code 0",
+                  file=sys.stderr, flush=True)
         others = [r for r in range(np) if r not in failed]
         if others and why == "failed":
             print(f"gradflowrun: stopped rank(s) {_ranks(others)} after the failure",
@@ -180,7 +236,7 @@ def _report(mpiexec_rc: int, statuses: Dict[int, Tuple[int, bool]], np: int,
         return statuses[failed[0]][0]
     if mpiexec_rc != 0:
         rc = mpiexec_rc if mpiexec_rc > 0 else 128 - mpiexec_rc
-        if len(statuses) == np and all(code == 0 for code, _ in statuses.values()):
+        if len(statuses) == np and all(st[0] == 0 for st in statuses.values()):
             # Seen with hydra's rsh launcher: mpiexec killed by SIGPIPE at
             # teardown after every rank had finished. The ranks' codes decide.
             print(f"gradflowrun: note: every rank exited with code 0; ignoring mpiexec's exit "

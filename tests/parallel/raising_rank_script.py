@@ -1,5 +1,6 @@
 """Rank 1 raises an uncaught exception; the others' pending allreduce must
-raise promptly with rank 1's message (not wait for the timeout)."""
+raise promptly with rank 1's message (not wait for the timeout). Prints
+"rank R raised after T s: ..."; the test checks T and every exit code."""
 import sys
 import time
 
@@ -17,8 +18,6 @@ t0 = time.time()
 try:
     gf.allreduce(np.ones(4), name="second")
 except gf.GradflowError as e:
-    took = time.time() - t0
-    print(f"rank {R} raised after {took:.1f} s: {e}", flush=True)
-    assert took < 10, "abort should arrive within a few cycles"
+    print(f"rank {R} raised after {time.time() - t0:.2f} s: {e}", flush=True)
     sys.exit(7)
 print(f"rank {R}: no error", flush=True)

@@ -5,6 +5,7 @@ mpiexec command line / environment built by build_launch (nothing is run).
 
 import os
 import sys
+import time
 
 import pytest
 
@@ -116,6 +117,25 @@ def test_parse_hostfile_formats(tmp_path):
 def test_parse_hostfile_errors(text):
     with pytest.raises(ValueError):
         H.parse_hostfile(text.splitlines(True))
+
+
+@pytest.mark.parametrize("name", ["-oProxyCommand=touch${IFS}/tmp/x", "-x", ".hidden",
+                                  "a;b", "h$(id)", "h`id`", "a/b"])
+def test_host_names_that_are_not_names_are_refused(name, tmp_path, capsys):
+    # A leading '-' would reach ssh's / hydra's argv as an option.
+    with pytest.raises(ValueError, match="bad host name"):
+        H.parse_hosts(f"good:1,{name}:2")
+    with pytest.raises(ValueError, match="bad host name"):
+        H.parse_hosts(name)
+    with pytest.raises(ValueError, match="hostfile:2: bad host name"):
+        H.parse_hostfile(["good slots=1\n", f"{name} slots=2\n"])
+    with pytest.raises(ValueError, match="bad host name"):
+        H.parse_hostfile([f"{name}:2\n"])
+    assert L.main(["-np", "2", f"--hosts={name}:2", "python", "x.py"], config_keys=FAKE_KEYS) == 2
+    assert "bad host name" in capsys.readouterr().err
+    assert H.parse_hosts("node-1.example.com:2,10.0.0.7,gpu_03") == [
+        H.HostSlots("node-1.example.com", 2), H.HostSlots("10.0.0.7", 1),
+        H.HostSlots("gpu_03", 1)]
 
 
 def test_missing_hostfile(tmp_path):
@@ -386,3 +406,57 @@ def test_launcher_teardown_failure_after_every_rank_succeeded(capsys):
     assert "every rank exited with code 0; ignoring mpiexec's exit code 141" in capsys.readouterr().err
     assert S._report(-13, {0: (0, False)}, 2, [], "") == 141  # rank 1 unknown: trust mpiexec
     assert "mpiexec exited with code 141" in capsys.readouterr().err
+
+
+# ------------------------------------------------ failure notices (notice.py)
+
+def test_failure_notice_reaches_the_watcher():
+    from gradflow.runner import notice as N
+    r, w, env = N.open_channel()
+    got = []
+    try:
+        assert N._claim({N.FD_ENV: str(r), N.ID_ENV: "0:0"}) is None  # not our pipe
+        assert N._claim({N.FD_ENV: "x", N.ID_ENV: env[N.ID_ENV]}) is None
+        env_copy = dict(env)
+        assert not N._watching  # importing gradflow outside gradflowrun watches nothing
+        try:
+            assert N.watch(got.append, environ=env_copy)
+        finally:
+            N._watching = False
+        assert N.FD_ENV not in env_copy  # children of the rank do not claim it again
+        N.send(w, "rank 1 was killed\nby SIGKILL")
+        for _ in range(200):
+            if got:
+                break
+            time.sleep(0.01)
+        assert got == ["rank 1 was killed by SIGKILL"]
+    finally:
+        os.close(w)
+    assert N.describe_exit(1, 137) == "rank 1 was killed by SIGKILL"
+    assert N.describe_exit(2, 3) == "rank 2 exited with code 3"
+
+
+def test_ranks_told_of_a_failure_are_blamed_after_it():
+    # Rank 0 failed at the same instant, but only after it was told of rank 2's failure.
+    statuses = {0: (1, False, True), 2: (3, False, False)}
+    assert S.failure_order({0: 5.0, 2: 5.0}, statuses) == [2, 0]
+    assert S.failure_order({0: 4.0, 2: 9.0}, statuses) == [2, 0]
+
+
+def test_hydra_notice_names_the_failed_peer(tmp_path):
+    (tmp_path / "rank.1.exit").write_text("137 0 0\n")
+    (tmp_path / "rank.2.exit").write_text("0 0 0\n")
+    assert W._hydra_notice(str(tmp_path), "0") == "rank 1 was killed by SIGKILL"
+    (tmp_path / "rank.1.exit").unlink()
+    assert W._hydra_notice(str(tmp_path), "0") == (
+        "a rank ended without finalizing MPI (hydra sent SIGUSR1); rank 2 exited with code 0")
+
+
+def test_failures_seen_only_after_the_launcher_ended_are_still_ordered(tmp_path, capsys):
+    # All ranks end within one poll, together with mpiexec: rank 0 failed
+    # after being told of rank 1's failure, so rank 1 is named first.
+    d = str(tmp_path)
+    script = (f"echo '1 0 1' > {d}/rank.0.exit; echo '3 0 0' > {d}/rank.1.exit; "
+              f"echo '1 0 1' > {d}/rank.2.exit; exit 3")
+    assert S.run_job(["sh", "-c", script], dict(os.environ), 3, [], 30.0, d) == 3
+    assert "rank 1 failed first; rank(s) 0, 2 failed after it" in capsys.readouterr().err

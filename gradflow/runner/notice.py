@@ -1,0 +1,101 @@
+"""The failure-notice channel from gradflowrun's rank wrapper to the gradflow
+runtime in the rank's process: a pipe the wrapper opens and the rank inherits.
+When a peer dies (killed by a signal, or exited without finishing), the
+wrapper writes one line saying so; the rank's watcher thread hands it to the
+native runtime, whose pending and later waits then fail at once with that
+message instead of waiting GRADFLOW_TIMEOUT. Standard library only: the
+wrapper (run by path) and gradflow/__init__.py both import it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import sys
+import threading
+from typing import Callable, Dict, Optional, Tuple
+
+# Set by rank_wrapper.py for the command it runs; not GRADFLOW_* so config.cc
+# ignores them. The id (device:inode of the pipe) makes sure a process that
+# inherited the variable but not the descriptor never reads someone else's fd.
+FD_ENV = "GRADFLOWRUN_NOTICE_FD"
+ID_ENV = "GRADFLOWRUN_NOTICE_ID"
+_MAX_MESSAGE = 4096
+
+_watching = False
+_lock = threading.Lock()
+
+
+def describe_exit(rank: object, code: int) -> str:
+    """'rank 1 was killed by SIGKILL' / 'rank 1 exited with code 3' from a
+    wrapper's exit code (128 + signal number for a signal death)."""
+    if code > 128:
+        try:
+            return f"rank {rank} was killed by {signal.Signals(code - 128).name}"
+        except ValueError:
+            pass
+    return f"rank {rank} exited with code {code}"
+
+
+def open_channel() -> Tuple[int, int, Dict[str, str]]:
+    """Wrapper side: (read fd for the child, write fd, env for the child).
+    The read end is inheritable; close it in the wrapper after starting the child."""
+    r, w = os.pipe()
+    os.set_inheritable(r, True)
+    st = os.fstat(r)
+    return r, w, {FD_ENV: str(r), ID_ENV: f"{st.st_dev}:{st.st_ino}"}
+
+
+def send(fd: int, message: str) -> None:
+    """Wrapper side: deliver one notice (a single line); never raises."""
+    data = (" ".join(message.split())[:_MAX_MESSAGE] + "\n").encode("utf-8", "replace")
+    try:
+        os.write(fd, data)  # < PIPE_BUF: one atomic write, the pipe is empty
+    except OSError:
+        pass
+
+
+def _claim(environ: Dict[str, str]) -> Optional[int]:
+    """The inherited read fd if the variables name a pipe that really is ours."""
+    fd_text, ident = environ.pop(FD_ENV, None), environ.pop(ID_ENV, None)
+    if not fd_text or not fd_text.isdigit() or not ident:
+        return None
+    fd = int(fd_text)
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    if not stat.S_ISFIFO(st.st_mode) or f"{st.st_dev}:{st.st_ino}" != ident:
+        return None
+    os.set_inheritable(fd, False)  # the rank's own children must not hold it
+    return fd
+
+
+def watch(on_notice: Callable[[str], None], environ=None) -> bool:
+    """Rank side: if started by gradflowrun, start a daemon thread that calls
+    ``on_notice(message)`` when the wrapper reports a dead peer. Idempotent;
+    returns whether a channel was found. The variables are removed from the
+    environment so that processes this rank starts do not claim the pipe."""
+    global _watching
+    with _lock:
+        if _watching:
+            return True
+        fd = _claim(os.environ if environ is None else environ)
+        if fd is None:
+            return False
+        _watching = True
+
+    def run() -> None:
+        with os.fdopen(fd, "rb", buffering=0) as f:
+            line = f.readline(_MAX_MESSAGE + 1)  # EOF (the wrapper is gone): nothing to do
+        message = line.decode("utf-8", "replace").strip()
+        if message:
+            # Said here too: a rank busy outside gradflow is stopped by the
+            # launcher's grace period before any collective could say it.
+            print(f"gradflow: {message}; gradflow collectives on this rank now fail",
+                  file=sys.stderr, flush=True)
+            on_notice(message)
+
+    threading.Thread(target=run, name="gradflowrun-notice", daemon=True).start()
+    return True
