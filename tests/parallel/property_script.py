@@ -38,8 +38,15 @@ p.add_argument("--error-bound", type=float, default=20.0, help="seconds a batch 
 ARGS = p.parse_args()
 
 # A rank-local surprise (a bug) must not hang the others: stalled names fail.
+# Not too soon: while rank 0's hypothesis generates or shrinks a batch the
+# others legitimately wait in the next broadcast (30 s leaves room for a
+# loaded machine; a name only some ranks submit also ends by the bounded
+# wait, Note [Bounded waits]).
 os.environ.setdefault("GRADFLOW_STALL_CHECK_TIME", "5")
-os.environ.setdefault("GRADFLOW_STALL_SHUTDOWN_TIME", "10")
+os.environ.setdefault("GRADFLOW_STALL_SHUTDOWN_TIME", "30")
+# hypothesis is imported before init() on every rank: a slow first import on
+# rank 0 must not happen while the others already wait for its first batch.
+import hypothesis  # noqa: F401,E402
 gf.init()
 R, N = gf.rank(), gf.size()
 
