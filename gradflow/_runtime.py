@@ -9,6 +9,7 @@ import os
 import itertools
 import sys
 import threading
+import time
 from typing import Any, Callable, Dict, Optional, Sequence
 
 import mpi4py
@@ -186,6 +187,11 @@ def _at_exit() -> None:
         os._exit(1 if _uncaught_exception else 0)
     failed = _native.failed_fatally()
     _native.shutdown()  # its last cycle carries this rank's abort message, if any
+    # Threads woken in wait() (with an error) must take the GIL back before the
+    # interpreter finalizes: one killed there would abort the process.
+    deadline = time.monotonic() + 5
+    while _native.threads_waiting() and time.monotonic() < deadline:
+        time.sleep(0.002)
     if failed or _uncaught_exception:
         # A peer is dead, or the peers were told to give up: MPI_Finalize
         # would wait for them forever.

@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 
@@ -29,6 +30,11 @@ namespace {
 // does not exist, e.g. in a fork() child).
 struct Process {
   std::mutex mu;
+  // Threads inside wait() (GIL released). At exit the interpreter kills a
+  // thread that takes the GIL back during finalization, and in C++ that
+  // unwinding ends in std::terminate: gradflow's at-exit handler lets these
+  // threads return to Python first (threads_waiting()).
+  std::atomic<int> waiting{0};
   std::shared_ptr<Runtime> runtime;
   bool init_failed_fatally = false;  // init() timed out: MPI_Finalize could hang
 };
@@ -167,6 +173,10 @@ PYBIND11_MODULE(_native, m) {
         [](int64_t h) {
           std::shared_ptr<Runtime> rt = runtime();
           HandleResult r;
+          struct Count {  // decremented only once the GIL is held again
+            Count() { ++process().waiting; }
+            ~Count() { --process().waiting; }
+          } count;
           {
             py::gil_scoped_release release;
             r = rt->wait(h);
@@ -175,6 +185,8 @@ PYBIND11_MODULE(_native, m) {
         },
         "Block until the handle is done; raise GradflowError if it failed; return a dict "
         "(data, shape, recv_splits, wire_overflow).");
+  m.def("threads_waiting", [] { return process().waiting.load(); },
+        "Number of threads inside wait() (Note [Runtime ownership]).");
   m.def("release",
         [](int64_t h) {
           std::shared_ptr<Runtime> rt = current_or_null();

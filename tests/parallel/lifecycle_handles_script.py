@@ -4,6 +4,7 @@ handle. The core must never write freed buffers (fresh arrays allocated
 meanwhile keep their pattern) and must not keep results nobody waits for
 (RSS stays flat over many rounds of dropped allgathers)."""
 import gc
+import os
 import resource
 import sys
 import threading
@@ -59,8 +60,10 @@ for rnd in range(24):
     gf.barrier()
     rss.append(rss_mb())
 grown = rss[-1] - rss[3]
-# A leak would hold 20 rounds x 16 x N x 512 KiB (>= 320 MiB at N=2).
-assert grown < 96, f"rank {R}: RSS grew {grown:.0f} MiB over dropped allgathers: {rss}"
+# A leak would hold 20 rounds x 16 x N x 512 KiB (>= 320 MiB at N=2). Under
+# AddressSanitizer (scripts/sanitize.sh) its quarantine keeps freed memory.
+if "libasan" not in os.environ.get("LD_PRELOAD", ""):
+    assert grown < 96, f"rank {R}: RSS grew {grown:.0f} MiB over dropped allgathers: {rss}"
 check_normal("ag")
 
 # 3. Grouped submit that raises after its first tensor went in.

@@ -44,6 +44,34 @@ for rnd in range(3):
     assert all("shut" in e for e in errors), errors
     assert not gf.is_initialized()
 
+# 1b. Threads submitting (and polling) as fast as they can while the main
+#     thread shuts down: each stops with a GradflowError, nothing crashes.
+def submit_until_error(tag, out):
+    k = 0
+    try:
+        while True:
+            h = gf.allreduce_async(np.ones(4), name=f"spin.{tag}.{k}")
+            h.poll()
+            k += 1
+    except gf.GradflowError as e:
+        out.append(str(e))
+
+
+for rnd in range(3):
+    gf.init()
+    R = gf.rank()
+    stops = []
+    spinners = [threading.Thread(target=submit_until_error, args=(f"{R}.{rnd}.{i}", stops))
+                for i in range(3)]
+    for t in spinners:
+        t.start()
+    time.sleep(0.2)
+    gf.shutdown()
+    for t in spinners:
+        t.join(60)
+    assert not any(t.is_alive() for t in spinners), "a submitting thread hangs"
+    assert len(stops) == len(spinners), stops
+
 # 2. shutdown() from another thread while a 64 MiB ring allreduce runs.
 gf.init()
 R, N = gf.rank(), gf.size()
