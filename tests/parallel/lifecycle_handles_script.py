@@ -8,6 +8,7 @@ import os
 import resource
 import sys
 import threading
+import time
 
 import numpy as np
 import torch
@@ -112,6 +113,31 @@ for rnd in range(3):
     assert len(results) == 2
     for got in results:
         np.testing.assert_array_equal(got, np.full(10, N * (N + 1) / 2))
+
+# 6. An optimizer dropped (with its model) while its pool buckets are in
+#    flight: the pool buffer must outlive them. Rank 0 submits first; the
+#    others come 0.5 s later, long after rank 0 has let go of everything.
+if N > 1:
+    for rnd in range(3):
+        torch.manual_seed(rnd)
+        model = torch.nn.Linear(127, 129)  # one pool of 16512 elements (64.5 KiB)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters())
+        for step in range(2):  # step 2 builds the pool
+            opt.zero_grad()
+            model(torch.ones(4, 127)).sum().backward()
+            opt.step()
+        if R != 0:
+            time.sleep(0.5)
+        opt.zero_grad()
+        model(torch.ones(4, 127)).sum().backward()  # buckets go out from the hooks
+        del model, opt
+        gc.collect()
+        patterns = [torch.full((16512,), -7.0 - i) for i in range(64)]
+        gf.barrier()
+        for i, t in enumerate(patterns):
+            assert (t == -7.0 - i).all(), f"rank {R}: a dropped optimizer's pool was written"
+    check_normal("optimizer")
 
 check_normal("end")
 gf.shutdown()
