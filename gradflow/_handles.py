@@ -29,8 +29,9 @@ def sweep() -> None:
 def release(native: int, keep_alive: Any) -> None:
     """The caller dropped native handle `native`: the core forgets its result,
     and `keep_alive` stays referenced until the core is done with it."""
-    if not _native.release(native):
-        _orphans[native] = keep_alive
+    _orphans[native] = keep_alive  # first: a sweep may see it completed at once
+    if _native.release(native):
+        _orphans.pop(native, None)
 
 
 def forget_all() -> None:

@@ -27,8 +27,10 @@ def rss_mb():
 
 
 def fresh_patterns(k):
-    """Allocate arrays likely to reuse just-freed blocks, with a known pattern."""
-    return [np.full(ELEMS, -7.0 - i, np.float32) for i in range(k)]
+    """Allocate arrays likely to reuse just-freed blocks (numpy's and torch's),
+    with a known pattern."""
+    return [np.full(ELEMS, -7.0 - i, np.float32) for i in range(k)] + \
+        [torch.full((ELEMS,), -7.0 - i).numpy() for i in range(k, 2 * k)]
 
 
 def check_patterns(arrays, what):
@@ -82,19 +84,34 @@ for rnd in range(5):
 check_normal("grouped")
 
 # 4. A group whose first tensor fails (shapes differ by rank) while the
-#    others are in flight: wait() raises on tensor 0, the rest are dropped.
+#    others are in flight: rank 0's wait() raises on tensor 0 and the group
+#    is dropped; the other ranks submit the rest 1.5 s later (the group sits
+#    in a reference cycle through the stored exception: gc.collect() frees it).
 if N > 1:
     for rnd in range(3):
-        group = hvd.grouped_allreduce_async(
-            [torch.ones(R + 1), *[torch.ones(ELEMS) for _ in range(8)]], op=hvd.Sum,
-            name=f"grouped.fail.{rnd}")
-        try:
-            group.wait()
-        except gf.GradflowError as e:
-            assert "shape" in str(e), e
+        name = f"grouped.fail.{rnd}"
+        if R == 0:
+            group = hvd.grouped_allreduce_async([torch.ones(1), *[torch.ones(ELEMS) for _ in range(8)]],
+                                                op=hvd.Sum, name=name)
+            try:
+                group.wait()
+            except gf.GradflowError as e:
+                assert "shape" in str(e), e
+            else:
+                raise AssertionError("mismatched shapes did not raise")
+            del group
+            gc.collect()
         else:
-            raise AssertionError("mismatched shapes did not raise")
-        del group
+            try:
+                hvd.allreduce_async(torch.ones(2), op=hvd.Sum, name=f"{name}.0").wait()
+            except gf.GradflowError:
+                pass
+            else:
+                raise AssertionError("mismatched shapes did not raise")
+            time.sleep(1.5)
+            for h in [hvd.allreduce_async(torch.ones(ELEMS), op=hvd.Sum, name=f"{name}.{i}")
+                      for i in range(1, 9)]:
+                h.wait()
         patterns = fresh_patterns(64)
         gf.barrier()
         check_patterns(patterns, "group whose first wait raised")
