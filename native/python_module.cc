@@ -43,7 +43,7 @@ Process& process() {
   return *p;
 }
 
-std::string fork_message(const Runtime&) {
+std::string fork_message() {
   return "gradflow: this process (pid " + std::to_string(::getpid()) +
          ") is a fork() of the process that called gradflow.init(); the runtime (its "
          "background thread and MPI connections) does not survive fork(). Use gradflow only in "
@@ -66,7 +66,7 @@ std::shared_ptr<Runtime> runtime() {
   if (!rt)
     throw GradflowError(
         "gradflow has not been initialized: call gradflow.init() (or hvd.init()) first");
-  if (!rt->owned_by_this_process()) throw GradflowError(fork_message(*rt));
+  if (!rt->owned_by_this_process()) throw GradflowError(fork_message());
   return rt;
 }
 
@@ -105,7 +105,7 @@ PYBIND11_MODULE(_native, m) {
           {
             std::lock_guard<std::mutex> lock(process().mu);
             const auto& rt = process().runtime;
-            if (rt && !rt->owned_by_this_process()) throw GradflowError(fork_message(*rt));
+            if (rt && !rt->owned_by_this_process()) throw GradflowError(fork_message());
             if (rt) return;
           }
           std::shared_ptr<Runtime> rt;
@@ -139,7 +139,7 @@ PYBIND11_MODULE(_native, m) {
         "Stop the background loop and release the runtime (destroyed once no call uses it).",
         py::call_guard<py::gil_scoped_release>());
   m.def("is_initialized", [] { return static_cast<bool>(current_or_null()); },
-        "True if init() was called in this process (not a fork() parent) and shutdown() was not.");
+        "True if init() was called in this process (not inherited through fork()) and shutdown() was not.");
   m.def("rank", [] { return runtime()->comm().rank(); });
   m.def("size", [] { return runtime()->comm().size(); });
   m.def("local_rank", [] { return runtime()->comm().local_rank(); });
