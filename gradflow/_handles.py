@@ -1,21 +1,50 @@
 """Async handles: what `*_async` returns, keeping buffers alive until done.
 
-The native core works on raw addresses of caller-owned memory, so a handle
-holds references to every array involved until `synchronize()` returns; the
-optional `finish` turns the native result into the user's value.
+The native core works on raw addresses of caller-owned memory, so the
+buffers must live until the core has finished with them, whatever the caller
+does with the handle (Note [Handle lifetime] in native/tensor_queue.h): a
+waited handle holds them until `wait()` returns; a handle dropped while in
+flight hands them to `_orphans`, keyed by native handle id, until the core
+reports that handle completed (`sweep()`, run on every submit). The core
+discards the results of dropped handles, so nothing leaks either way.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import threading
+from typing import Any, Callable, Dict, Optional
 
 from . import _native
 
+# Buffers of dropped handles still in flight: native handle id -> keep-alive.
+_orphans: Dict[int, Any] = {}
+
+
+def sweep() -> None:
+    """Let go of the buffers of dropped handles the core has completed."""
+    if _orphans:
+        for h in _native.take_reaped():
+            _orphans.pop(h, None)
+
+
+def release(native: int, keep_alive: Any) -> None:
+    """The caller dropped native handle `native`: the core forgets its result,
+    and `keep_alive` stays referenced until the core is done with it."""
+    _orphans[native] = keep_alive  # first: a sweep may see it completed at once
+    if _native.release(native):
+        _orphans.pop(native, None)
+
+
+def forget_all() -> None:
+    """After shutdown(): the stopped runtime completed every handle."""
+    _orphans.clear()
+
 
 class Handle:
-    """An in-flight collective. Pass to `gradflow.synchronize` or `gradflow.poll`."""
+    """An in-flight collective. Pass to `gradflow.synchronize` or `gradflow.poll`.
+    Any number of threads may wait on it; each gets the result (or the error)."""
 
     __slots__ = ("native", "keep_alive", "finish", "_done", "_value", "_error", "name",
-                 "wire_overflow")
+                 "wire_overflow", "_lock")
 
     def __init__(self, native: int, keep_alive: tuple, finish: Optional[Callable[[dict], Any]], name: str):
         self.native = native
@@ -25,6 +54,7 @@ class Handle:
         self._done = False
         self._value: Any = None
         self._error: Optional[BaseException] = None
+        self._lock = threading.Lock()  # one thread takes the native result; others wait here
         #: True once done if a finite value overflowed the 16-bit wire (became
         #: inf): mixed-precision loss scaling treats it like a gradient overflow.
         self.wire_overflow = False
@@ -36,18 +66,28 @@ class Handle:
     def wait(self) -> Any:
         """Block until done and return the result; raises GradflowError on failure."""
         if not self._done:
-            try:
-                result = _native.wait(self.native)
-                self.wire_overflow = bool(result.get("wire_overflow", False))
-                self._value = self.finish(result) if self.finish else result
-            except BaseException as e:  # remembered so a second wait raises too
-                self._error = e
-            finally:
-                self._done = True
-                self.keep_alive = ()
+            with self._lock:
+                if not self._done:
+                    try:
+                        result = _native.wait(self.native)
+                        self.wire_overflow = bool(result.get("wire_overflow", False))
+                        self._value = self.finish(result) if self.finish else result
+                    except BaseException as e:  # remembered so a second wait raises too
+                        self._error = e
+                    finally:
+                        self._done = True
+                        self.keep_alive = ()
         if self._error is not None:
             raise self._error
         return self._value
+
+    def __del__(self) -> None:
+        # Dropped without wait(): the core may still be writing the buffers.
+        if not getattr(self, "_done", True):
+            try:
+                release(self.native, self.keep_alive)
+            except Exception:  # interpreter exit: the module may be half torn down
+                pass
 
     def __repr__(self) -> str:
         return f"<gradflow.Handle {self.name!r} done={self._done}>"

@@ -8,6 +8,7 @@ import atexit
 import os
 import sys
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import mpi4py
@@ -16,6 +17,7 @@ mpi4py.rc.thread_level = "multiple"  # the background thread calls MPI
 from mpi4py import MPI  # noqa: E402  (initializes MPI and loads libmpi before _native)
 
 from . import _native  # noqa: E402
+from . import _handles  # noqa: E402
 from ._handles import Handle  # noqa: E402
 
 GradflowError = _native.GradflowError
@@ -46,18 +48,20 @@ def init(comm: Optional[MPI.Comm] = None) -> None:
         raise GradflowError(
             "gradflow needs MPI initialized with MPI_THREAD_MULTIPLE; import gradflow before "
             "initializing MPI elsewhere, or initialize it with that level")
+    if not _hooks_installed:  # before init: a timed-out init must skip MPI_Finalize too
+        _install_hooks()
+        _hooks_installed = True
     _native.init(int(comm.handle), {})
     _comm = comm
     with _lock:
         _counters.clear()
-    if not _hooks_installed:
-        _install_hooks()
-        _hooks_installed = True
 
 
 def shutdown() -> None:
-    """Stop the background thread. Pending collectives raise on every rank."""
+    """Stop the background thread. Pending collectives raise on every rank,
+    including those other threads are waiting on (safe from any thread)."""
     _native.shutdown()
+    _handles.forget_all()
 
 
 def is_initialized() -> bool:
@@ -157,6 +161,7 @@ def submit(kind: int, name: str, in_ptr: int, out_ptr: int, dtype: int, shape: S
     """Queue one collective on raw buffers; `keep_alive` holds them until done."""
     if "\x00" in name:  # C strings would cut it short in every error message
         raise ValueError(f"gradflow: collective name {name!r} contains a NUL character")
+    _handles.sweep()
     h = _native.submit(kind, name, in_ptr, out_ptr, dtype, [int(d) for d in shape], op, root,
                        wire, float(prescale), float(postscale), [int(s) for s in splits],
                        float(sparse_ratio))
@@ -170,7 +175,9 @@ def _install_hooks() -> None:
         # Tell the other ranks before this one dies, so they raise instead of waiting.
         global _uncaught_exception
         try:
-            if _native.is_initialized():
+            if _native.forked_child():
+                _uncaught_exception = True  # only the exit status (see _at_exit)
+            elif _native.is_initialized():
                 _native.abort(f"{exc_type.__name__}: {exc}")
                 _uncaught_exception = True
         except Exception:
@@ -184,8 +191,22 @@ def _install_hooks() -> None:
 
 
 def _at_exit() -> None:
+    if _native.forked_child():
+        # A fork() child of an initialized process: MPI_Finalize here (mpi4py
+        # runs it after this) would tear down the parent's MPI state through
+        # the inherited connections and hang the job. Leave without it; the
+        # status is 1 after an uncaught exception, else 0 (sys.exit's code
+        # is not visible here; exit a child with os._exit to choose it).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1 if _uncaught_exception else 0)
     failed = _native.failed_fatally()
     _native.shutdown()  # its last cycle carries this rank's abort message, if any
+    # Threads woken in wait() (with an error) must take the GIL back before the
+    # interpreter finalizes: one killed there would abort the process.
+    deadline = time.monotonic() + 5
+    while _native.threads_waiting() and time.monotonic() < deadline:
+        time.sleep(0.002)
     if failed or _uncaught_exception:
         # A peer is dead, or the peers were told to give up: MPI_Finalize
         # would wait for them forever.

@@ -2,14 +2,22 @@
 // gradient-pool submission. No communication logic beyond start-up.
 #include "api.h"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <functional>
 
 #include "reduce_kernels.h"
 
 namespace gradflow {
 
+namespace {
+std::atomic<int64_t> g_generations{0};
+constexpr int kPoolIndexBits = 32;
+}  // namespace
+
 Runtime::Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>& overrides)
-    : cfg_(load_config(overrides)) {
+    : cfg_(load_config(overrides)), generation_(++g_generations), pid_(::getpid()) {
   comm_ = std::make_unique<MpiComm>(comm_handle, cfg_.timeout_seconds);
   check_config_matches_everywhere();
   // Rank 0 writes the timeline (as in Horovod): negotiation spans there
@@ -120,25 +128,32 @@ bool Runtime::poll(int64_t handle) { return queue_.poll(handle); }
 HandleResult Runtime::wait(int64_t handle) { return queue_.wait(handle); }
 
 void Runtime::shutdown() {
-  if (loop_) loop_->shutdown();
+  std::lock_guard<std::mutex> lock(shutdown_mu_);
+  if (loop_) loop_->shutdown();  // joins: the loop thread was the only MPI user
   timeline_.close();
+  comm_->release_communicator();
 }
+
+bool Runtime::owned_by_this_process() const { return pid_ == ::getpid(); }
 
 void Runtime::abort(const std::string& message) {
   if (loop_) loop_->abort(message);
 }
 
-int Runtime::pool_create(uintptr_t data, DataType dt, const std::vector<int64_t>& range_elems,
-                         int64_t bucket_bytes, ReduceOp op, int wire, double prescale,
-                         double postscale, double sparse_ratio) {
+int64_t Runtime::pool_create(uintptr_t data, DataType dt, const std::vector<int64_t>& range_elems,
+                             int64_t bucket_bytes, ReduceOp op, int wire, double prescale,
+                             double postscale, double sparse_ratio) {
   std::string why;
   GF_CHECK(reduce_supported(dt, op, &why), "gradflow: gradient pool: " << why);
   std::lock_guard<std::mutex> lock(pools_mu_);
-  int id = next_pool_++;
+  int index = next_pool_++;
+  int64_t id = (generation_ << kPoolIndexBits) | index;
   PoolState& p = pools_[id];
   size_t bb = bucket_bytes < 0 ? static_cast<size_t>(cfg_.pool_bucket_bytes)
                                : static_cast<size_t>(bucket_bytes);
-  p.pool = std::make_unique<GradPool>(id, reinterpret_cast<void*>(data), dt, range_elems, bb);
+  // The index, not the id, names the buckets: ranks agree on it whatever
+  // each process did before this runtime.
+  p.pool = std::make_unique<GradPool>(index, reinterpret_cast<void*>(data), dt, range_elems, bb);
   SubmitArgs& t = p.bucket_template;
   t.kind = OpKind::kAllreduce;
   t.dtype = dt;
@@ -159,6 +174,16 @@ int Runtime::pool_create(uintptr_t data, DataType dt, const std::vector<int64_t>
   return id;
 }
 
+Runtime::PoolState& Runtime::find_pool(int64_t id) {
+  GF_CHECK((id >> kPoolIndexBits) == generation_,
+           "gradflow: gradient pool " << id << " belongs to a gradflow runtime that has been shut "
+           "down (shutdown() and init() were called since it was created); create the "
+           "DistributedOptimizer (or model wrapper) again after init()");
+  auto it = pools_.find(id);
+  GF_CHECK(it != pools_.end(), "gradflow: unknown gradient pool " << id);
+  return it->second;
+}
+
 int64_t Runtime::submit_bucket(PoolState& p, int b) {
   SubmitArgs a = p.bucket_template;
   a.name = p.pool->bucket_name(b);
@@ -176,51 +201,46 @@ int64_t Runtime::submit_bucket(PoolState& p, int b) {
   return h;
 }
 
-int64_t Runtime::pool_mark_ready(int pool, int64_t range) {
+int64_t Runtime::pool_mark_ready(int64_t pool, int64_t range) {
   std::lock_guard<std::mutex> lock(pools_mu_);
-  auto it = pools_.find(pool);
-  GF_CHECK(it != pools_.end(), "gradflow: unknown gradient pool " << pool);
-  int b = it->second.pool->mark_ready(static_cast<size_t>(range));
-  return b < 0 ? -1 : submit_bucket(it->second, b);
+  PoolState& p = find_pool(pool);
+  int b = p.pool->mark_ready(static_cast<size_t>(range));
+  return b < 0 ? -1 : submit_bucket(p, b);
 }
 
-std::vector<int64_t> Runtime::pool_flush(int pool) {
+std::vector<int64_t> Runtime::pool_flush(int64_t pool) {
   std::lock_guard<std::mutex> lock(pools_mu_);
-  auto it = pools_.find(pool);
-  GF_CHECK(it != pools_.end(), "gradflow: unknown gradient pool " << pool);
+  PoolState& p = find_pool(pool);
   std::vector<int64_t> handles;
-  for (int b : it->second.pool->take_unsubmitted()) handles.push_back(submit_bucket(it->second, b));
+  for (int b : p.pool->take_unsubmitted()) handles.push_back(submit_bucket(p, b));
   return handles;
 }
 
-void Runtime::pool_reset(int pool) {
+void Runtime::pool_reset(int64_t pool) {
   std::lock_guard<std::mutex> lock(pools_mu_);
-  auto it = pools_.find(pool);
-  GF_CHECK(it != pools_.end(), "gradflow: unknown gradient pool " << pool);
-  it->second.pool->reset();
-  it->second.steps++;
+  PoolState& p = find_pool(pool);
+  p.pool->reset();
+  p.steps++;
 }
 
-void Runtime::pool_set_scale(int pool, double prescale, double postscale) {
+void Runtime::pool_set_scale(int64_t pool, double prescale, double postscale) {
   std::lock_guard<std::mutex> lock(pools_mu_);
-  auto it = pools_.find(pool);
-  GF_CHECK(it != pools_.end(), "gradflow: unknown gradient pool " << pool);
-  it->second.bucket_template.prescale = prescale;
-  it->second.bucket_template.postscale = postscale;
+  PoolState& p = find_pool(pool);
+  p.bucket_template.prescale = prescale;
+  p.bucket_template.postscale = postscale;
 }
 
-void Runtime::pool_destroy(int pool) {
+void Runtime::pool_destroy(int64_t pool) {
   std::lock_guard<std::mutex> lock(pools_mu_);
-  pools_.erase(pool);
+  pools_.erase(pool);  // an id of another runtime is never a key here
 }
 
-std::vector<int64_t> Runtime::pool_bucket_offsets(int pool) {
+std::vector<int64_t> Runtime::pool_bucket_offsets(int64_t pool) {
   std::lock_guard<std::mutex> lock(pools_mu_);
-  auto it = pools_.find(pool);
-  GF_CHECK(it != pools_.end(), "gradflow: unknown gradient pool " << pool);
+  PoolState& p = find_pool(pool);
   std::vector<int64_t> out;
-  for (size_t b = 0; b < it->second.pool->num_buckets(); ++b)
-    out.push_back(static_cast<int64_t>(it->second.pool->bucket_offset(static_cast<int>(b))));
+  for (size_t b = 0; b < p.pool->num_buckets(); ++b)
+    out.push_back(static_cast<int64_t>(p.pool->bucket_offset(static_cast<int>(b))));
   return out;
 }
 

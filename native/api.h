@@ -55,22 +55,36 @@ class Runtime {
   int64_t submit(const SubmitArgs& args);  // validates early, returns a handle
   bool poll(int64_t handle);
   HandleResult wait(int64_t handle);  // blocks; callers release the GIL
+  // Note [Handle lifetime] in tensor_queue.h: the caller dropped `handle`.
+  bool release(int64_t handle) { return queue_.release(handle); }
+  std::vector<int64_t> take_reaped() { return queue_.take_reaped(); }
+  // Stops the loop (every pending handle completes with an error) and frees
+  // the communicator. Waiters may still hold the object: only the queue is
+  // used after this (submit then raises).
   void shutdown();
   void abort(const std::string& message);
   bool failed_fatally() const { return loop_ && loop_->failed_fatally(); }
+  // False in a fork() child: the loop thread and the MPI state belong to the
+  // parent, so the child must not use (or destroy) this runtime.
+  bool owned_by_this_process() const;
 
-  // Gradient pools (lazy allreduce); see grad_pool.h.
-  int pool_create(uintptr_t data, DataType dt, const std::vector<int64_t>& range_elems,
-                  int64_t bucket_bytes, ReduceOp op, int wire, double prescale, double postscale,
-                  double sparse_ratio);
-  int64_t pool_mark_ready(int pool, int64_t range);  // handle, or -1 if no bucket completed
-  std::vector<int64_t> pool_flush(int pool);         // handles of the remaining buckets
-  void pool_reset(int pool);  // ends a step (counts it towards the sparse warm-up)
+  // Gradient pools (lazy allreduce); see grad_pool.h. Pool ids are unique in
+  // the process: a runtime's generation in the high 32 bits, its pool index
+  // (which names the buckets, the same on every rank) in the low bits, so an
+  // id from before shutdown() + init() is refused, never taken for a new pool.
+  int64_t pool_create(uintptr_t data, DataType dt, const std::vector<int64_t>& range_elems,
+                      int64_t bucket_bytes, ReduceOp op, int wire, double prescale,
+                      double postscale, double sparse_ratio);
+  int64_t pool_mark_ready(int64_t pool, int64_t range);  // handle, or -1 if no bucket completed
+  std::vector<int64_t> pool_flush(int64_t pool);         // handles of the remaining buckets
+  void pool_reset(int64_t pool);  // ends a step (counts it towards the sparse warm-up)
   // Scales for the buckets submitted from now on (the torch binding divides
   // by the AMP loss scale here so a sparse pool's residual stays unscaled).
-  void pool_set_scale(int pool, double prescale, double postscale);
-  void pool_destroy(int pool);  // frees its sparse residuals once no bucket is in flight
-  std::vector<int64_t> pool_bucket_offsets(int pool);  // element offset of each bucket
+  void pool_set_scale(int64_t pool, double prescale, double postscale);
+  // Frees its sparse residuals once no bucket is in flight; ids of other
+  // runtimes are ignored.
+  void pool_destroy(int64_t pool);
+  std::vector<int64_t> pool_bucket_offsets(int64_t pool);  // element offset of each bucket
 
  private:
   struct PoolState {
@@ -80,6 +94,7 @@ class Runtime {
     std::vector<std::shared_ptr<SparseResidual>> residuals;  // per bucket, if sparse
   };
   int64_t submit_bucket(PoolState& p, int bucket);
+  PoolState& find_pool(int64_t id);  // caller holds pools_mu_
   void check_config_matches_everywhere();
   void validate_submit(const SubmitArgs& args) const;  // throws InvalidArgumentError
 
@@ -90,8 +105,11 @@ class Runtime {
   TensorQueue queue_;
   std::unique_ptr<BackgroundLoop> loop_;
   std::mutex pools_mu_;
-  std::map<int, PoolState> pools_;
+  std::map<int64_t, PoolState> pools_;  // by pool id
   int next_pool_ = 0;
+  int64_t generation_ = 0;  // this runtime's number in the process (from 1)
+  int64_t pid_ = 0;         // the process that created it
+  std::mutex shutdown_mu_;
 };
 
 }  // namespace gradflow

@@ -72,6 +72,14 @@ void BackgroundLoop::run() {
     fail_all(std::string(e.what()));
   }
   fail_all("gradflow has been shut down");
+  // Note [Collective destruction] (mpi_comm.h): after an agreed stop every
+  // rank's loop is here in the same cycle, so windows are freed together;
+  // after a failure a peer may be gone, so nothing collective is freed.
+  if (fatal_) {
+    comm_.mark_broken();
+  } else {
+    executor_.release_windows();
+  }
 }
 
 bool BackgroundLoop::cycle() {

@@ -174,12 +174,42 @@ MpiComm::MpiComm(uintptr_t comm_handle, double timeout_seconds)
     : impl_(new Impl), timeout_s_(timeout_seconds) {
   GF_CHECK(timeout_seconds > 0, "gradflow: timeout must be positive, got " << timeout_seconds);
   MPI_Comm parent = comm_handle == 0 ? MPI_COMM_WORLD : comm_from_handle<MPI_Comm>(comm_handle);
-  mpi_check(MPI_Comm_dup(parent, &impl_->comm), "MPI_Comm_dup", "MpiComm()");
+  int parent_size = 0, parent_rank = 0;
+  MPI_Comm_size(parent, &parent_size);
+  MPI_Comm_rank(parent, &parent_rank);
+  // MPI_Comm_dup would wait for ever for a rank that exited (or is stuck)
+  // before init: duplicate with MPI_Comm_idup and poll it with the deadline.
+  // On a timeout the request can be neither cancelled nor freed, so it and
+  // the handle MPI may still write are leaked (the job is ending).
+  auto* dup = new MPI_Comm(MPI_COMM_NULL);
+  auto* req = new MPI_Request(MPI_REQUEST_NULL);
+  mpi_check(MPI_Comm_idup(parent, dup, req), "MPI_Comm_idup", "init");
+  int rc = MPI_SUCCESS;
+  bool ok = poll_until(impl_->deadline(timeout_s_), WaitStyle::kControl, [&] {
+    int flag = 0;
+    rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+    return rc != MPI_SUCCESS || flag != 0;
+  });
+  if (rc != MPI_SUCCESS || !ok) {
+    mark_broken();
+    mpi_check(rc, "MPI_Test", "init (MPI_Comm_idup)");
+    std::ostringstream os;
+    os << "gradflow: init() on rank " << parent_rank << " timed out after " << timeout_s_
+       << " s waiting for the other ranks of the " << parent_size
+       << "-rank communicator to call init(); a rank may have exited or be stuck before "
+          "init() (GRADFLOW_TIMEOUT sets the limit)";
+    throw TransportError(os.str());
+  }
+  impl_->comm = *dup;
+  delete dup;
+  delete req;
   MPI_Comm c = impl_->comm;
   mpi_check(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", "MpiComm()");
   mpi_check(MPI_Comm_rank(c, &rank_), "MPI_Comm_rank", "MpiComm()");
   mpi_check(MPI_Comm_size(c, &size_), "MPI_Comm_size", "MpiComm()");
   // Local = ranks sharing memory with us; cross = ranks with our local rank.
+  // These splits block, but every rank has just completed the duplicate (an
+  // agreement among all ranks), so all of them are here.
   MPI_Comm local = MPI_COMM_NULL, cross = MPI_COMM_NULL;
   mpi_check(MPI_Comm_split_type(c, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local),
             "MPI_Comm_split_type", "MpiComm()");
@@ -192,8 +222,12 @@ MpiComm::MpiComm(uintptr_t comm_handle, double timeout_seconds)
   MPI_Comm_free(&cross);
 }
 
-MpiComm::~MpiComm() {
-  if (impl_->comm != MPI_COMM_NULL && !mpi_finalized()) MPI_Comm_free(&impl_->comm);
+MpiComm::~MpiComm() { release_communicator(); }
+
+void MpiComm::release_communicator() {
+  // Note [Collective destruction] in mpi_comm.h.
+  if (impl_->comm != MPI_COMM_NULL && !broken_ && !mpi_finalized()) MPI_Comm_free(&impl_->comm);
+  impl_->comm = MPI_COMM_NULL;
 }
 
 std::string MpiComm::library_version() {
@@ -234,6 +268,7 @@ void MpiComm::wait_request(void* request, const char* what, int peer, WaitStyle 
     rc = MPI_Test(r, &flag, MPI_STATUS_IGNORE);
     return rc != MPI_SUCCESS || flag != 0;
   });
+  if (rc != MPI_SUCCESS || !ok) mark_broken();
   mpi_check(rc, "MPI_Test", what);
   if (!ok) {
     // A pending collective cannot be cancelled; it is left to MPI (the job
@@ -274,6 +309,7 @@ void MpiComm::wait_all(RequestList& reqs, const char* what, WaitStyle style) {
       if (!flag) missing.push_back(L[i].peer);
     }
     reqs.impl_->abandon();
+    mark_broken();
     mpi_check(rc, "MPI_Test", what);
     std::sort(missing.begin(), missing.end());
     missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
@@ -371,6 +407,7 @@ std::vector<std::vector<uint8_t>> MpiComm::gather_to_root(const std::vector<uint
       if (!done[p]) missing.push_back(p);
       if (reqs[p] != MPI_REQUEST_NULL) MPI_Request_free(&reqs[p]);  // matched: data in flight
     }
+    mark_broken();
     mpi_check(rc, "MPI_Improbe/MPI_Imrecv", what);
     throw TransportError(timeout_message(timeout_s_, what, rank_list(missing)));
   }

@@ -6,6 +6,7 @@
 // GradflowError instead of a hang. Knows nothing about tensors or algorithms.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -15,6 +16,11 @@
 #include "common.h"
 
 namespace gradflow {
+
+// A communication failure (TransportError, common.h: a deadline passed — a
+// peer died, stalled or never arrived — or MPI reported an error while
+// waiting) leaves the MpiComm broken(): MPI objects whose destruction is
+// collective are leaked, not freed.
 
 // A growable list of outstanding MPI requests. The MPI_Request storage is
 // hidden so that algorithm headers never see mpi.h.
@@ -62,9 +68,21 @@ class MpiComm {
  public:
   // `comm_handle` is an MPI_Comm converted to an integer (mpi4py's
   // MPI.Comm.handle) or 0 for MPI_COMM_WORLD. The communicator is duplicated
-  // so gradflow's traffic never matches the user's messages.
+  // so gradflow's traffic never matches the user's messages. Every rank of
+  // the communicator must construct one within the timeout (TransportError
+  // otherwise: a rank exited or is stuck before init).
   MpiComm(uintptr_t comm_handle, double timeout_seconds);
-  ~MpiComm();
+  ~MpiComm();  // release_communicator()
+
+  // Note [Collective destruction]: freeing a window (MPI_Win_free) waits for
+  // every rank, without a deadline. After a communication failure a peer may
+  // be dead, so once broken() nothing collective is freed: the objects are
+  // leaked and the job, which is ending, does not hang at exit.
+  void mark_broken() { broken_ = true; }
+  bool broken() const { return broken_; }
+  // Frees the duplicate communicator (unless broken or MPI is finalized).
+  // Idempotent; after it only rank()/size()/... may be used.
+  void release_communicator();
   MpiComm(const MpiComm&) = delete;
   MpiComm& operator=(const MpiComm&) = delete;
 
@@ -123,6 +141,7 @@ class MpiComm {
   int rank_ = 0, size_ = 1;
   int local_rank_ = 0, local_size_ = 1, cross_rank_ = 0, cross_size_ = 1;
   double timeout_s_ = 60.0;
+  std::atomic<bool> broken_{false};
 };
 
 // Tags used by gradflow's own traffic on its private communicator.

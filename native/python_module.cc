@@ -5,7 +5,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <unistd.h>
+
+#include <atomic>
 #include <memory>
+#include <mutex>
 
 #include "api.h"
 #include "fusion_buffer.h"
@@ -18,13 +22,52 @@ using namespace gradflow;
 
 namespace {
 
-std::unique_ptr<Runtime> g_runtime;
+// Note [Runtime ownership]: the process's one Runtime is shared: every
+// binding takes its own reference for the length of the call, so shutdown()
+// on one thread never destroys the object under another thread's wait() or
+// submit() (those see the stopped queue and raise). The holder is never
+// destroyed (a static destructor at exit could otherwise join a thread that
+// does not exist, e.g. in a fork() child).
+struct Process {
+  std::mutex mu;
+  // Threads inside wait() (GIL released). At exit the interpreter kills a
+  // thread that takes the GIL back during finalization, and in C++ that
+  // unwinding ends in std::terminate: gradflow's at-exit handler lets these
+  // threads return to Python first (threads_waiting()).
+  std::atomic<int> waiting{0};
+  std::shared_ptr<Runtime> runtime;
+  bool init_failed_fatally = false;  // init() timed out: MPI_Finalize could hang
+};
+Process& process() {
+  static Process* p = new Process;
+  return *p;
+}
 
-Runtime& runtime() {
-  if (!g_runtime)
+std::string fork_message() {
+  return "gradflow: this process (pid " + std::to_string(::getpid()) +
+         ") is a fork() of the process that called gradflow.init(); the runtime (its "
+         "background thread and MPI connections) does not survive fork(). Use gradflow only in "
+         "the process that called init() (start worker processes with the 'spawn' method)";
+}
+
+// The current runtime, or null; never one inherited through fork().
+std::shared_ptr<Runtime> current_or_null() {
+  std::lock_guard<std::mutex> lock(process().mu);
+  const auto& rt = process().runtime;
+  return rt && rt->owned_by_this_process() ? rt : nullptr;
+}
+
+std::shared_ptr<Runtime> runtime() {
+  std::shared_ptr<Runtime> rt;
+  {
+    std::lock_guard<std::mutex> lock(process().mu);
+    rt = process().runtime;
+  }
+  if (!rt)
     throw GradflowError(
         "gradflow has not been initialized: call gradflow.init() (or hvd.init()) first");
-  return *g_runtime;
+  if (!rt->owned_by_this_process()) throw GradflowError(fork_message());
+  return rt;
 }
 
 py::object result_to_python(HandleResult r) {
@@ -63,26 +106,50 @@ PYBIND11_MODULE(_native, m) {
 
   m.def("init",
         [](uintptr_t comm, std::map<std::string, std::string> overrides) {
-          if (g_runtime) return;
-          g_runtime = std::make_unique<Runtime>(comm, overrides);
+          {
+            std::lock_guard<std::mutex> lock(process().mu);
+            const auto& rt = process().runtime;
+            if (rt && !rt->owned_by_this_process()) throw GradflowError(fork_message());
+            if (rt) return;
+          }
+          std::shared_ptr<Runtime> rt;
+          try {
+            rt = std::make_shared<Runtime>(comm, overrides);
+          } catch (const TransportError&) {
+            std::lock_guard<std::mutex> lock(process().mu);
+            process().init_failed_fatally = true;
+            throw;
+          }
+          std::lock_guard<std::mutex> lock(process().mu);
+          process().init_failed_fatally = false;
+          if (!process().runtime) process().runtime = std::move(rt);
         },
         py::arg("comm_handle"), py::arg("overrides"),
         "Create the runtime on an MPI communicator handle (0 = MPI_COMM_WORLD).",
         py::call_guard<py::gil_scoped_release>());
   m.def("shutdown", [] {
-          std::unique_ptr<Runtime> rt;
-          rt.swap(g_runtime);
-          if (rt) rt->shutdown();
+          std::shared_ptr<Runtime> rt;
+          {
+            std::lock_guard<std::mutex> lock(process().mu);
+            rt.swap(process().runtime);
+          }
+          if (!rt) return;
+          if (!rt->owned_by_this_process()) {  // fork() child: the parent's; leave it alone
+            new std::shared_ptr<Runtime>(std::move(rt));
+            return;
+          }
+          rt->shutdown();  // waiters holding a reference wake with an error
         },
-        "Stop the background loop and destroy the runtime.",
+        "Stop the background loop and release the runtime (destroyed once no call uses it).",
         py::call_guard<py::gil_scoped_release>());
-  m.def("is_initialized", [] { return static_cast<bool>(g_runtime); });
-  m.def("rank", [] { return runtime().comm().rank(); });
-  m.def("size", [] { return runtime().comm().size(); });
-  m.def("local_rank", [] { return runtime().comm().local_rank(); });
-  m.def("local_size", [] { return runtime().comm().local_size(); });
-  m.def("cross_rank", [] { return runtime().comm().cross_rank(); });
-  m.def("cross_size", [] { return runtime().comm().cross_size(); });
+  m.def("is_initialized", [] { return static_cast<bool>(current_or_null()); },
+        "True if init() was called in this process (not inherited through fork()) and shutdown() was not.");
+  m.def("rank", [] { return runtime()->comm().rank(); });
+  m.def("size", [] { return runtime()->comm().size(); });
+  m.def("local_rank", [] { return runtime()->comm().local_rank(); });
+  m.def("local_size", [] { return runtime()->comm().local_size(); });
+  m.def("cross_rank", [] { return runtime()->comm().cross_rank(); });
+  m.def("cross_size", [] { return runtime()->comm().cross_size(); });
 
   m.def("submit",
         [](int kind, const std::string& name, uintptr_t input, uintptr_t output, int dtype,
@@ -102,55 +169,95 @@ PYBIND11_MODULE(_native, m) {
           a.postscale = postscale;
           a.splits = std::move(splits);
           a.sparse_ratio = sparse_ratio;
-          return runtime().submit(a);
+          return runtime()->submit(a);
         },
         "Queue one collective on caller-owned buffers (raw addresses); returns a handle.");
-  m.def("poll", [](int64_t h) { return runtime().poll(h); }, "True once the handle is done.");
+  m.def("poll", [](int64_t h) { return runtime()->poll(h); }, "True once the handle is done.");
   m.def("wait",
         [](int64_t h) {
+          std::shared_ptr<Runtime> rt = runtime();
           HandleResult r;
+          struct Count {  // decremented only once the GIL is held again
+            Count() { ++process().waiting; }
+            ~Count() { --process().waiting; }
+          } count;
           {
             py::gil_scoped_release release;
-            r = runtime().wait(h);
+            r = rt->wait(h);
           }
           return result_to_python(std::move(r));
         },
         "Block until the handle is done; raise GradflowError if it failed; return a dict "
         "(data, shape, recv_splits, wire_overflow).");
-  m.def("abort", [](const std::string& msg) { if (g_runtime) g_runtime->abort(msg); },
+  m.def("threads_waiting", [] { return process().waiting.load(); },
+        "Number of threads inside wait() (Note [Runtime ownership]).");
+  m.def("release",
+        [](int64_t h) {
+          std::shared_ptr<Runtime> rt = current_or_null();
+          return rt ? rt->release(h) : true;
+        },
+        "The caller dropped handle `h` (Note [Handle lifetime]): forget its result. True if the "
+        "core no longer touches its buffers; False if in flight (take_reaped() reports it later).");
+  m.def("take_reaped",
+        [] {
+          std::shared_ptr<Runtime> rt = current_or_null();
+          return rt ? rt->take_reaped() : std::vector<int64_t>{};
+        },
+        "Released handles that completed since the last call (their buffers are free to go).");
+  m.def("abort",
+        [](const std::string& msg) {
+          if (auto rt = current_or_null()) rt->abort(msg);
+        },
         "Tell every rank that this rank is failing (their collectives raise `msg`).");
 
   m.def("interrupt_waits", [](const std::string& why) { interrupt_waits(why); },
         "Make every pending and later wait of this process fail at once with `why` (a peer "
         "is known dead, e.g. gradflowrun saw it killed); the runtime then fails fatally.");
 
-  m.def("failed_fatally", [] { return g_runtime && g_runtime->failed_fatally(); },
-        "True if communication failed (dead/stalled rank, abort): MPI_Finalize may hang.");
-  m.def("timeline_mark", [](const std::string& name) { runtime().timeline().mark(name); },
+  m.def("failed_fatally",
+        [] {
+          std::shared_ptr<Runtime> rt = current_or_null();
+          std::lock_guard<std::mutex> lock(process().mu);
+          return process().init_failed_fatally || (rt && rt->failed_fatally());
+        },
+        "True if communication failed (dead/stalled rank, abort, init() timed out): "
+        "MPI_Finalize may hang.");
+  m.def("forked_child",
+        [] {
+          std::lock_guard<std::mutex> lock(process().mu);
+          const auto& rt = process().runtime;
+          return rt && !rt->owned_by_this_process();
+        },
+        "True in a fork() child of an initialized process (it must not use gradflow).");
+  m.def("timeline_mark", [](const std::string& name) { runtime()->timeline().mark(name); },
         "Add an instant event (e.g. a step boundary) to the timeline, if one is being written.");
-  m.def("stats", [] { return runtime().stats().snapshot(); }, "Counters since the last reset.");
-  m.def("reset_stats", [] { runtime().stats().reset(); });
+  m.def("stats", [] { return runtime()->stats().snapshot(); }, "Counters since the last reset.");
+  m.def("reset_stats", [] { runtime()->stats().reset(); });
 
   m.def("pool_create",
         [](uintptr_t data, int dtype, std::vector<int64_t> ranges, int64_t bucket_bytes, int op,
            int wire, double prescale, double postscale, double sparse_ratio) {
-          return runtime().pool_create(data, static_cast<DataType>(dtype), ranges, bucket_bytes,
+          return runtime()->pool_create(data, static_cast<DataType>(dtype), ranges, bucket_bytes,
                                        static_cast<ReduceOp>(op), wire, prescale, postscale,
                                        sparse_ratio);
         },
         "Register a contiguous gradient pool; ranges are element counts in layout order.");
-  m.def("pool_mark_ready", [](int pool, int64_t r) { return runtime().pool_mark_ready(pool, r); },
+  m.def("pool_mark_ready", [](int64_t pool, int64_t r) { return runtime()->pool_mark_ready(pool, r); },
         "Mark a range ready; returns a handle if a bucket was submitted, else -1.");
-  m.def("pool_flush", [](int pool) { return runtime().pool_flush(pool); },
+  m.def("pool_flush", [](int64_t pool) { return runtime()->pool_flush(pool); },
         "Submit every bucket not yet submitted this step; returns their handles.");
-  m.def("pool_reset", [](int pool) { runtime().pool_reset(pool); });
+  m.def("pool_reset", [](int64_t pool) { runtime()->pool_reset(pool); });
   m.def("pool_set_scale",
-        [](int pool, double prescale, double postscale) {
-          runtime().pool_set_scale(pool, prescale, postscale);
+        [](int64_t pool, double prescale, double postscale) {
+          runtime()->pool_set_scale(pool, prescale, postscale);
         },
         "Pre/postscale factors for the pool's buckets submitted from now on.");
-  m.def("pool_destroy", [](int pool) { if (g_runtime) g_runtime->pool_destroy(pool); });
-  m.def("pool_bucket_offsets", [](int pool) { return runtime().pool_bucket_offsets(pool); });
+  m.def("pool_destroy",
+        [](int64_t pool) {
+          if (auto rt = current_or_null()) rt->pool_destroy(pool);
+        },
+        "Forget a pool (an id of an earlier runtime is ignored).");
+  m.def("pool_bucket_offsets", [](int64_t pool) { return runtime()->pool_bucket_offsets(pool); });
 
   m.def("config_keys", [] {
           py::list out;
@@ -174,7 +281,7 @@ PYBIND11_MODULE(_native, m) {
         },
         "Raise GradflowError if the environment plus `overrides` is not a valid configuration.");
   m.def("config", [] {
-          const Config& c = runtime().config();
+          const Config& c = runtime()->config();
           py::dict d;
           d["fusion_threshold_bytes"] = c.fusion_threshold_bytes;
           d["pool_bucket_bytes"] = c.pool_bucket_bytes;

@@ -50,6 +50,10 @@ class ResponseExecutor {
   };
   const LastRun& last_run() const { return last_; }
 
+  // Frees the RMA windows (collective: every rank's loop calls it in the
+  // cycle they agreed to stop in; see BackgroundLoop::run).
+  void release_windows() { two_sync_.reset(); }
+
  private:
   // In-place allreduce of a contiguous buffer (dense), any algorithm.
   void allreduce_dense(void* buf, size_t count, DataType dt, ReduceOp op, WireDtype wire,

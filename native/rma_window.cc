@@ -48,7 +48,9 @@ class MpiWindow : public RmaWindow {
     mpi_check(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_), "MPI_Win_lock_all", "create_window");
   }
   ~MpiWindow() override {
-    if (mpi_finalized()) return;
+    // Note [Collective destruction] (mpi_comm.h): MPI_Win_free waits for every
+    // rank; after a communication failure the window is leaked instead.
+    if (mpi_finalized() || owner_.broken()) return;
     MPI_Win_unlock_all(win_);
     MPI_Win_free(&win_);
   }

@@ -47,7 +47,11 @@ void TensorQueue::complete(const TensorEntry& entry, HandleResult result) {
     std::lock_guard<std::mutex> lock(mu_);
     in_flight_names_.erase(entry.request.name);
     in_flight_handles_.erase(entry.handle);
-    finished_[entry.handle] = std::make_unique<HandleResult>(std::move(result));
+    if (released_.erase(entry.handle)) {
+      reaped_.push_back(entry.handle);
+      if (!waiters_.count(entry.handle)) return;  // nobody will wait: drop the result
+    }
+    finished_[entry.handle] = std::make_shared<HandleResult>(std::move(result));
   }
   done_cv_.notify_all();
 }
@@ -55,26 +59,48 @@ void TensorQueue::complete(const TensorEntry& entry, HandleResult result) {
 bool TensorQueue::poll(int64_t handle) {
   std::lock_guard<std::mutex> lock(mu_);
   if (finished_.count(handle)) return true;
-  GF_CHECK(in_flight_handles_.count(handle), "gradflow: unknown or already waited handle "
-                                                 << handle);
+  GF_CHECK(in_flight_handles_.count(handle) && !released_.count(handle),
+           "gradflow: unknown or already waited handle " << handle);
   return false;
 }
 
 HandleResult TensorQueue::wait(int64_t handle) {
   std::unique_lock<std::mutex> lock(mu_);
-  GF_CHECK(finished_.count(handle) || in_flight_handles_.count(handle),
+  GF_CHECK(finished_.count(handle) || (in_flight_handles_.count(handle) && !released_.count(handle)),
            "gradflow: unknown or already waited handle " << handle);
-  ++blocked_waits_;
+  // Every in-flight handle completes (BackgroundLoop::fail_all completes the
+  // rest when the loop stops), so this wait ends. Several threads may wait on
+  // one handle: each gets the result, the last one out forgets it.
+  ++waiters_[handle];
   done_cv_.wait(lock, [&] { return finished_.count(handle) > 0; });
-  --blocked_waits_;
-  HandleResult r = std::move(*finished_[handle]);
-  finished_.erase(handle);
-  return r;
+  std::shared_ptr<HandleResult> r = finished_[handle];
+  if (--waiters_[handle] == 0) {
+    waiters_.erase(handle);
+    finished_.erase(handle);
+  }
+  return *r;
+}
+
+bool TensorQueue::release(int64_t handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (in_flight_handles_.count(handle)) {
+    released_.insert(handle);
+    return false;
+  }
+  if (!waiters_.count(handle)) finished_.erase(handle);  // else the last waiter does
+  return true;
+}
+
+std::vector<int64_t> TensorQueue::take_reaped() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int64_t> out;
+  out.swap(reaped_);
+  return out;
 }
 
 bool TensorQueue::someone_waits() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return blocked_waits_ > 0;
+  return !waiters_.empty();  // an entry exists only while some thread waits on it
 }
 
 std::vector<TensorEntry> TensorQueue::close(const std::string& reason) {

@@ -2,6 +2,11 @@
 // background loop: submitted entries (request + caller-owned buffers), the
 // handle table that callers poll and wait on, and the in-flight name set
 // that rejects a name submitted twice. Thread-safe; no MPI.
+// Note [Handle lifetime]: a handle ends exactly once, by wait() (every thread
+// waiting at that moment gets the result) or by release() (its owner dropped
+// it: the result is discarded, now or when the core completes it). A released
+// handle still in flight is reported by take_reaped() once it completes, so
+// the binding knows when the caller's buffers are no longer touched.
 #pragma once
 
 #include <chrono>
@@ -54,11 +59,18 @@ class TensorQueue {
   // Marks a handle done; wakes waiters. Frees the name for reuse.
   void complete(const TensorEntry& entry, HandleResult result);
   bool poll(int64_t handle);
-  // Blocks until done, removes the handle and returns its result.
+  // Blocks until done and returns its result. Every thread waiting on the
+  // handle gets the result; the handle is forgotten when the last one returns.
   HandleResult wait(int64_t handle);
   // Whether some thread is blocked in wait() now (the coordinator's
   // deadlock check: every rank blocked, nothing can complete).
   bool someone_waits() const;
+  // The caller dropped the handle: forget its result (now, or on completion).
+  // Returns true if the core no longer touches its buffers (done or unknown),
+  // false if it is still in flight (take_reaped() reports it later).
+  bool release(int64_t handle);
+  // Released handles that have completed since the last call.
+  std::vector<int64_t> take_reaped();
 
   // After a fatal error or shutdown: every queued and future submit fails
   // with `reason`; returns the entries still queued so the caller can fail them.
@@ -75,10 +87,12 @@ class TensorQueue {
   std::condition_variable done_cv_;
   std::condition_variable wake_cv_;
   std::deque<TensorEntry> queue_;
-  std::map<int64_t, std::unique_ptr<HandleResult>> finished_;
+  std::map<int64_t, std::shared_ptr<HandleResult>> finished_;
+  std::map<int64_t, int> waiters_;       // threads blocked in wait(handle)
   std::set<int64_t> in_flight_handles_;
+  std::set<int64_t> released_;           // released while in flight
+  std::vector<int64_t> reaped_;          // released, since completed
   std::set<std::string> in_flight_names_;
-  int blocked_waits_ = 0;  // threads inside wait()
   bool closed_ = false;
   bool woken_ = false;
   std::string close_reason_;

@@ -81,7 +81,18 @@ struct TwoSyncAllreduce::Impl {
 
 TwoSyncAllreduce::TwoSyncAllreduce(MpiComm& comm, bool prefer_shared)
     : impl_(new Impl(comm, prefer_shared)) {}
-TwoSyncAllreduce::~TwoSyncAllreduce() = default;
+TwoSyncAllreduce::~TwoSyncAllreduce() {
+  // MPI_Win_free (in ~RmaWindow) waits for every rank without a deadline: a
+  // deadline barrier first, so a dead or absent peer makes this a timeout
+  // (which marks the communicator broken, and the windows are then leaked:
+  // Note [Collective destruction] in mpi_comm.h) instead of a hang at exit.
+  if (!impl_->windows[0] && !impl_->windows[1]) return;
+  if (impl_->comm.broken()) return;
+  try {
+    impl_->comm.barrier("two-sync window free");
+  } catch (const std::exception&) {
+  }
+}
 
 bool TwoSyncAllreduce::uses_shared_memory() const {
   return impl_->prefer_shared && impl_->comm.all_on_one_node();

@@ -16,7 +16,8 @@ namespace gradflow {
 
 // Holds the (double-buffered) RMA windows between calls so each allreduce
 // costs exactly two synchronizations. One instance per communicator; must be
-// used by one thread (the background loop) and destroyed before MPI ends.
+// used by one thread (the background loop) and destroyed before MPI ends, by
+// every rank together (its destructor is collective, with a deadline).
 class TwoSyncAllreduce {
  public:
   // `prefer_shared` = false forces the MPI_Get path even on one node (tests,

@@ -62,7 +62,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from .. import _native
+from .. import _handles, _native
 from .._runtime import GradflowError
 from ..collectives import Average, ReduceOp
 from ..compression import Compression, wire_code
@@ -105,7 +105,12 @@ class _State:
         self.loss_scale = 1.0                     # grad_scaler's scale for this step (CSC only)
 
 
-def _destroy_pools(ids: List[int]) -> None:
+def _destroy_pools(ids: List[int], bufs: Tuple = (), handles: List[int] = ()) -> None:
+    for h in handles:  # buckets still in flight keep their pool buffer alive
+        try:
+            _handles.release(h, bufs)
+        except Exception:
+            pass
     for i in ids:
         try:
             _native.pool_destroy(i)
@@ -367,7 +372,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             s.pools.append(_Pool(buf, pid))
             self._gradflow_finalizer.detach()
             self._gradflow_finalizer = weakref.finalize(self, _destroy_pools,
-                                                        [q.id for q in s.pools])
+                                                        [q.id for q in s.pools],
+                                                        tuple(q.buf for q in s.pools),
+                                                        s.pool_handles)
         s.pool_built = True
 
     @contextlib.contextmanager

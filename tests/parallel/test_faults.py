@@ -126,9 +126,10 @@ def test_exception_on_one_rank():
     assert elapsed < 45, f"took {elapsed:.0f} s\n{report}"
 
 
+@pytest.mark.parametrize("algo", ["ring", "two-sync"])  # two-sync: RMA windows freed and made again
 @pytest.mark.parametrize("n", [1, 2, 3])
-def test_shutdown_then_init_again(n):
-    out = run_mpi(n, "reinit_script.py", timeout=120)
+def test_shutdown_then_init_again(n, algo):
+    out = run_mpi(n, "reinit_script.py", timeout=120, env={"GRADFLOW_ALLREDUCE_ALGO": algo})
     assert f"reinit OK on {n} ranks" in out.stdout
 
 

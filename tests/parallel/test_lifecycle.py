@@ -1,0 +1,65 @@
+"""Lifecycle: handles dropped or waited by several threads, shutdown() from
+another thread (during waits, submits and a 64 MiB ring) and at exit with a
+thread still waiting, fork() after init(), re-init with an optimizer of the
+previous runtime, init() without one rank, exit after a dead peer with
+two-sync windows. Each script checks its own ranks; here: exit status, the
+final line, and time bounds a hang would blow through."""
+import time
+
+import pytest
+
+from _launch import run_mpi
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_dropped_handles_free_nothing_in_use_and_leak_nothing(n):
+    out = run_mpi(n, "lifecycle_handles_script.py", timeout=240)
+    assert f"handles OK on {n} ranks" in out.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3])  # waits on names only this rank submits: N > 1
+def test_shutdown_from_another_thread_and_exit_with_a_waiter(n):
+    t0 = time.monotonic()
+    out = run_mpi(n, "lifecycle_threads_script.py", timeout=240)
+    assert f"threads OK on {n} ranks" in out.stdout
+    assert time.monotonic() - t0 < 200
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_fork_after_init_raises_in_the_child(n):
+    out = run_mpi(n, "lifecycle_fork_script.py", timeout=120)
+    assert f"fork OK on {n} ranks" in out.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_reinit_with_an_optimizer_of_the_previous_runtime(n):
+    out = run_mpi(n, "lifecycle_reinit_optimizer_script.py", timeout=240)
+    assert f"reinit optimizer OK on {n} ranks" in out.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_init_without_the_last_rank_times_out(n):
+    t0 = time.monotonic()
+    out = run_mpi(n, "lifecycle_init_timeout_script.py", env={"GRADFLOW_TIMEOUT": "3"},
+                  timeout=120, expect_fail=True)
+    elapsed = time.monotonic() - t0
+    # Whichever survivor exits first ends the job (the launcher cleans up),
+    # so at least one of them has printed its error.
+    assert "init raised after" in out.stdout, out.stdout + out.stderr
+    assert "timed out after 3 s waiting for the other ranks" in out.stdout
+    assert f"of the {n}-rank communicator to call init()" in out.stdout
+    assert elapsed < 60, f"took {elapsed:.0f} s"
+
+
+def test_exit_after_a_dead_peer_with_two_sync_windows():
+    # MPI_Win_free waits for every rank: after the failure the windows must
+    # be left alone, or the survivors hang at exit.
+    t0 = time.monotonic()
+    out = run_mpi(3, "dead_rank_script.py", "0",
+                  env={"GRADFLOW_TIMEOUT": "5", "GRADFLOW_ALLREDUCE_ALGO": "two-sync"},
+                  timeout=120, expect_fail=True, mpi_args=("-disable-auto-cleanup",))
+    elapsed = time.monotonic() - t0
+    for r in (0, 2):
+        assert f"rank {r} raised" in out.stdout, out.stdout
+    assert out.stderr.count("exiting with code 1 without MPI_Finalize") == 2, out.stderr
+    assert elapsed < 60, f"took {elapsed:.0f} s"
