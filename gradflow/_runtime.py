@@ -19,6 +19,7 @@ from mpi4py import MPI  # noqa: E402  (initializes MPI and loads libmpi before _
 from . import _native  # noqa: E402
 from . import _handles  # noqa: E402
 from ._handles import Handle  # noqa: E402
+from .runner import notice as _notice  # noqa: E402
 
 GradflowError = _native.GradflowError
 
@@ -178,6 +179,10 @@ def _install_hooks() -> None:
             if _native.forked_child():
                 _uncaught_exception = True  # only the exit status (see _at_exit)
             elif _native.is_initialized():
+                if isinstance(exc, GradflowError) and _native.failed_fatally():
+                    # Raised because a peer failed or died first: say so to
+                    # gradflowrun, which then names that peer first.
+                    _notice.report_peer_failure()
                 _native.abort(f"{exc_type.__name__}: {exc}")
                 _uncaught_exception = True
         except Exception:
@@ -207,6 +212,8 @@ def _at_exit() -> None:
     deadline = time.monotonic() + 5
     while _native.threads_waiting() and time.monotonic() < deadline:
         time.sleep(0.002)
+    if failed and not _uncaught_exception:
+        _notice.report_peer_failure()  # the program caught the peer's failure and ended
     if failed or _uncaught_exception:
         # A peer is dead, or the peers were told to give up: MPI_Finalize
         # would wait for them forever.

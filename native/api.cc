@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <functional>
+#include <sstream>
 
 #include "reduce_kernels.h"
 
@@ -32,13 +33,17 @@ Runtime::~Runtime() { shutdown(); }
 void Runtime::check_config_matches_everywhere() {
   // Settings that change what ranks send (fusion, cache size, wire, ...) must
   // agree or ranks would disagree on the protocol: compare a hash.
-  std::string s = std::to_string(cfg_.fusion_threshold_bytes) + std::to_string(cfg_.pool_bucket_bytes) +
-       std::to_string(cfg_.cache_capacity) +
-       std::to_string(cfg_.sparse_ratio) + std::to_string(static_cast<int>(cfg_.wire_dtype)) +
-       std::to_string(static_cast<int>(cfg_.allreduce_algo)) +
-       std::to_string(cfg_.sparse_chunk) + std::to_string(cfg_.sparse_warmup_steps) +
-       std::to_string(cfg_.ring_pipeline_bytes) + std::to_string(cfg_.sparse_momentum) +
-       std::to_string(cfg_.cycle_time_ms);
+  // One "name=value;" field per setting at full precision, so different
+  // settings can never print the same (e.g. "1000"+"50" vs "10005"+"0").
+  std::ostringstream fields;
+  fields.precision(17);
+  fields << "fusion=" << cfg_.fusion_threshold_bytes << ";pool_bucket=" << cfg_.pool_bucket_bytes
+         << ";cache=" << cfg_.cache_capacity << ";sparse_ratio=" << cfg_.sparse_ratio
+         << ";wire=" << static_cast<int>(cfg_.wire_dtype)
+         << ";algo=" << static_cast<int>(cfg_.allreduce_algo) << ";chunk=" << cfg_.sparse_chunk
+         << ";warmup=" << cfg_.sparse_warmup_steps << ";pipeline=" << cfg_.ring_pipeline_bytes
+         << ";momentum=" << cfg_.sparse_momentum << ";cycle=" << cfg_.cycle_time_ms << ";";
+  const std::string s = fields.str();
   uint64_t h = std::hash<std::string>()(s);
   uint64_t words[2] = {h, ~h};
   comm_->allreduce_band(words, 2, "init (configuration check)");

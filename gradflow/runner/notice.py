@@ -22,6 +22,10 @@ from typing import Callable, Dict, Optional, Tuple
 FD_ENV = "GRADFLOWRUN_NOTICE_FD"
 ID_ENV = "GRADFLOWRUN_NOTICE_ID"
 _MAX_MESSAGE = 4096
+# The other direction: a file the rank creates when it fails *because* a peer
+# failed first (its collective raised after the runtime failed fatally), so
+# gradflowrun blames the peer even when this rank's exit is seen first.
+PEER_FAILURE_ENV = "GRADFLOWRUN_PEER_FAILURE_FILE"
 
 _watching = False
 _lock = threading.Lock()
@@ -52,6 +56,18 @@ def send(fd: int, message: str) -> None:
     data = (" ".join(message.split())[:_MAX_MESSAGE] + "\n").encode("utf-8", "replace")
     try:
         os.write(fd, data)  # < PIPE_BUF: one atomic write, the pipe is empty
+    except OSError:
+        pass
+
+
+def report_peer_failure(environ=None) -> None:
+    """Rank side: record that this rank's failure is a consequence of a
+    peer's (no-op outside gradflowrun); never raises, never follows a link."""
+    path = (os.environ if environ is None else environ).get(PEER_FAILURE_ENV)
+    if not path:
+        return
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
     except OSError:
         pass
 

@@ -219,6 +219,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     env.setdefault("PYTHONUNBUFFERED", "1")  # Python ranks: lines arrive as printed
     notice_r, notice_w, notice_env = _notice.open_channel()
     env.update(notice_env)
+    peer_failure_file = None
+    if status_dir and os.path.isdir(status_dir):
+        peer_failure_file = os.path.join(status_dir, f"rank.{rank}.peer_failure")
+        env[_notice.PEER_FAILURE_ENV] = peer_failure_file
     try:
         # Own session: a signal reaches the command once, through forward().
         # close_fds=False: the MPI launcher's inherited descriptors (hydra's
@@ -271,10 +275,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     # Status first, output after: the launcher decides which rank failed
     # first from when the status files appear, and draining the pipes can
     # take a while (a grandchild may hold them; the machine may be busy).
-    # "notified": the command was told of a failed peer before it ended, so
-    # its own failure is a consequence (the launcher blames the others first).
+    # "notified": the command was told of a failed peer before it ended, or
+    # its gradflow runtime reported failing because of a peer
+    # (notice.report_peer_failure): its own failure is a consequence, and the
+    # launcher blames the others first.
+    consequence = notified.is_set() or bool(peer_failure_file and os.path.exists(peer_failure_file))
     write_status(status_dir, rank, "exit",
-                 f"{code} {1 if stopped else 0} {1 if notified.is_set() else 0}\n")
+                 f"{code} {1 if stopped else 0} {1 if consequence else 0}\n")
     for t in pumps:  # a grandchild may keep the pipes open: do not wait forever
         t.join(timeout=10.0)
     return code

@@ -1,5 +1,6 @@
-"""Ranks started with different GRADFLOW_ALLREDUCE_ALGO (argv: one algorithm
-per rank, comma-separated) would run different protocols on the same
+"""Ranks started with different settings that change the protocol (argv:
+`KEY=v0,v1,...` per setting, one value per rank, cycled; a bare value list
+means GRADFLOW_ALLREDUCE_ALGO) would run different protocols on the same
 message: init() must refuse on every rank, with a clear GradflowError."""
 import os
 import sys
@@ -8,13 +9,16 @@ from mpi4py import MPI
 
 import gradflow as gf
 
-algos = sys.argv[1].split(",")
 R = MPI.COMM_WORLD.rank
-os.environ["GRADFLOW_ALLREDUCE_ALGO"] = algos[R % len(algos)]
+settings = {}
+for arg in sys.argv[1:]:
+    key, values = arg.split("=", 1) if "=" in arg else ("GRADFLOW_ALLREDUCE_ALGO", arg)
+    values = values.split(",")
+    os.environ[key] = settings[key] = values[R % len(values)]
 try:
     gf.init()
 except gf.GradflowError as e:
     assert "settings differ between ranks" in str(e), str(e)
     print(f"rank {R} refused: {e}", flush=True)
 else:
-    raise AssertionError(f"rank {R}: init() accepted algorithms {algos}")
+    raise AssertionError(f"rank {R}: init() accepted settings {settings}")

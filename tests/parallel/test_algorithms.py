@@ -19,9 +19,14 @@ def test_algorithm_that_ran(algo, n):
     assert f"algo choice OK on {n} ranks with {algo}" in out.stdout, out.stdout
 
 
-@pytest.mark.parametrize("algos,n", [("ring,two-sync", 2), ("auto,auto,ring", 3), ("mpi,ring", 3)])
-def test_algorithm_differs_between_ranks(algos, n):
-    out = run_mpi(n, "algo_mismatch_script.py", algos, timeout=120)
+@pytest.mark.parametrize("settings,n", [
+    (["ring,two-sync"], 2), (["auto,auto,ring"], 3), (["mpi,ring"], 3),
+    # Two settings whose concatenated digits read the same ("1000"+"50" vs
+    # "10005"+"0"): the configuration check must still see them differ.
+    (["GRADFLOW_SPARSE_CHUNK=1000,10005", "GRADFLOW_SPARSE_WARMUP_STEPS=50,0"], 2),
+    (["GRADFLOW_SPARSE_RATIO=0.000001,0.0000014"], 2)])
+def test_settings_differ_between_ranks(settings, n):
+    out = run_mpi(n, "algo_mismatch_script.py", *settings, timeout=120)
     # Ranks' lines may interleave in the shared stdout: find them anywhere.
     assert sorted(int(r) for r in re.findall(r"rank (\d+) refused", out.stdout)) == list(range(n)), out.stdout
 
