@@ -1,10 +1,12 @@
-// mpi_internal.h — helpers shared by the two transport files that include
-// mpi.h (mpi_comm.cc: communicator and collectives; rma_window.cc: one-sided
-// windows). Never included by algorithm or binding code.
+// mpi_internal.h — helpers shared by the transport files that include mpi.h
+// (mpi_comm.cc: communicator, waits, control collectives;
+// mpi_data_collectives.cc: bcast / allgatherv / alltoallv; rma_window.cc:
+// one-sided windows). Never included by algorithm or binding code.
 #pragma once
 
 #include <mpi.h>
 
+#include <chrono>
 #include <climits>
 #include <cstddef>
 #include <memory>
@@ -38,6 +40,18 @@ inline void mpi_check(int rc, const char* call, const char* what) {
   throw TransportError(std::string("gradflow: ") + call + " failed in " + what + ": " +
                       std::string(text, static_cast<size_t>(len)));
 }
+
+// What MpiComm hides from its header: the MPI communicator itself.
+struct MpiComm::Impl {
+  MPI_Comm comm = MPI_COMM_NULL;
+  void iallreduce(MpiComm& self, void* buf, size_t count, size_t elem_bytes, MPI_Datatype t,
+                  MPI_Op op, const char* what, WaitStyle style);
+  std::chrono::steady_clock::time_point deadline(double timeout_s) const {
+    return std::chrono::steady_clock::now() +
+           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+               std::chrono::duration<double>(timeout_s));
+  }
+};
 
 // A window of `bytes` on `comm` (collective over comm; see rma_window.cc).
 // `owner` provides the deadline barrier used by RmaWindow::sync.
