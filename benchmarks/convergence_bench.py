@@ -20,7 +20,7 @@ import _benchutil as bu  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "parallel", "convergence_script.py")
-MODES = ["dense", "fp16", "bf16", "csc0.1", "csc0.01"]
+MODES = ["dense", "fp16", "bf16", "csc0.1", "csc0.01", "csc0.01+amp"]
 ENV = {"GRADFLOW_SPARSE_CHUNK": "64", "GRADFLOW_SPARSE_WARMUP_STEPS": "50",
        "MPIR_CVAR_POLLS_BEFORE_YIELD": "10", "OMP_NUM_THREADS": "1"}
 
