@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds gradflow's native core with AddressSanitizer + UndefinedBehaviorSanitizer
 # in a copy of the tree (never touching the in-place build) and runs the
-# parallel collectives / errors / techniques / property / soak scripts under it
-# at 2 and 3 ranks. Exits non-zero on the first sanitizer report or failure.
+# parallel collectives / errors / techniques / property / soak / reinit /
+# lifecycle / join scripts under it at 2 and 3 ranks. Exits non-zero on the
+# first sanitizer report or failure.
 #
 #   scripts/sanitize.sh              # build (if stale) + run everything
 #   scripts/sanitize.sh --build-only
@@ -103,6 +104,11 @@ for n in $NPS; do
   # ASan's quarantine (256 MiB) holds freed memory: RSS says nothing here.
   run soak "$n" -- soak_script.py --ops 500 --rss-bound-mb 100000
   run reinit "$n" -- reinit_script.py
+  # Handle lifetime (dropped handles, grouped submits that raise) and
+  # shutdown() racing waiters: where use-after-free would show first.
+  run lifecycle-handles "$n" -- lifecycle_handles_script.py
+  run lifecycle-threads "$n" -- lifecycle_threads_script.py
+  run join "$n" GRADFLOW_STALL_SHUTDOWN_TIME=10 GRADFLOW_STALL_CHECK_TIME=5 -- join_script.py together
 done
 if [ $fail = 0 ]; then
   echo "sanitize.sh: clean (no ASan/UBSan reports) at ranks: $NPS"
