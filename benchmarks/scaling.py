@@ -128,6 +128,8 @@ def parse_args():
     p.add_argument("--timeout", type=float, default=900, help="seconds per system in a process group")
     p.add_argument("--no-netns-setup", action="store_true",
                    help="use an already running cluster (HX_PREFIX from the environment) and leave it up")
+    p.add_argument("--pool-bucket-mb", type=float, default=None,
+                   help="GRADFLOW_POOL_BUCKET_BYTES for the gradflow systems (default: gradflow's)")
     p.add_argument("--json-out", default=None)
     p.add_argument("--docs", default=None,
                    help="markdown file whose scaling section is (re)written; '' = none "
@@ -184,6 +186,8 @@ def main() -> None:
             wargs = ["--batch", str(batch), "--warmup", str(a.warmup), "--steps", str(a.steps),
                      "--reps", str(a.reps)]
             env = {"GRADFLOW_SPARSE_CHUNK": "32768", "GRADFLOW_SPARSE_WARMUP_STEPS": "5"} if mode == "netns" else {}
+            if mode == "netns" and a.pool_bucket_mb is not None:
+                env["GRADFLOW_POOL_BUCKET_BYTES"] = str(int(a.pool_bucket_mb * 2**20))
             print(f"[{done + 1}-{done + len(systems)}/{total}] model {m}, N={n}: {', '.join(systems)} "
                   f"(load {os.getloadavg()[0]:.2f}, {time.time() - t_start:.0f}s elapsed, "
                   f"{total - done} configuration(s) left)", flush=True)
