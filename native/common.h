@@ -3,6 +3,7 @@
 // Must not include mpi.h, pybind11 or anything that reads configuration.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <sstream>
@@ -11,6 +12,13 @@
 #include <vector>
 
 namespace gradflow {
+
+// Seconds elapsed since `t` (the stats and timeline timers of every file).
+inline double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+// `n` rounded up to a multiple of 64 bytes (cache-line aligned scratch parts).
+inline size_t align64(size_t n) { return (n + 63) & ~size_t{63}; }
 
 // Element types the core can move and reduce. Values are part of the Python
 // ABI (gradflow/_dtypes.py maps numpy dtypes to them): append only.

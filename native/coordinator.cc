@@ -16,10 +16,6 @@ constexpr uint64_t kFlagAbort = 4;     // some rank is failing
 constexpr uint64_t kFlagBlocked = 8;
 constexpr const char* kJoinName = kJoinTensorName;
 
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
 void set_bit(std::vector<uint64_t>& w, size_t base, int32_t bit) {
   w[base + bit / 64] |= (uint64_t{1} << (bit % 64));
 }

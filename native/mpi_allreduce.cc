@@ -29,10 +29,6 @@ namespace gradflow {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-size_t align64(size_t n) { return (n + 63) & ~size_t{63}; }
 
 bool wired(DataType dt, ReduceOp op, WireDtype wire) {
   return wire != WireDtype::kNative && dt == DataType::kFloat32 &&

@@ -54,10 +54,6 @@ namespace gradflow {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-size_t align64(size_t n) { return (n + 63) & ~size_t{63}; }
 
 // State of one ring collective: the buffer, its segments, the wire format
 // and the staging memory (all carved out of the caller's scratch).

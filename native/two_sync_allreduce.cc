@@ -51,9 +51,6 @@ namespace gradflow {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 }  // namespace
 
 struct TwoSyncAllreduce::Impl {

@@ -9,7 +9,7 @@ import pytest
 
 from gradflow.runner import rank_wrapper as W
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from _launch import ROOT, rank_env, run_cwd
 
 
 def test_output_logs_replace_planted_links(tmp_path):
@@ -50,11 +50,12 @@ def test_output_rank_folder_planted_as_a_link_is_refused(tmp_path):
 
 
 def _init_with_timeline(path):
-    env = dict(os.environ, GRADFLOW_TIMELINE=str(path),
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # The gradflow under test: the in-place build, or (CI) the installed one
+    # from outside the source tree.
+    env = dict(rank_env(), GRADFLOW_TIMELINE=str(path))
     code = "import gradflow as gf\ngf.init()\ngf.shutdown()\nprint('ok')"
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+                          timeout=120, cwd=run_cwd())
 
 
 def test_timeline_does_not_follow_a_planted_link(tmp_path):
