@@ -51,13 +51,23 @@ def broadcast_keras_variables(variables, root_rank: int, name: str) -> None:
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
-    """At the start of training, make every rank's model and optimizer
-    variables equal to `root_rank`'s (optimizer variables are built first).
-    Also makes sure a DistributedOptimizer is not compiled under XLA."""
+    """Horovod's `BroadcastGlobalVariablesCallback(root_rank, device='',
+    local_variables=None)`: at the start of training, make every rank's model
+    and optimizer variables equal to `root_rank`'s (optimizer variables are
+    built first), except `local_variables` (a variable or a list of them,
+    matched by identity), which keep each rank's own value. `device` is
+    accepted and ignored (GPU placement). Also makes sure a
+    DistributedOptimizer is not compiled under XLA."""
 
-    def __init__(self, root_rank: int = 0):
+    def __init__(self, root_rank: int, device: str = "", local_variables=None):
         super().__init__()
         self.root_rank = int(root_rank)
+        self.device = device  # no-op on CPU (Horovod: device for the broadcast ops)
+        if local_variables is None:
+            local_variables = []
+        elif not isinstance(local_variables, (list, tuple, set)):
+            local_variables = [local_variables]
+        self.local_variables = list(local_variables)
         self.broadcast_done = False
 
     def on_train_begin(self, logs: Optional[Dict] = None) -> None:
@@ -68,14 +78,21 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
                 and getattr(model, "jit_compile", False)):
             model.jit_compile = False  # host callbacks cannot run under XLA
             model.make_train_function(force=True)
-        broadcast_keras_variables(_variables_of(model), self.root_rank,
-                                  "BroadcastGlobalVariablesCallback")
+        local = {id(v) for v in self.local_variables}
+        variables = [v for v in _variables_of(model) if id(v) not in local]
+        broadcast_keras_variables(variables, self.root_rank, "BroadcastGlobalVariablesCallback")
         self.broadcast_done = True
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
-    """At each epoch end, replace every numeric value in `logs` by its mean
-    across ranks (one allreduce of all values, in sorted-key order)."""
+    """Horovod's `MetricAverageCallback(device='')`: at each epoch end,
+    replace every numeric value in `logs` by its mean across ranks (one
+    allreduce of all values, in sorted-key order). `device` is accepted and
+    ignored (GPU placement)."""
+
+    def __init__(self, device: str = ""):
+        super().__init__()
+        self.device = device  # no-op on CPU
 
     def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
         if not logs:
@@ -222,53 +239,47 @@ def _save_atomically(path: str, save: Callable[[str], None]) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-class BestModelCheckpoint(keras.callbacks.Callback):
-    """Save the model when `monitor` improves; only rank 0 writes. The file is
-    written to a private temporary folder beside `filepath`, fsynced and
-    renamed over it (os.replace), so a reader never sees a half-written file
-    and a crash leaves the previous one. `filepath` may
-    hold `{epoch}` and log keys, as in keras.callbacks.ModelCheckpoint; it must
-    end in `.keras` (or `.weights.h5` with save_weights_only=True). Put
-    MetricAverageCallback before it so the decision uses averaged metrics."""
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Horovod's `BestModelCheckpoint(filepath, monitor='val_loss', verbose=0,
+    mode='auto', save_freq='epoch')`: a `keras.callbacks.ModelCheckpoint`
+    with `save_best_only=True`. Every rank tracks the best value (so all take
+    the same decision from the same averaged metrics: put
+    MetricAverageCallback before it); only rank 0 writes, and only rank 0
+    prints. The file is written to a private temporary folder beside
+    `filepath`, fsynced and renamed over it (os.replace), so a reader never
+    sees a half-written file and a crash leaves the previous one. `filepath`
+    may hold `{epoch}` and log keys and must end in `.keras` or `.h5` (or
+    `.weights.h5` with the gradflow-only keyword `save_weights_only=True`).
+    `last_saved` holds the path of the latest save decision (on every rank)."""
 
-    def __init__(self, filepath: str, monitor: str = "val_loss", mode: str = "auto",
-                 save_weights_only: bool = False, verbose: int = 0):
-        super().__init__()
+    def __init__(self, filepath: str, monitor: str = "val_loss", verbose: int = 0,
+                 mode: str = "auto", save_freq: Union[str, int] = "epoch", *,
+                 save_weights_only: bool = False):
         if mode not in ("auto", "min", "max"):
             raise ValueError(f"gradflow: BestModelCheckpoint mode must be auto, min or max, got {mode!r}")
-        if mode == "auto":
-            mode = "max" if ("acc" in monitor or monitor.startswith("fmeasure")
-                             or "auc" in monitor) else "min"
-        self.filepath = os.fspath(filepath)
-        self.monitor = monitor
-        self.mode = mode
-        self.save_weights_only = save_weights_only
-        self.verbose = verbose
-        self.best: Optional[float] = None
+        super().__init__(os.fspath(filepath), monitor=monitor, verbose=verbose,
+                         save_best_only=True, save_weights_only=save_weights_only, mode=mode,
+                         save_freq=save_freq)
         self.last_saved: Optional[str] = None
 
-    def _improved(self, value: float) -> bool:
-        if self.best is None:
-            return True
-        return value < self.best if self.mode == "min" else value > self.best
-
-    def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
-        logs = logs or {}
-        if self.monitor not in logs:
-            raise KeyError(f"gradflow: BestModelCheckpoint monitors {self.monitor!r}, which is not "
-                           f"in the logs ({sorted(logs)})")
-        value = float(logs[self.monitor])
-        if not self._improved(value):
+    def _save_model(self, epoch: int, batch: Optional[int], logs: Optional[Dict]) -> None:
+        filepath = self._get_file_path(epoch, batch, logs)
+        verbose = self.verbose
+        if rank() != 0:
+            self.verbose = 0  # the decision (and self.best) on every rank, the messages on rank 0
+        try:
+            save = self._should_save_model(epoch, batch, logs, filepath)
+        finally:
+            self.verbose = verbose
+        if not save:
             return
-        self.best = value
-        path = self.filepath.format(epoch=epoch + 1, **logs)
-        self.last_saved = path
+        self.last_saved = filepath
         if rank() != 0:
             return
-        _save_atomically(path, self.model.save_weights if self.save_weights_only
+        _save_atomically(filepath, self.model.save_weights if self.save_weights_only
                          else self.model.save)
-        if self.verbose:
-            print(f"\nEpoch {epoch + 1}: {self.monitor} improved to {value:.5f}, saved {path}")
+        if self.verbose > 0:
+            print(f"\nEpoch {epoch + 1}: finished saving model to {filepath}")
 
 
 class SparseWarmupCallback(keras.callbacks.Callback):

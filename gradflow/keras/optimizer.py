@@ -16,9 +16,12 @@ under `jit_compile=True` (Keras resolves `"auto"` to False on CPU-only hosts;
 on GPU hosts pass `jit_compile=False` to `model.compile`).
 
 `backward_passes_per_step=k > 1` uses Keras's own gradient accumulation
-(`gradient_accumulation_steps=k`): gradients are summed locally for k batches
-and averaged over them, and only then reduced across ranks (one communication
-every k batches).
+(`gradient_accumulation_steps=k`) with Horovod's meaning: gradients are
+aggregated locally over k batches, reduced across ranks once every k batches,
+and the update uses their SUM (Horovod's default,
+`average_aggregated_gradients=False`) or their mean over the k batches
+(`average_aggregated_gradients=True`, which is what Keras's accumulation alone
+would do).
 
 `optimizer.sparse_ratio` is read on every step (so `SparseWarmupCallback` can
 change it between epochs without retracing): None follows
@@ -43,7 +46,8 @@ class _DistributedMixin:
 
     def _gradflow_setup(self, name: str, compression, op: ReduceOp, sparse_ratio: Optional[float],
                         backward_passes_per_step: int, sparse_as_dense: bool,
-                        gradient_predivide_factor: float) -> None:
+                        gradient_predivide_factor: float,
+                        average_aggregated_gradients: bool) -> None:
         self.gradflow_name = name
         self.compression = compression
         self.op = ReduceOp(op)
@@ -51,6 +55,7 @@ class _DistributedMixin:
         self.backward_passes_per_step = int(backward_passes_per_step)
         self.sparse_as_dense = bool(sparse_as_dense)
         self.gradient_predivide_factor = float(gradient_predivide_factor)
+        self.average_aggregated_gradients = bool(average_aggregated_gradients)
 
     def apply(self, grads, trainable_variables=None):
         """Reduce `grads` across ranks (every step when backward_passes_per_step
@@ -62,9 +67,15 @@ class _DistributedMixin:
 
     def _clip_gradients(self, grads):
         # With gradient accumulation Keras calls this once per real update, on
-        # the locally averaged accumulated gradients: reduce them here.
+        # the accumulated gradients divided by k: reduce them here. Horovod
+        # sums the k local gradients unless average_aggregated_gradients, so
+        # undo Keras's division by k (before the reduction, as Horovod scales).
         if self.backward_passes_per_step > 1:
-            grads = self._gradflow_reduce(list(grads))
+            grads = list(grads)
+            if not self.average_aggregated_gradients:
+                k = float(self.backward_passes_per_step)
+                grads = [None if g is None else g * k for g in grads]
+            grads = self._gradflow_reduce(grads)
         return super()._clip_gradients(grads)
 
     def _gradflow_reduce(self, grads: List[Any]) -> List[Any]:
@@ -100,24 +111,47 @@ def _reduce_eager_numpy(grads: List[Any], names: List[str], opt: _DistributedMix
 
 
 def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[str] = None,
-                         compression=Compression.none, op: ReduceOp = Average,
-                         sparse_ratio: Optional[float] = None, backward_passes_per_step: int = 1,
-                         sparse_as_dense: bool = False,
-                         gradient_predivide_factor: float = 1.0) -> keras.optimizers.Optimizer:
+                         device_dense: str = "", device_sparse: str = "",
+                         compression=Compression.none, sparse_as_dense: bool = False,
+                         gradient_predivide_factor: float = 1.0, op: ReduceOp = Average,
+                         backward_passes_per_step: int = 1,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0,
+                         groups: Optional[Any] = None, process_set: Optional[Any] = None,
+                         scale_local_gradients: bool = True, *,
+                         sparse_ratio: Optional[float] = None) -> keras.optimizers.Optimizer:
     """A copy of `optimizer` (same class and config) whose updates use
     gradients averaged (op=Average) or summed (op=Sum) across ranks.
 
+    Horovod 0.28's signature (horovod.tensorflow.keras.DistributedOptimizer),
+    positional order included. `device_dense` / `device_sparse` are accepted
+    and ignored (GPU placement; gradflow reduces on the host).
+    `scale_local_gradients` is accepted and has no effect (it concerns
+    variables registered as local, which only PartialDistributedOptimizer has).
+    `num_groups` / `groups` (explicit fusion groups) and a `process_set` other
+    than the global one are not supported yet and raise ValueError.
+
+    `backward_passes_per_step=k`: gradients are aggregated locally over k
+    batches and communicated once every k batches; the update uses their sum,
+    or their mean over the k batches with `average_aggregated_gradients=True`.
+
     Gradient i of the update is named `<name>.<i>` in the core (name defaults
     to "DistributedOptimizer.<optimizer name>"). `compression` selects the
-    wire format, `sparse_ratio` coarse-grained sparse communication (mutable
-    per step through `.sparse_ratio`), `sparse_as_dense` makes IndexedSlices
-    dense before the allreduce (otherwise they are allgathered)."""
+    wire format, `sparse_as_dense` makes IndexedSlices dense before the
+    allreduce (otherwise they are allgathered). gradflow only (keyword):
+    `sparse_ratio`, coarse-grained sparse communication (mutable per step
+    through `.sparse_ratio`)."""
+    del device_dense, device_sparse, scale_local_gradients  # documented no-ops on CPU
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"gradflow: DistributedOptimizer needs a keras.optimizers.Optimizer, got {optimizer!r}")
     if getattr(optimizer, "_gradflow_wrapped", False):
         raise ValueError("gradflow: the optimizer is already a DistributedOptimizer")
     if int(backward_passes_per_step) < 1:
         raise ValueError(f"gradflow: backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    if num_groups or groups is not None:
+        raise ValueError("gradflow: DistributedOptimizer(num_groups=, groups=) is not supported "
+                         "(gradflow fuses gradients by its own bucket size, "
+                         "GRADFLOW_FUSION_THRESHOLD); leave them at 0 / None")
+    _check_global_process_set(process_set)
     ReduceOp(op)
     base = optimizer.__class__
     # Same module and name as the user's class: a saved model reloads with the
@@ -132,8 +166,25 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     dist = cls.from_config(config)
     dist._gradflow_setup(name or f"DistributedOptimizer.{optimizer.name}", compression, op,
                          sparse_ratio, backward_passes_per_step, sparse_as_dense,
-                         gradient_predivide_factor)
+                         gradient_predivide_factor, average_aggregated_gradients)
     return dist
+
+
+def _check_global_process_set(process_set: Any) -> None:
+    """Accept None or the global process set (any object Horovod-style code
+    passes as `global_process_set`, i.e. one whose ranks are all ranks or that
+    has process_set_id 0); anything else raises, naming the set."""
+    if process_set is None:
+        return
+    if getattr(process_set, "process_set_id", None) == 0:
+        return
+    ranks = getattr(process_set, "ranks", None)
+    if ranks is not None:
+        from .._runtime import size
+        if sorted(int(r) for r in ranks) == list(range(size())):
+            return
+    raise ValueError(f"gradflow: DistributedOptimizer(process_set={process_set!r}) is not "
+                     f"supported: only the global process set (all ranks) is")
 
 
 def is_distributed(optimizer: Any) -> bool:

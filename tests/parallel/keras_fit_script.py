@@ -119,7 +119,8 @@ def check_backward_passes():
     model = make_model(seed=7)  # same initial weights everywhere
     init = model.get_weights()
     compile_(model, gk.DistributedOptimizer(keras.optimizers.SGD(learning_rate=0.1),
-                                            backward_passes_per_step=2, name="bpps"))
+                                            backward_passes_per_step=2, name="bpps",
+                                            average_aggregated_gradients=True))
     gradflow.reset_stats()
     model.fit(XT, YT, batch_size=B, epochs=1, shuffle=False, verbose=0)
     assert_same_everywhere(model, "bpps")

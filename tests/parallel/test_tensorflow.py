@@ -26,6 +26,14 @@ def test_keras_fit_and_callbacks():
     assert out.stdout.count("keras OK") == 2, out.stdout
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_keras_horovod_parity(ranks):
+    """gradflow.tensorflow.keras as Horovod 0.28's horovod.tensorflow.keras:
+    signatures, backward_passes_per_step sum/average, callbacks' arguments."""
+    out = run_mpi(ranks, "keras_horovod_script.py", env=TF_ENV, timeout=300)
+    assert out.stdout.count("keras horovod OK") == ranks, out.stdout
+
+
 @pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "gradflow", "torch", "__init__.py"))
                     or importlib.util.find_spec("torch") is None,
                     reason="gradflow.torch (or torch) is not available")
