@@ -34,8 +34,8 @@ if _importlib_util.find_spec(__name__ + "._native") is None:
 from ._runtime import (GradflowError, cross_rank, cross_size, init, is_initialized, local_rank,
                        local_size, mpi_comm, rank, reset_stats, shutdown, size, stats,
                        timeline_mark)
-from .collectives import (Average, Max, Min, Product, ReduceOp, Sum, allgather, allgather_async,
-                          allreduce, allreduce_async, alltoall, alltoall_async, barrier, broadcast,
+from .collectives import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, allgather,
+                          allgather_async, allreduce, allreduce_async, alltoall, alltoall_async, barrier, broadcast,
                           broadcast_async, join, poll, reducescatter, reducescatter_async,
                           synchronize)
 from .compression import Compression
@@ -54,5 +54,5 @@ __all__ = [
     "cross_size", "mpi_comm", "stats", "reset_stats", "timeline_mark", "allreduce", "allreduce_async", "allgather",
     "allgather_async", "broadcast", "broadcast_async", "reducescatter", "reducescatter_async",
     "alltoall", "alltoall_async", "barrier", "join", "synchronize", "poll", "ReduceOp", "Sum",
-    "Average", "Min", "Max", "Product", "Compression", "Handle", "GradflowError",
+    "Average", "Adasum", "Min", "Max", "Product", "Compression", "Handle", "GradflowError",
 ]

@@ -19,17 +19,62 @@ from .compression import wire_code
 
 
 class ReduceOp(enum.IntEnum):
-    """Reduction operators (values match native/common.h)."""
+    """Reduction operators, with Horovod's integer values (so a raw int means
+    what it means in Horovod). The core's codes differ; `native_reduce_op`
+    is the one place that translates."""
 
-    Sum = 0
-    Average = 1
-    Min = 2
-    Max = 3
-    Product = 4
+    Average = 0
+    Sum = 1
+    Adasum = 2  # Horovod's name; not implemented in gradflow (raises on use)
+    Min = 3
+    Max = 4
+    Product = 5
 
 
-Sum, Average, Min, Max, Product = (ReduceOp.Sum, ReduceOp.Average, ReduceOp.Min, ReduceOp.Max,
-                                   ReduceOp.Product)
+Average, Sum, Adasum, Min, Max, Product = (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Adasum,
+                                           ReduceOp.Min, ReduceOp.Max, ReduceOp.Product)
+
+# ReduceOp -> native/common.h ReduceOp code (kSum=0, kAverage=1, kMin=2, kMax=3, kProduct=4).
+_NATIVE_CODES = {Sum: 0, Average: 1, Min: 2, Max: 3, Product: 4}
+
+
+def reduce_op(op) -> ReduceOp:
+    """`op` (a ReduceOp or a raw int with Horovod's meaning) as a ReduceOp.
+    ValueError for an unknown value; NotImplementedError for Adasum, which
+    gradflow does not implement (never a silent fallback to another op)."""
+    if isinstance(op, bool) or not isinstance(op, (int, np.integer)):
+        raise ValueError(f"gradflow: unknown reduce op {op!r}; use Average, Sum, Min, Max or Product")
+    try:
+        op = ReduceOp(int(op))
+    except ValueError:
+        raise ValueError(f"gradflow: unknown reduce op {op!r}; use Average(0), Sum(1), Min(3), "
+                         "Max(4) or Product(5)") from None
+    if op == Adasum:
+        raise NotImplementedError("gradflow: op=Adasum is not implemented in gradflow; use "
+                                  "Average or Sum")
+    return op
+
+
+def native_reduce_op(op) -> int:
+    """The native core's code for `op` (validated by `reduce_op`)."""
+    return _NATIVE_CODES[reduce_op(op)]
+
+
+def op_from_average(average: Optional[bool], op) -> ReduceOp:
+    """Horovod's deprecated `average=` folded into `op` (as Horovod's
+    handle_average_backwards_compatibility): True -> Average, False -> Sum,
+    neither given -> Average; both given -> ValueError."""
+    if average is not None and op is not None:
+        raise ValueError("gradflow: the op parameter supersedes average; pass only one of "
+                         "average= (deprecated) and op=")
+    if average is not None:
+        if isinstance(average, ReduceOp):
+            # A gradflow <= 0.x caller passing the op positionally where
+            # Horovod's order has `average`: refuse rather than reinterpret.
+            raise TypeError(f"gradflow: average= must be a bool, got {average!r}; pass the reduce "
+                            "op as op=")
+        return Average if average else Sum
+    return reduce_op(Average if op is None else op)
 
 
 def _prepare(array) -> np.ndarray:
@@ -44,13 +89,6 @@ def _prepare(array) -> np.ndarray:
     return a
 
 
-def _op(op) -> int:
-    try:
-        return int(ReduceOp(op))
-    except ValueError:
-        raise ValueError(f"gradflow: unknown reduce op {op!r}; use Sum, Average, Min, Max or Product") from None
-
-
 def _result_array(result: dict, dtype: np.dtype) -> np.ndarray:
     return result["data"].view(dtype).reshape(result["shape"])
 
@@ -59,11 +97,12 @@ def allreduce_async(array, op: ReduceOp = Average, name: Optional[str] = None,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     compression=None, sparse_ratio: Optional[float] = None) -> Handle:
     """Start an allreduce of `array`; `synchronize(handle)` returns the reduced copy."""
+    code = native_reduce_op(op)  # before naming: a bad op leaves the name counters alone
     a = _prepare(array)
     out = np.empty_like(a)
     name = auto_name(ALLREDUCE, name)
     return submit(ALLREDUCE, name, a.ctypes.data, out.ctypes.data, _dtypes.code_of_numpy(a.dtype),
-                  a.shape, (a, out), lambda r: out, op=_op(op), wire=wire_code(compression),
+                  a.shape, (a, out), lambda r: out, op=code, wire=wire_code(compression),
                   prescale=prescale_factor, postscale=postscale_factor,
                   sparse_ratio=-1.0 if sparse_ratio is None else sparse_ratio)
 
@@ -108,12 +147,13 @@ def broadcast(array, root_rank: int, name: Optional[str] = None) -> np.ndarray:
 
 def reducescatter_async(array, op: ReduceOp = Average, name: Optional[str] = None) -> Handle:
     """Start a reducescatter: reduce across ranks, rank r keeps block r of the first dimension."""
+    code = native_reduce_op(op)
     a = _prepare(array)
     if a.ndim == 0:
         raise ValueError("gradflow: reducescatter needs an array with at least one dimension")
     name = auto_name(REDUCESCATTER, name)
     return submit(REDUCESCATTER, name, a.ctypes.data, 0, _dtypes.code_of_numpy(a.dtype), a.shape,
-                  (a,), lambda r: _result_array(r, a.dtype), op=_op(op))
+                  (a,), lambda r: _result_array(r, a.dtype), op=code)
 
 
 def reducescatter(array, op: ReduceOp = Average, name: Optional[str] = None) -> np.ndarray:

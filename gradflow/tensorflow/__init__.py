@@ -2,8 +2,8 @@
 # Shares the one gradflow runtime with gradflow (numpy) and gradflow.torch.
 """gradflow for TensorFlow 2: collectives on tf.Tensor (eager and tf.function),
 `DistributedGradientTape`, `broadcast_variables`. See docs/tensorflow.md."""
-from .ops import (Average, Compression, GradflowError, Max, Min, Product, ReduceOp, Sum, allgather,
-                  allreduce, alltoall, broadcast, cross_rank, cross_size, grouped_allreduce, init,
+from .ops import (Adasum, Average, Compression, GradflowError, Max, Min, Product, ReduceOp, Sum,
+                  allgather, allreduce, alltoall, broadcast, cross_rank, cross_size, grouped_allreduce, init,
                   is_initialized, local_rank, local_size, mpi_comm, rank, reducescatter, shutdown,
                   size)
 from .gradient_tape import DistributedGradientTape
@@ -12,6 +12,7 @@ from .functions import broadcast_variables
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "mpi_comm", "GradflowError", "ReduceOp", "Sum", "Average", "Min",
-    "Max", "Product", "Compression", "allreduce", "grouped_allreduce", "allgather", "broadcast",
+    "Max", "Product", "Adasum", "Compression", "allreduce", "grouped_allreduce", "allgather",
+    "broadcast",
     "alltoall", "reducescatter", "DistributedGradientTape", "broadcast_variables",
 ]

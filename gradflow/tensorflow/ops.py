@@ -44,13 +44,14 @@ from .. import collectives as _c
 from .._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCESCATTER, GradflowError,
                         auto_name, cross_rank, cross_size, init, is_initialized, local_rank,
                         local_size, mpi_comm, rank, shutdown, size)
-from ..collectives import Average, Max, Min, Product, ReduceOp, Sum
+from ..collectives import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, op_from_average,
+                           reduce_op)
 from ..compression import Compression, wire_code
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "mpi_comm", "GradflowError", "ReduceOp", "Sum", "Average", "Min",
-    "Max", "Product", "Compression", "allreduce", "grouped_allreduce", "allgather", "broadcast",
+    "Max", "Product", "Adasum", "Compression", "allreduce", "grouped_allreduce", "allgather", "broadcast",
     "alltoall", "reducescatter",
 ]
 
@@ -147,7 +148,7 @@ def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op
     tensors = [_as_tensor(t) for t in tensors]
     for t in tensors:
         _check_dtype(t, "allreduce")
-    op = ReduceOp(op)
+    op = reduce_op(op)
     wire_code(compression)  # validate now, not inside the callback
 
     def fn(*arrays):
@@ -172,14 +173,18 @@ def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: ReduceOp, name: str)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
-def allreduce(tensor: Union[TensorLike, tf.IndexedSlices], op: ReduceOp = Average,
-              name: Optional[str] = None, compression=Compression.none,
-              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+def allreduce(tensor: Union[TensorLike, tf.IndexedSlices], average: Optional[bool] = None,
+              device_dense: str = "", device_sparse: str = "", compression=Compression.none,
+              op: Optional[ReduceOp] = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, name: Optional[str] = None,
               sparse_ratio: Optional[float] = None) -> Union[tf.Tensor, tf.IndexedSlices]:
     """Reduce `tensor` across ranks (default: average); same shape and dtype.
+    Horovod's signature and positional order: `average` is Horovod's
+    deprecated flag (True: Average, False: Sum; not together with `op`);
+    `device_dense`/`device_sparse` are accepted and ignored (CPU only).
     tf.IndexedSlices are allgathered (values and indices), as in Horovod.
     Gradient: the upstream gradient allreduced with the same op (Sum/Average)."""
-    op = ReduceOp(op)
+    op = op_from_average(average, op)
     name = op_name("allreduce", name)
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_indexed_slices(tensor, op, name)
@@ -192,20 +197,25 @@ def allreduce(tensor: Union[TensorLike, tf.IndexedSlices], op: ReduceOp = Averag
         def grad(dy):
             if op not in (Sum, Average):
                 raise NotImplementedError(f"gradflow: no gradient for allreduce with op {op!r}")
-            return allreduce(dy, op, f"{name}.grad", compression, prescale_factor, postscale_factor)
+            return allreduce(dy, op=op, name=f"{name}.grad", compression=compression,
+                             prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
         return y, grad
 
     return _allreduce(_as_tensor(tensor))
 
 
-def grouped_allreduce(tensors: Sequence[TensorLike], op: ReduceOp = Average,
-                      name: Optional[str] = None, compression=Compression.none,
+def grouped_allreduce(tensors: Sequence[TensorLike], average: Optional[bool] = None,
+                      device_dense: str = "", device_sparse: str = "",
+                      compression=Compression.none, op: Optional[ReduceOp] = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      name: Optional[str] = None,
                       sparse_ratio: Optional[float] = None) -> List[tf.Tensor]:
     """Allreduce a list of tensors in one host crossing, fused by the core.
-    Tensor i is named `<name>.<i>`. Gradient: grouped allreduce of the gradients."""
-    op = ReduceOp(op)
+    Horovod's positional order (`average`, `device_*` as in `allreduce`);
+    `name` is gradflow's extra: tensor i is named `<name>.<i>`.
+    Gradient: grouped allreduce of the gradients."""
+    op = op_from_average(average, op)
     base = op_name("allreduce", name)
     tensors = [_as_tensor(t) for t in tensors]
     if not tensors:
@@ -245,7 +255,7 @@ def allgather(tensor: TensorLike, name: Optional[str] = None) -> tf.Tensor:
                    f"allgather {name!r}")[0]
 
         def grad(dy):
-            summed = allreduce(dy, Sum, f"{name}.grad")
+            summed = allreduce(dy, op=Sum, name=f"{name}.grad")
             rows = tf.reshape(tf.shape(tf.reshape(x, [-1]) if x.shape.rank == 0 else x)[0], [1])
             counts = allgather(rows, name=f"{name}.grad.rows")
             start = tf.reduce_sum(counts[:rank()])
@@ -271,7 +281,7 @@ def broadcast(tensor: TensorLike, root_rank: int, name: Optional[str] = None) ->
                    f"broadcast {name!r}")[0]
 
         def grad(dy):
-            summed = allreduce(dy, Sum, f"{name}.grad")
+            summed = allreduce(dy, op=Sum, name=f"{name}.grad")
             return summed if rank() == root else tf.zeros_like(summed)
 
         return y, grad
@@ -289,7 +299,7 @@ def reducescatter(tensor: TensorLike, op: ReduceOp = Average, name: Optional[str
     """Reduce `tensor` across ranks and return this rank's block of rows (rows
     split as evenly as possible, earlier ranks get the remainder).
     Gradient: allgather of the upstream gradient (divided by size for Average)."""
-    op = ReduceOp(op)
+    op = reduce_op(op)
     name = op_name("reducescatter", name)
     x = _as_tensor(tensor)
     _check_dtype(x, "reducescatter")

@@ -5,7 +5,7 @@
 """PyTorch binding of gradflow with Horovod's API (``import gradflow.torch as hvd``)."""
 from .._runtime import (GradflowError, cross_rank, cross_size, init, is_initialized, local_rank,
                         local_size, mpi_comm, rank, reset_stats, shutdown, size, stats)
-from ..collectives import Average, Max, Min, Product, ReduceOp, Sum
+from ..collectives import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from ..compression import Compression
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
@@ -19,7 +19,7 @@ from .optimizer import DistributedOptimizer
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
     "cross_size", "mpi_comm", "stats", "reset_stats", "GradflowError", "ReduceOp", "Average", "Sum",
-    "Min", "Max", "Product", "Compression", "allreduce", "allreduce_", "allreduce_async",
+    "Min", "Max", "Product", "Adasum", "Compression", "allreduce", "allreduce_", "allreduce_async",
     "allreduce_async_", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "sparse_allreduce_async", "allgather", "allgather_async",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",

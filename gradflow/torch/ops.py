@@ -14,7 +14,7 @@ from .. import _dtypes
 from .._handles import Handle
 from .._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, REDUCESCATTER,
                         auto_name, rank, size, submit)
-from ..collectives import Average, ReduceOp, Sum
+from ..collectives import Average, ReduceOp, Sum, native_reduce_op, op_from_average, reduce_op
 from ..collectives import join as _np_join
 from ..compression import Compression, wire_code
 
@@ -34,16 +34,9 @@ def dtype_code(dtype: torch.dtype) -> int:
     return _dtypes.code_of_name(str(dtype).rsplit(".", 1)[-1])
 
 
-def _op_of(average: Optional[bool], op: Optional[int]) -> int:
-    if average is not None and op is not None:
-        raise ValueError("gradflow: pass either average= (deprecated) or op=, not both")
-    if op is None:
-        op = Sum if average is False else Average
-    try:
-        return int(ReduceOp(op))
-    except ValueError:
-        raise ValueError(f"gradflow: unknown reduce op {op!r}; use Sum, Average, Min, Max or "
-                         "Product") from None
+def _op_of(average: Optional[bool], op: Optional[int]) -> ReduceOp:
+    # Horovod's average=/op= rules and raw-int meaning (collectives.op_from_average).
+    return op_from_average(average, op)
 
 
 def _staged(tensor: torch.Tensor) -> torch.Tensor:
@@ -111,10 +104,11 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
                      postscale_factor: float = 1.0, compression=Compression.none,
                      sparse_ratio: Optional[float] = None) -> Handle:
     """Start an in-place allreduce of `tensor`; `synchronize(handle)` returns it."""
+    code = native_reduce_op(_op_of(average, op))  # before naming: errors leave counters alone
     buf = _staged(tensor)
     name = auto_name(ALLREDUCE, name)
     return submit(ALLREDUCE, name, buf.data_ptr(), buf.data_ptr(), dtype_code(buf.dtype), buf.shape,
-                  (buf, tensor), lambda r: _write_back(tensor, buf), op=_op_of(average, op),
+                  (buf, tensor), lambda r: _write_back(tensor, buf), op=code,
                   wire=wire_code(compression), prescale=prescale_factor,
                   postscale=postscale_factor,
                   sparse_ratio=-1.0 if sparse_ratio is None else float(sparse_ratio))
@@ -125,13 +119,14 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: 
                     postscale_factor: float = 1.0, compression=Compression.none,
                     sparse_ratio: Optional[float] = None) -> Handle:
     """Start an allreduce into a new tensor; `synchronize(handle)` returns it."""
+    code = native_reduce_op(_op_of(average, op))
     src = _staged(tensor)
     out = torch.empty_like(src)
     name = auto_name(ALLREDUCE, name)
     device = tensor.device
     return submit(ALLREDUCE, name, src.data_ptr(), out.data_ptr(), dtype_code(src.dtype), src.shape,
                   (src, out), lambda r: out if device.type == "cpu" else out.to(device),
-                  op=_op_of(average, op), wire=wire_code(compression), prescale=prescale_factor,
+                  op=code, wire=wire_code(compression), prescale=prescale_factor,
                   postscale=postscale_factor,
                   sparse_ratio=-1.0 if sparse_ratio is None else float(sparse_ratio))
 
@@ -174,7 +169,8 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int = Average) -
     """Allreduce of a sparse COO tensor as Horovod does it: allgather the
     indices and the values; the result (duplicates summed on coalesce) is
     divided by size for Average. Only Sum and Average are meaningful."""
-    if int(op) not in (Sum, Average):
+    op = reduce_op(op)
+    if op not in (Sum, Average):
         raise ValueError("gradflow: sparse allreduce supports only Sum and Average")
     t = tensor.detach().coalesce().cpu()
     idx = t.indices().t().contiguous()
@@ -190,6 +186,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              compression=Compression.none) -> GroupHandle:
     """In-place allreduce of a list of tensors (the core fuses them)."""
+    _op_of(average, op)  # validate before naming, as the single-tensor calls do
     base = auto_name(ALLREDUCE, name)
     return GroupHandle([allreduce_async_(t, average, f"{base}.{i}", op, prescale_factor,
                                          postscale_factor, compression)
@@ -201,6 +198,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[b
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             compression=Compression.none) -> GroupHandle:
     """Allreduce of a list of tensors into new tensors."""
+    _op_of(average, op)  # validate before naming, as the single-tensor calls do
     base = auto_name(ALLREDUCE, name)
     return GroupHandle([allreduce_async(t, average, f"{base}.{i}", op, prescale_factor,
                                         postscale_factor, compression)
@@ -377,7 +375,7 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: in
     name = auto_name(REDUCESCATTER, name)
     dtype, device = src.dtype, tensor.device
     return submit(REDUCESCATTER, name, src.data_ptr(), 0, dtype_code(dtype), src.shape, (src,),
-                  lambda r: _from_result(r, dtype, device), op=_op_of(None, op),
+                  lambda r: _from_result(r, dtype, device), op=native_reduce_op(op),
                   postscale=postscale_factor)
 
 

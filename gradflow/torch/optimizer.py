@@ -64,7 +64,7 @@ import torch
 
 from .. import _handles, _native
 from .._runtime import GradflowError
-from ..collectives import Average, ReduceOp
+from ..collectives import Average, native_reduce_op, reduce_op
 from ..compression import Compression, wire_code
 from .functions import allgather_object, check_same_everywhere
 from .ops import allreduce_async_, dtype_code, sparse_allreduce_async
@@ -126,7 +126,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
                         sparse_as_dense, grad_scaler=None) -> None:
         s = self._gradflow = _State()
-        op = int(ReduceOp(op))
+        op = reduce_op(op)  # Horovod meaning of raw ints; Adasum/unknown raise here
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradflow: gradient_predivide_factor != 1.0 needs op=Average")
         if backward_passes_per_step < 1:
@@ -365,7 +365,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     ranges.append(p.numel())
                     off += p.numel()
             pid = _native.pool_create(buf.data_ptr(), dtype_code(dtype), ranges, s.bucket_bytes,
-                                      s.op, s.wire, s.prescale / s.loss_scale,
+                                      native_reduce_op(s.op), s.wire, s.prescale / s.loss_scale,
                                       s.postscale * s.loss_scale, s.sparse_ratio)
             # Step 1 (dense, copy path) counts towards GRADFLOW_SPARSE_WARMUP_STEPS.
             _native.pool_reset(pid)
