@@ -35,7 +35,7 @@ import keras
 import numpy as np
 
 from .. import collectives as _c
-from ..collectives import Average, ReduceOp
+from ..collectives import Average, ReduceOp, reduce_op
 from ..compression import Compression
 
 
@@ -50,7 +50,7 @@ class _DistributedMixin:
                         average_aggregated_gradients: bool) -> None:
         self.gradflow_name = name
         self.compression = compression
-        self.op = ReduceOp(op)
+        self.op = reduce_op(op)
         self.sparse_ratio = sparse_ratio
         self.backward_passes_per_step = int(backward_passes_per_step)
         self.sparse_as_dense = bool(sparse_as_dense)
@@ -152,7 +152,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
                          "(gradflow fuses gradients by its own bucket size, "
                          "GRADFLOW_FUSION_THRESHOLD); leave them at 0 / None")
     _check_global_process_set(process_set)
-    ReduceOp(op)
+    reduce_op(op)  # an unknown op or Adasum raises here, at construction
     base = optimizer.__class__
     # Same module and name as the user's class: a saved model reloads with the
     # plain optimizer (wrap it again after loading).

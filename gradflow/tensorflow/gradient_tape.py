@@ -16,7 +16,7 @@ from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf
 
-from ..collectives import Average, ReduceOp, Sum
+from ..collectives import Average, ReduceOp, Sum, reduce_op
 from ..compression import Compression
 from .ops import SparseRatio, _allreduce_indexed_slices, grouped_allreduce_raw
 
@@ -31,7 +31,7 @@ def reduce_gradients(grads: Sequence[Any], names: Sequence[str], op: ReduceOp = 
     every rank, so it must be derived the same way everywhere (e.g. from the
     position in the variable list). `sparse_ratio` may be a callable read on
     every step (the Keras wrapper's mutable setting)."""
-    op = ReduceOp(op)
+    op = reduce_op(op)
     if op not in (Sum, Average):
         raise ValueError(f"gradflow: gradients can be reduced with Sum or Average, not {op!r}")
     if gradient_predivide_factor != 1.0 and op != Average:
@@ -80,7 +80,7 @@ class DistributedGradientTape:
             tape = tape._tape
         self._tape = tape
         self.compression = compression
-        self.op = ReduceOp(op)
+        self.op = reduce_op(op)
         self.sparse_ratio = sparse_ratio
         self.sparse_as_dense = sparse_as_dense
         self.gradient_predivide_factor = float(gradient_predivide_factor)

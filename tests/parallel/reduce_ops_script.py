@@ -143,6 +143,16 @@ if "tf" in sys.argv:
         loss = tf.reduce_sum(w * x)
     g = gtf.DistributedGradientTape(tape, op=1).gradient(loss, [w])[0]
     close(g, STACK.sum(0), "tf DistributedGradientTape op=1")
+    # The tape and the Keras optimizer refuse Adasum / unknown ints when made,
+    # not at the first gradient.
+    import keras
+    import gradflow.keras as gk
+    for op, exc, text in ((2, NotImplementedError, "Adasum"), (9, ValueError, "unknown reduce op")):
+        with tf.GradientTape() as tape:
+            pass
+        raises(lambda: gtf.DistributedGradientTape(tape, op=op), exc, text, f"tf tape op={op}")
+        raises(lambda: gk.DistributedOptimizer(keras.optimizers.SGD(0.1), op=op), exc, text,
+               f"keras optimizer op={op}")
     print(f"ok tf (size {N})", flush=True)
 
 gf.barrier()
