@@ -11,8 +11,10 @@ from .functions import (allgather_object, broadcast_object, broadcast_optimizer_
                         broadcast_parameters)
 from .ops import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,
                   allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
-                  broadcast_async, broadcast_async_, grouped_allreduce, grouped_allreduce_,
-                  grouped_allreduce_async, grouped_allreduce_async_, join, poll, reducescatter,
+                  broadcast_async, broadcast_async_, grouped_allgather, grouped_allgather_async,
+                  grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+                  grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async,
+                  join, poll, reducescatter,
                   reducescatter_async, sparse_allreduce_async, synchronize)
 from .optimizer import DistributedOptimizer
 
@@ -23,7 +25,8 @@ __all__ = [
     "allreduce_async_", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "sparse_allreduce_async", "allgather", "allgather_async",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
-    "reducescatter", "reducescatter_async", "synchronize", "poll", "join", "barrier",
+    "reducescatter", "reducescatter_async", "grouped_allgather", "grouped_allgather_async",
+    "grouped_reducescatter", "grouped_reducescatter_async", "synchronize", "poll", "join", "barrier",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "DistributedOptimizer",
 ]
