@@ -50,7 +50,10 @@ for use_pool in (True, False):
     assert ob.backward_passes_per_step == 2
     train(a, oa, 3, R, N, PER, bpps=2, x=X, y=Y)
     train(b, ob, 3, R, N, PER, bpps=2, x=X, y=Y)
-    assert torch.equal(flat(a.parameters()), flat(b.parameters())), "set_bpps differs from ctor"
+    # (not bitwise: on the copy path the core's fusion depends on timing, and
+    # a different fusion layout changes the ring's summation order)
+    d = float((flat(a.parameters()) - flat(b.parameters())).abs().max())
+    assert d < 1e-6, f"set_backward_passes_per_step differs from the constructor's: {d}"
     assert_identical(b.parameters(), "set_backward_passes_per_step")
     if R == 0:  # and both equal single-process training on the global batch
         ref = mlp()
