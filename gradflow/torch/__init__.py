@@ -1,6 +1,6 @@
 # gradflow.torch — the PyTorch binding, a drop-in for horovod.torch:
 # `import gradflow.torch as hvd`. Re-exports only; the tensor collectives are
-# in ops.py, model/optimizer state helpers in functions.py and the
+# in ops.py and scatter_ops.py, model/optimizer state helpers in functions.py and the
 # DistributedOptimizer in optimizer.py.
 """PyTorch binding of gradflow with Horovod's API (``import gradflow.torch as hvd``)."""
 from .._runtime import (GradflowError, cross_rank, cross_size, init, is_initialized, local_rank,
@@ -11,12 +11,12 @@ from .functions import (allgather_object, broadcast_object, broadcast_optimizer_
                         broadcast_parameters)
 from .ops import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,
                   allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
-                  broadcast_async, broadcast_async_, grouped_allgather, grouped_allgather_async,
-                  grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
-                  grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async,
-                  join, poll, reducescatter,
-                  reducescatter_async, sparse_allreduce_async, synchronize)
+                  broadcast_async, broadcast_async_, grouped_allreduce, grouped_allreduce_,
+                  grouped_allreduce_async, grouped_allreduce_async_, join, poll,
+                  sparse_allreduce_async, synchronize)
 from .optimizer import DistributedOptimizer
+from .scatter_ops import (grouped_allgather, grouped_allgather_async, grouped_reducescatter,
+                          grouped_reducescatter_async, reducescatter, reducescatter_async)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
