@@ -1,7 +1,7 @@
 # gradflow.torch — the PyTorch binding, a drop-in for horovod.torch:
 # `import gradflow.torch as hvd`. Re-exports only; the tensor collectives are
-# in ops.py and scatter_ops.py, model/optimizer state helpers in functions.py and the
-# DistributedOptimizer in optimizer.py.
+# in ops.py and scatter_ops.py, model/optimizer state helpers in functions.py
+# and the DistributedOptimizer in optimizer.py.
 """PyTorch binding of gradflow with Horovod's API (``import gradflow.torch as hvd``)."""
 from .._runtime import (GradflowError, cross_rank, cross_size, init, is_initialized, local_rank,
                         local_size, mpi_comm, rank, reset_stats, shutdown, size, stats)
@@ -26,7 +26,8 @@ __all__ = [
     "grouped_allreduce_async_", "sparse_allreduce_async", "allgather", "allgather_async",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
     "reducescatter", "reducescatter_async", "grouped_allgather", "grouped_allgather_async",
-    "grouped_reducescatter", "grouped_reducescatter_async", "synchronize", "poll", "join", "barrier",
+    "grouped_reducescatter", "grouped_reducescatter_async", "synchronize", "poll", "join",
+    "barrier",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "DistributedOptimizer",
 ]
