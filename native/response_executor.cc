@@ -359,7 +359,18 @@ void ResponseExecutor::run_other(const Response& r, TensorEntry* e, HandleResult
       std::vector<int64_t> out_shape = r.shape;
       out_shape[0] = rows[comm_.rank()];
       result->data = std::make_shared<std::vector<uint8_t>>(rows[comm_.rank()] * row * esize);
-      reducescatter(comm_, e->input, result->data->data(), rows, row, r.dtype, r.op, opt, scratch_,
+      // prescale multiplies the inputs before the reduction (Horovod's
+      // semantics: it also keeps a 16-bit wire from overflowing); the
+      // caller's buffer is read-only here, so a private copy is scaled.
+      const void* in = e->input;
+      std::vector<uint8_t> scaled;
+      if (r.prescale != 1.0) {
+        const auto* src = static_cast<const uint8_t*>(e->input);
+        scaled.assign(src, src + static_cast<size_t>(dim0) * row * esize);
+        scale_buffer(scaled.data(), static_cast<size_t>(dim0) * row, r.dtype, r.prescale);
+        in = scaled.data();
+      }
+      reducescatter(comm_, in, result->data->data(), rows, row, r.dtype, r.op, opt, scratch_,
                     &ts);
       double post = r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / n : 1.0);
       scale_buffer(result->data->data(), rows[comm_.rank()] * row, r.dtype, post);

@@ -1,7 +1,7 @@
 # gradflow.torch — the PyTorch binding, a drop-in for horovod.torch:
 # `import gradflow.torch as hvd`. Re-exports only; the tensor collectives are
-# in ops.py, model/optimizer state helpers in functions.py and the
-# DistributedOptimizer in optimizer.py.
+# in ops.py and scatter_ops.py, model/optimizer state helpers in functions.py
+# and the DistributedOptimizer in optimizer.py.
 """PyTorch binding of gradflow with Horovod's API (``import gradflow.torch as hvd``)."""
 from .._runtime import (GradflowError, cross_rank, cross_size, init, is_initialized, local_rank,
                         local_size, mpi_comm, rank, reset_stats, shutdown, size, stats)
@@ -12,9 +12,11 @@ from .functions import (allgather_object, broadcast_object, broadcast_optimizer_
 from .ops import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,
                   allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
                   broadcast_async, broadcast_async_, grouped_allreduce, grouped_allreduce_,
-                  grouped_allreduce_async, grouped_allreduce_async_, join, poll, reducescatter,
-                  reducescatter_async, sparse_allreduce_async, synchronize)
+                  grouped_allreduce_async, grouped_allreduce_async_, join, poll,
+                  sparse_allreduce_async, synchronize)
 from .optimizer import DistributedOptimizer
+from .scatter_ops import (grouped_allgather, grouped_allgather_async, grouped_reducescatter,
+                          grouped_reducescatter_async, reducescatter, reducescatter_async)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
@@ -23,7 +25,9 @@ __all__ = [
     "allreduce_async_", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "sparse_allreduce_async", "allgather", "allgather_async",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
-    "reducescatter", "reducescatter_async", "synchronize", "poll", "join", "barrier",
+    "reducescatter", "reducescatter_async", "grouped_allgather", "grouped_allgather_async",
+    "grouped_reducescatter", "grouped_reducescatter_async", "synchronize", "poll", "join",
+    "barrier",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "DistributedOptimizer",
 ]

@@ -133,12 +133,22 @@ def _fill(obj: Any, tensors: List[torch.Tensor]) -> Any:
     return obj
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
+                              model: Optional[torch.nn.Module] = None) -> None:
     """Make every rank's optimizer state (hyperparameters of each param
     group, per-parameter state such as momentum buffers and step counts)
     equal to root's. The structure travels pickled; every tensor travels
     by an in-place broadcast; non-root ranks then `load_state_dict` it, so
-    ranks whose state was still empty get root's."""
+    ranks whose state was still empty get root's.
+
+    `model` (Horovod's keyword) is accepted and only type-checked: Horovod
+    uses it to give sparse embedding parameters sparse zero gradients for
+    the dummy step() with which it initialises an empty state; gradflow runs
+    no dummy step (root's state, empty or not, is copied as it is), so the
+    state is the same with or without it."""
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise TypeError(f"gradflow: broadcast_optimizer_state: model must be a torch.nn.Module, "
+                        f"got {type(model).__name__}")
     root = rank() == root_rank
     tensors: List[torch.Tensor] = []
     skeleton = _strip(optimizer.state_dict(), tensors) if root else None

@@ -12,8 +12,8 @@ import torch
 
 from .. import _dtypes
 from .._handles import Handle
-from .._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, REDUCESCATTER,
-                        auto_name, rank, size, submit)
+from .._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, auto_name, rank,
+                        size, submit)
 from ..collectives import Average, ReduceOp, Sum, native_reduce_op, op_from_average, reduce_op
 from ..collectives import join as _np_join
 from ..compression import Compression, wire_code
@@ -22,7 +22,7 @@ __all__ = [
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
     "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "allgather",
     "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
-    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+    "alltoall", "alltoall_async",
     "sparse_allreduce_async", "synchronize", "poll", "join", "barrier",
 ]
 
@@ -322,7 +322,7 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None)
     return broadcast_async_(tensor, root_rank, name).wait()
 
 
-# ---------------------------------------------------------------- alltoall, reducescatter
+# ---------------------------------------------------------------- alltoall
 
 def alltoall_async(tensor: torch.Tensor, splits=None, name: Optional[str] = None) -> Handle:
     """Start an alltoall; the result is (tensor, received_splits)."""
@@ -364,42 +364,6 @@ def alltoall(tensor: torch.Tensor, splits=None, name: Optional[str] = None
     came from each rank, as Horovod does. Differentiable."""
     out, received = _AlltoallFn.apply(tensor, splits, name)
     return out if splits is None else (out, received)
-
-
-def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: int = Average,
-                        postscale_factor: float = 1.0) -> Handle:
-    """Start a reducescatter: rank r gets block r of dim 0 of the reduction."""
-    src = _staged(tensor)
-    if src.dim() == 0:
-        raise ValueError("gradflow: reducescatter needs a tensor with at least one dimension")
-    name = auto_name(REDUCESCATTER, name)
-    dtype, device = src.dtype, tensor.device
-    return submit(REDUCESCATTER, name, src.data_ptr(), 0, dtype_code(dtype), src.shape, (src,),
-                  lambda r: _from_result(r, dtype, device), op=native_reduce_op(op),
-                  postscale=postscale_factor)
-
-
-class _ReducescatterFn(torch.autograd.Function):
-    """Gradient: allgather of the incoming gradient (divided by size for Average)."""
-
-    @staticmethod
-    def forward(ctx, tensor, name, op):
-        ctx.name, ctx.op = name, op
-        return reducescatter_async(tensor, name, op).wait()
-
-    @staticmethod
-    def backward(ctx, grad):
-        g = None if ctx.name is None else ctx.name + ".grad"
-        full = allgather_async(grad, g).wait()
-        return (full / size() if ctx.op == Average else full), None, None
-
-
-def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression=Compression.none,
-                  op: int = Average) -> torch.Tensor:
-    """Reduce `tensor` across ranks; this rank keeps its block of dim-0 rows
-    (earlier ranks get the remainder). `compression` is accepted for
-    Horovod compatibility and ignored. Differentiable."""
-    return _ReducescatterFn.apply(tensor, name, _op_of(None, op))
 
 
 # ---------------------------------------------------------------- control

@@ -429,6 +429,27 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """True if a 16-bit wire value overflowed in the last pooled step."""
         return self._gradflow.wire_overflow
 
+    @property
+    def backward_passes_per_step(self) -> int:
+        """Backward passes accumulated locally per step (Horovod's attribute)."""
+        return self._gradflow.bpps
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Horovod's method: from the next step on, accumulate `passes`
+        backward passes per step, as the constructor argument does. Call it
+        between steps (after step() or before the first backward): a change
+        in the middle of an accumulation raises, since the passes already
+        counted would be ambiguous. Local: every rank must set the same value."""
+        if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+            raise ValueError(f"gradflow: backward_passes_per_step must be an int >= 1, got "
+                             f"{passes!r}")
+        s = self._gradflow
+        if any(s.passes.values()):
+            raise GradflowError("gradflow: set_backward_passes_per_step() called in the middle "
+                                "of a step (backward passes already counted); call it after "
+                                "step() or synchronize()")
+        s.bpps = int(passes)
+
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,

@@ -61,3 +61,11 @@ def test_torch_matches_simulated_ranks(n):
     # GradScaler with an overflow, broadcast_optimizer_state then training
     out = run_mpi(n, "torch_reference_script.py", timeout=180)
     assert len(_oks(out, n)) == 9, out.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_torch_horovod_parity(n):
+    # issue 14: set_backward_passes_per_step, broadcast_optimizer_state(model=),
+    # grouped_allgather / grouped_reducescatter, reducescatter pre/postscale
+    out = run_mpi(n, "torch_hvd_parity_script.py", timeout=180)
+    assert len(_oks(out, n)) == 10, out.stdout

@@ -1,0 +1,171 @@
+# scatter_ops.py — torch reducescatter (with Horovod's pre/postscale) and the
+# grouped allgather / reducescatter of Horovod 0.28, with their autograd
+# gradients. Built on ops.py's staging helpers and handles; the reduction and
+# its scaling are the native core's.
+"""Reducescatter and grouped allgather/reducescatter for ``import gradflow.torch as hvd``."""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence
+
+import torch
+
+from .._handles import Handle
+from .._runtime import ALLGATHER, REDUCESCATTER, auto_name, rank, size, submit
+from ..collectives import Average, native_reduce_op
+from ..compression import Compression
+from .ops import (GroupHandle, _from_result, _op_of, _staged, allgather_async, dtype_code,
+                  grouped_allreduce_async)
+
+__all__ = ["reducescatter", "reducescatter_async", "grouped_allgather", "grouped_allgather_async",
+           "grouped_reducescatter", "grouped_reducescatter_async"]
+
+
+def _global_set_only(process_set: Any, what: str) -> None:
+    """Process sets are not supported by these functions yet: accept only
+    the default (None) or an object standing for Horovod's global set
+    (process_set_id 0); anything else raises on every rank that passes it."""
+    if process_set is None or getattr(process_set, "process_set_id", None) == 0:
+        return
+    raise ValueError(f"gradflow: {what}: process_set={process_set!r} is not supported; only the "
+                     "global process set (the default) is")
+
+
+def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: int = Average,
+                        process_set: Any = None, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0) -> Handle:
+    """Start a reducescatter: rank r gets block r of dim 0 of the reduction
+    of `prescale_factor * tensor`, multiplied by `postscale_factor` (and by
+    1/size for Average). Scaling needs a floating-point tensor."""
+    _global_set_only(process_set, "reducescatter")
+    code = native_reduce_op(_op_of(None, op))  # before naming: errors leave counters alone
+    src = _staged(tensor)
+    if src.dim() == 0:
+        raise ValueError("gradflow: reducescatter needs a tensor with at least one dimension")
+    name = auto_name(REDUCESCATTER, name)
+    dtype, device = src.dtype, tensor.device
+    return submit(REDUCESCATTER, name, src.data_ptr(), 0, dtype_code(dtype), src.shape, (src,),
+                  lambda r: _from_result(r, dtype, device), op=code,
+                  prescale=prescale_factor, postscale=postscale_factor)
+
+
+class _ReducescatterFn(torch.autograd.Function):
+    """Gradient: allgather of the incoming gradient, scaled as the forward
+    (pre * post, and 1/size for Average), as in Horovod."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, pre, post):
+        ctx.name, ctx.op, ctx.scale = name, op, pre * post
+        return reducescatter_async(tensor, name, op, None, pre, post).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = None if ctx.name is None else ctx.name + ".grad"
+        full = allgather_async(grad, g).wait()
+        if ctx.op == Average:
+            full = full / size()
+        if ctx.scale != 1.0:
+            full = full * ctx.scale
+        return full, None, None, None, None
+
+
+def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression=Compression.none,
+                  op: int = Average, process_set: Any = None, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduce `prescale_factor * tensor` across ranks; this rank keeps its
+    block of dim-0 rows (earlier ranks get the remainder), multiplied by
+    `postscale_factor`. `compression` is accepted for Horovod compatibility
+    and ignored. Differentiable."""
+    _global_set_only(process_set, "reducescatter")
+    return _ReducescatterFn.apply(tensor, name, _op_of(None, op), float(prescale_factor),
+                                  float(postscale_factor))
+
+
+# ---------------------------------------------------------------- grouped allgather, reducescatter
+
+def _tensor_list(tensors: Sequence[torch.Tensor], what: str) -> List[torch.Tensor]:
+    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"gradflow: {what} takes a list or tuple of tensors, got "
+                        f"{type(tensors).__name__}")
+    return list(tensors)
+
+
+def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
+                            process_set: Any = None) -> GroupHandle:
+    """Start an allgather of every tensor of the list (dim-0 sizes may differ
+    between ranks, per tensor); `synchronize` returns the list of results."""
+    _global_set_only(process_set, "grouped_allgather")
+    tensors = _tensor_list(tensors, "grouped_allgather")
+    base = auto_name(ALLGATHER, name)
+    return GroupHandle([allgather_async(t, f"{base}.{i}") for i, t in enumerate(tensors)])
+
+
+class _GroupedAllgatherFn(torch.autograd.Function):
+    """Per tensor, the gradient of allgather (see _AllgatherFn)."""
+
+    @staticmethod
+    def forward(ctx, name, *tensors):
+        ctx.name = name
+        ctx.rows = [t.shape[0] if t.dim() > 0 else 1 for t in tensors]
+        return tuple(grouped_allgather_async(tensors, name).wait())
+
+    @staticmethod
+    def backward(ctx, *grads):
+        g = None if ctx.name is None else ctx.name + ".grad"
+        reduced = grouped_allreduce_async(grads, None, g, Average).wait()
+        rows = allgather_async(torch.tensor(ctx.rows, dtype=torch.int64).reshape(1, -1),
+                               None if g is None else g + ".rows").wait()
+        offsets = rows[:rank()].sum(0).tolist()
+        return (None,) + tuple(r.narrow(0, int(o), n)
+                               for r, o, n in zip(reduced, offsets, ctx.rows))
+
+
+def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
+                      process_set: Any = None) -> List[torch.Tensor]:
+    """Allgather every tensor of the list (as `allgather`); differentiable."""
+    _global_set_only(process_set, "grouped_allgather")
+    tensors = _tensor_list(tensors, "grouped_allgather")
+    return list(_GroupedAllgatherFn.apply(name, *tensors))
+
+
+def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
+                                op: int = Average, process_set: Any = None,
+                                prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> GroupHandle:
+    """Start a reducescatter of every tensor of the list (as
+    `reducescatter_async`); `synchronize` returns the list of results."""
+    _global_set_only(process_set, "grouped_reducescatter")
+    tensors = _tensor_list(tensors, "grouped_reducescatter")
+    op = _op_of(None, op)
+    base = auto_name(REDUCESCATTER, name)
+    return GroupHandle([reducescatter_async(t, f"{base}.{i}", op, None, prescale_factor,
+                                            postscale_factor) for i, t in enumerate(tensors)])
+
+
+class _GroupedReducescatterFn(torch.autograd.Function):
+    """Per tensor, the gradient of reducescatter (see _ReducescatterFn)."""
+
+    @staticmethod
+    def forward(ctx, args, *tensors):
+        ctx.args = args
+        return tuple(grouped_reducescatter_async(tensors, *args).wait())
+
+    @staticmethod
+    def backward(ctx, *grads):
+        name, op, _, pre, post = ctx.args
+        g = None if name is None else name + ".grad"
+        scale = pre * post / (size() if op == Average else 1)
+        full = grouped_allgather_async(grads, g).wait()
+        return (None,) + tuple(f * scale if scale != 1.0 else f for f in full)
+
+
+def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
+                          compression=Compression.none, op: int = Average, process_set: Any = None,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> List[torch.Tensor]:
+    """Reducescatter every tensor of the list (as `reducescatter`; dim 0 of
+    each is split separately); `compression` is accepted and ignored.
+    Differentiable."""
+    _global_set_only(process_set, "grouped_reducescatter")
+    tensors = _tensor_list(tensors, "grouped_reducescatter")
+    args = (name, _op_of(None, op), None, float(prescale_factor), float(postscale_factor))
+    return list(_GroupedReducescatterFn.apply(args, *tensors))
