@@ -14,7 +14,7 @@ import numpy as np
 from . import _dtypes
 from ._handles import Handle
 from ._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, JOIN, REDUCESCATTER,
-                       advance_auto_names, auto_name, auto_name_counts, submit)
+                       advance_auto_names, auto_name, auto_name_counts, size, submit)
 from .compression import wire_code
 
 
@@ -58,6 +58,20 @@ def reduce_op(op) -> ReduceOp:
 def native_reduce_op(op) -> int:
     """The native core's code for `op` (validated by `reduce_op`)."""
     return _NATIVE_CODES[reduce_op(op)]
+
+
+def check_global_process_set(process_set, what: str) -> None:
+    """Process sets are not implemented yet: accept only the default (None)
+    or an object standing for Horovod's global set (process_set_id 0, or
+    `ranks` listing every rank); anything else raises ValueError naming
+    `what`, on every rank that passes it — never silently the global set."""
+    if process_set is None or getattr(process_set, "process_set_id", None) == 0:
+        return
+    ranks = getattr(process_set, "ranks", None)
+    if ranks is not None and sorted(int(r) for r in ranks) == list(range(size())):
+        return
+    raise ValueError(f"gradflow: {what}: process_set={process_set!r} is not supported; only the "
+                     "global process set (all ranks, the default) is")
 
 
 def op_from_average(average: Optional[bool], op) -> ReduceOp:

@@ -151,7 +151,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
         raise ValueError("gradflow: DistributedOptimizer(num_groups=, groups=) is not supported "
                          "(gradflow fuses gradients by its own bucket size, "
                          "GRADFLOW_FUSION_THRESHOLD); leave them at 0 / None")
-    _check_global_process_set(process_set)
+    _c.check_global_process_set(process_set, "DistributedOptimizer")
     reduce_op(op)  # an unknown op or Adasum raises here, at construction
     base = optimizer.__class__
     # Same module and name as the user's class: a saved model reloads with the
@@ -168,23 +168,6 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
                          sparse_ratio, backward_passes_per_step, sparse_as_dense,
                          gradient_predivide_factor, average_aggregated_gradients)
     return dist
-
-
-def _check_global_process_set(process_set: Any) -> None:
-    """Accept None or the global process set (any object Horovod-style code
-    passes as `global_process_set`, i.e. one whose ranks are all ranks or that
-    has process_set_id 0); anything else raises, naming the set."""
-    if process_set is None:
-        return
-    if getattr(process_set, "process_set_id", None) == 0:
-        return
-    ranks = getattr(process_set, "ranks", None)
-    if ranks is not None:
-        from .._runtime import size
-        if sorted(int(r) for r in ranks) == list(range(size())):
-            return
-    raise ValueError(f"gradflow: DistributedOptimizer(process_set={process_set!r}) is not "
-                     f"supported: only the global process set (all ranks) is")
 
 
 def is_distributed(optimizer: Any) -> bool:

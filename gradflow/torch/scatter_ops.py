@@ -11,7 +11,7 @@ import torch
 
 from .._handles import Handle
 from .._runtime import ALLGATHER, REDUCESCATTER, auto_name, rank, size, submit
-from ..collectives import Average, native_reduce_op
+from ..collectives import Average, check_global_process_set, native_reduce_op
 from ..compression import Compression
 from .ops import (GroupHandle, _from_result, _op_of, _staged, allgather_async, dtype_code,
                   grouped_allreduce_async)
@@ -20,23 +20,13 @@ __all__ = ["reducescatter", "reducescatter_async", "grouped_allgather", "grouped
            "grouped_reducescatter", "grouped_reducescatter_async"]
 
 
-def _global_set_only(process_set: Any, what: str) -> None:
-    """Process sets are not supported by these functions yet: accept only
-    the default (None) or an object standing for Horovod's global set
-    (process_set_id 0); anything else raises on every rank that passes it."""
-    if process_set is None or getattr(process_set, "process_set_id", None) == 0:
-        return
-    raise ValueError(f"gradflow: {what}: process_set={process_set!r} is not supported; only the "
-                     "global process set (the default) is")
-
-
 def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: int = Average,
                         process_set: Any = None, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> Handle:
     """Start a reducescatter: rank r gets block r of dim 0 of the reduction
     of `prescale_factor * tensor`, multiplied by `postscale_factor` (and by
     1/size for Average). Scaling needs a floating-point tensor."""
-    _global_set_only(process_set, "reducescatter")
+    check_global_process_set(process_set, "reducescatter")
     code = native_reduce_op(_op_of(None, op))  # before naming: errors leave counters alone
     src = _staged(tensor)
     if src.dim() == 0:
@@ -75,7 +65,7 @@ def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression=
     block of dim-0 rows (earlier ranks get the remainder), multiplied by
     `postscale_factor`. `compression` is accepted for Horovod compatibility
     and ignored. Differentiable."""
-    _global_set_only(process_set, "reducescatter")
+    check_global_process_set(process_set, "reducescatter")
     return _ReducescatterFn.apply(tensor, name, _op_of(None, op), float(prescale_factor),
                                   float(postscale_factor))
 
@@ -93,7 +83,7 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str]
                             process_set: Any = None) -> GroupHandle:
     """Start an allgather of every tensor of the list (dim-0 sizes may differ
     between ranks, per tensor); `synchronize` returns the list of results."""
-    _global_set_only(process_set, "grouped_allgather")
+    check_global_process_set(process_set, "grouped_allgather")
     tensors = _tensor_list(tensors, "grouped_allgather")
     base = auto_name(ALLGATHER, name)
     return GroupHandle([allgather_async(t, f"{base}.{i}") for i, t in enumerate(tensors)])
@@ -122,7 +112,7 @@ class _GroupedAllgatherFn(torch.autograd.Function):
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
                       process_set: Any = None) -> List[torch.Tensor]:
     """Allgather every tensor of the list (as `allgather`); differentiable."""
-    _global_set_only(process_set, "grouped_allgather")
+    check_global_process_set(process_set, "grouped_allgather")
     tensors = _tensor_list(tensors, "grouped_allgather")
     return list(_GroupedAllgatherFn.apply(name, *tensors))
 
@@ -133,7 +123,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
                                 postscale_factor: float = 1.0) -> GroupHandle:
     """Start a reducescatter of every tensor of the list (as
     `reducescatter_async`); `synchronize` returns the list of results."""
-    _global_set_only(process_set, "grouped_reducescatter")
+    check_global_process_set(process_set, "grouped_reducescatter")
     tensors = _tensor_list(tensors, "grouped_reducescatter")
     op = _op_of(None, op)
     base = auto_name(REDUCESCATTER, name)
@@ -165,7 +155,7 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] =
     """Reducescatter every tensor of the list (as `reducescatter`; dim 0 of
     each is split separately); `compression` is accepted and ignored.
     Differentiable."""
-    _global_set_only(process_set, "grouped_reducescatter")
+    check_global_process_set(process_set, "grouped_reducescatter")
     tensors = _tensor_list(tensors, "grouped_reducescatter")
     args = (name, _op_of(None, op), None, float(prescale_factor), float(postscale_factor))
     return list(_GroupedReducescatterFn.apply(args, *tensors))
