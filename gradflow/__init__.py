@@ -35,9 +35,9 @@ from ._runtime import (GradflowError, cross_rank, cross_size, init, is_initializ
                        local_size, mpi_comm, rank, reset_stats, shutdown, size, stats,
                        timeline_mark)
 from .collectives import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, allgather,
-                          allgather_async, allreduce, allreduce_async, alltoall, alltoall_async, barrier, broadcast,
-                          broadcast_async, join, poll, reducescatter, reducescatter_async,
-                          synchronize)
+                          allgather_async, allreduce, allreduce_async, alltoall, alltoall_async,
+                          barrier, broadcast, broadcast_async, join, poll, reducescatter,
+                          reducescatter_async, synchronize)
 from .compression import Compression
 from ._handles import Handle
 from . import _native
