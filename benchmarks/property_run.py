@@ -32,12 +32,12 @@ def main() -> int:
     a = p.parse_args()
     runs, log, worst = [], [], 0
     for n in a.ranks:
-        cmd = bu.launcher_prefix(n, netns=False) + [sys.executable, SCRIPT, "--examples",
+        cmd = bu.launcher_prefix(n) + [sys.executable, SCRIPT, "--examples",
                                                    str(a.examples), "--seed", str(a.seed + n)]
         print("$ " + " ".join(cmd), flush=True)
         t0 = time.monotonic()
         try:
-            out = subprocess.run(cmd, env=bu.base_env(n, netns=False), capture_output=True,
+            out = subprocess.run(cmd, env=bu.base_env(n), capture_output=True,
                                  text=True, timeout=a.timeout)
             rc, text = out.returncode, out.stdout + out.stderr
         except subprocess.TimeoutExpired as e:

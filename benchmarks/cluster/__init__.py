@@ -149,9 +149,9 @@ class Cluster:
         """Environment for a job on the first n hosts (`ranks` MPI ranks in all)."""
         n = self._check_n(n)
         env = dict(os.environ if base is None else base)
-        env.update(GRADFLOW_CLUSTER=self.name, GRADFLOW_CLUSTER_IFACE=IFACE,
-                   GRADFLOW_CLUSTER_RATE=str(self.state.get("rate")),
-                   GRADFLOW_CLUSTER_DELAY=str(self.state.get("delay")),
+        env.update(GFCLUSTER_NAME=self.name, GFCLUSTER_IFACE=IFACE,
+                   GFCLUSTER_RATE=str(self.state.get("rate")),
+                   GFCLUSTER_DELAY=str(self.state.get("delay")),
                    MASTER_ADDR=self.host_ip(0), GLOO_SOCKET_IFNAME=IFACE, TP_SOCKET_IFNAME=IFACE,
                    # MPICH on TCP through the emulated NIC, never shared memory
                    # (namespaces share a kernel, so shm would bypass the link).
