@@ -153,13 +153,17 @@ class Cluster:
                    GFCLUSTER_RATE=str(self.state.get("rate")),
                    GFCLUSTER_DELAY=str(self.state.get("delay")),
                    MASTER_ADDR=self.host_ip(0), GLOO_SOCKET_IFNAME=IFACE, TP_SOCKET_IFNAME=IFACE,
-                   # MPICH on TCP through the emulated NIC, never shared memory
-                   # (namespaces share a kernel, so shm would bypass the link).
+                   # MPICH on TCP through the emulated NIC
                    MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER="tcp", FI_TCP_IFACE=IFACE,
-                   MPIR_CVAR_NOLOCAL="1",
                    # libfabric tcp's default inject size (128 B) makes every
                    # blocking send > 128 B wait a full round trip.
                    FI_TCP_MAX_INJECT="65536")
+        if (ranks or n) <= n:
+            # One rank per host: never MPICH shared memory (namespaces share a
+            # kernel, so shm would bypass the link). With several ranks per
+            # host they share memory as on a real node (hydra groups ranks by
+            # proxy, one proxy per host), and local_size stays right.
+            env["MPIR_CVAR_NOLOCAL"] = "1"
         env.setdefault("OMP_NUM_THREADS", "1")
         if (ranks or n) > (os.cpu_count() or 1):
             # more ranks than cores: MPICH busy-polls; yielding early is ~4x faster for small messages
@@ -195,9 +199,20 @@ class Cluster:
         """Run argv on the first n hosts and wait (at most `timeout` seconds:
         then every job process in the cluster is killed and TimeoutExpired raised)."""
         n = self._check_n(n)
-        full = self.env(n, env)
-        p = subprocess.Popen(self.command(argv, n, raw), env=full, start_new_session=True,
-                             **popen_kwargs)
+        return self.run_command(self.command(argv, n, raw), env=self.env(n, env), timeout=timeout,
+                                **popen_kwargs)
+
+    def run_command(self, cmd: Sequence[str], env: Optional[Dict[str, str]] = None,
+                    timeout: Optional[float] = None, capture: bool = True,
+                    **popen_kwargs) -> subprocess.CompletedProcess:
+        """Run a command line built with command()/host_command() (text output
+        captured unless capture=False); on timeout or interruption end every
+        job process in the cluster, then re-raise."""
+        if capture:
+            popen_kwargs.setdefault("stdout", subprocess.PIPE)
+            popen_kwargs.setdefault("stderr", subprocess.PIPE)
+            popen_kwargs.setdefault("text", True)
+        p = subprocess.Popen(list(cmd), env=env, start_new_session=True, **popen_kwargs)
         try:
             out, err = p.communicate(timeout=timeout)
         except BaseException:

@@ -114,10 +114,10 @@ def cmd_check(a) -> int:
     if a.name_given:
         c = Cluster.attach(a.name)
         print(c.describe(), flush=True)
-        return c.run(argv, n=2, timeout=600).returncode
+        return c.run(argv, n=2, timeout=600, capture=False).returncode
     with Cluster(2, a.rate, a.delay, a.name) as c:
         print(c.describe(), flush=True)
-        return c.run(argv, n=2, timeout=600).returncode
+        return c.run(argv, n=2, timeout=600, capture=False).returncode
 
 
 def main() -> None:
