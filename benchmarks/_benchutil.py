@@ -115,6 +115,22 @@ def machine_info() -> Dict[str, object]:
             "python": platform.python_version(), "platform": platform.platform()}
 
 
+def portable_cmd(cmd: Sequence[str]) -> str:
+    """cmd as a shell line without this machine's paths (it is printed and
+    recorded in results): files in the project relative to its root, this
+    interpreter as `python`, an mpiexec as `mpiexec`."""
+    out = []
+    for c in cmd:
+        if c == sys.executable:
+            c = "python"
+        elif os.path.isabs(c) and os.path.basename(c) == "mpiexec":
+            c = "mpiexec"
+        elif c.startswith(ROOT + os.sep):
+            c = os.path.relpath(c, ROOT)
+        out.append(shlex.quote(c))
+    return " ".join(out)
+
+
 def venv_bin(name: str) -> str:
     cand = os.path.join(os.path.dirname(sys.executable), name)
     return cand if os.path.exists(cand) else name
@@ -197,7 +213,7 @@ def run_group(label: str, nranks: int, cluster: Optional[Cluster], worker_args: 
     env = base_env(nranks, cluster)
     env.update(extra_env)
     shown = " ".join(f"{k}={v}" for k, v in extra_env.items())
-    print(f"[bench] {label}: {shown} {' '.join(shlex.quote(c) for c in cmd)}", file=log, flush=True)
+    print(f"[bench] {label}: {shown} {portable_cmd(cmd)}", file=log, flush=True)
     t0 = time.time()
     try:
         # own session so that a timeout kills the whole tree (mpiexec + ranks)
@@ -232,7 +248,7 @@ def run_group(label: str, nranks: int, cluster: Optional[Cluster], worker_args: 
         print(f"[bench] {label} FAILED ({rc}) after {elapsed:.0f}s:\n{tail}", file=log, flush=True)
     if os.path.exists(out_json):
         os.unlink(out_json)
-    result["command"] = shown + " " + " ".join(shlex.quote(c) for c in cmd[:-2])
+    result["command"] = shown + " " + portable_cmd(cmd[:-2])
     result["wall_seconds"] = elapsed
     print(f"[bench] {label}: done in {elapsed:.0f}s", file=log, flush=True)
     return result

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import socket
 import subprocess
@@ -91,7 +90,7 @@ def _launch(systems, model, nranks, mode, worker_args, extra_env, timeout, clust
         cmd = cluster.command(py, nranks, raw=mode == "netns-raw")
     env.update(extra_env)
     shown = " ".join(f"{k}={v}" for k, v in extra_env.items())
-    cmd_str = (shown + " " if shown else "") + " ".join(shlex.quote(c) for c in cmd[:-2])
+    cmd_str = (shown + " " if shown else "") + bu.portable_cmd(cmd[:-2])
     print(f"    $ {cmd_str}", file=log, flush=True)
     t0 = time.time()
     rc: object

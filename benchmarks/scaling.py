@@ -51,7 +51,6 @@ import os
 import shlex
 import signal
 import statistics
-import subprocess
 import sys
 import time
 
