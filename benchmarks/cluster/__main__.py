@@ -57,7 +57,7 @@ def cmd_status(a) -> int:
         alive = owner and os.path.exists(f"/proc/{owner}")
         print(f"{name}: {s['hosts']} hosts, rate {s['rate']}, delay {s['delay']} ({s['delay_mode']}), "
               f"subnet {s['subnet']}.0/24, built {s['created']} by pid {owner}"
-              f"{'' if alive else ' (gone)'}{'' if s.get('complete') else ', INCOMPLETE'}")
+              f"{'' if alive else ' (since exited)'}{'' if s.get('complete') else ', INCOMPLETE'}")
     return 0
 
 
