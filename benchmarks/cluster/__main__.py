@@ -55,7 +55,8 @@ def cmd_status(a) -> int:
             continue
         owner = s.get("owner_pid")
         alive = owner and os.path.exists(f"/proc/{owner}")
-        print(f"{name}: {s['hosts']} hosts, rate {s['rate']}, delay {s['delay']} ({s['delay_mode']}), "
+        print(f"{name}: {s['hosts']} hosts, rate {s['rate']}, "
+              f"delay {s['delay']} ({s['delay_mode']}), "
               f"subnet {s['subnet']}.0/24, built {s['created']} by pid {owner}"
               f"{'' if alive else ' (since exited)'}{'' if s.get('complete') else ', INCOMPLETE'}")
     return 0
@@ -134,7 +135,8 @@ def main() -> None:
     up.add_argument("--delay", default="0", help="added one-way latency: 0, 200us, 1ms")
     up.add_argument("--mtu", type=int, default=1500)
     down = named(sub.add_parser("down", help="remove a cluster (idempotent)"))
-    down.add_argument("--all", action="store_true", help="every cluster of this harness")
+    down.add_argument("--all", action="store_true",
+                      help="every cluster of this harness here (also ones others built)")
     named(sub.add_parser("status", help="list the clusters of this harness"))
     run = named(sub.add_parser("run", help="run a command on the first N hosts"))
     run.add_argument("hosts", type=int)

@@ -90,8 +90,8 @@ class Queue:
                 off += (length + 3) & ~3
 
     def accept_up_to(self, packet_id: int) -> None:
-        self.sock.send(self.message(MSG_VERDICT_BATCH,
-                                    [attr(ATTR_VERDICT_HDR, struct.pack("!II", NF_ACCEPT, packet_id))]))
+        verdict = attr(ATTR_VERDICT_HDR, struct.pack("!II", NF_ACCEPT, packet_id))
+        self.sock.send(self.message(MSG_VERDICT_BATCH, [verdict]))
 
     def unbind(self) -> None:
         try:
@@ -157,11 +157,13 @@ def serve(q: Queue, delay_ns: int, spin_ns: int, running) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--delay-us", type=float, required=True, help="one-way delay to add")
     ap.add_argument("--queue", type=int, default=0)
     ap.add_argument("--maxlen", type=int, default=65536, help="packets the kernel may queue")
-    ap.add_argument("--spin-us", type=float, default=100, help="busy-wait this long before a release")
+    ap.add_argument("--spin-us", type=float, default=100,
+                    help="busy-wait this long before a release")
     ap.add_argument("--overhead-us", type=float, default=40,
                     help="the NFQUEUE round trip through user space (measured ~40 us here), "
                          "subtracted so that the total added delay is --delay-us")

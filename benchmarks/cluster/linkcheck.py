@@ -75,7 +75,8 @@ def main() -> None:
         for r in rows:
             print(f"{r['bytes']:9d} {r['half_rtt_us']:21.1f} {r['min_us']:8.1f} {r['gbit_s']:7.3f}")
         print(f"stream {a.stream_mib} MiB in 1 MiB messages, rank 0 -> 1: median "
-              f"{statistics.median(gbit):.3f} Gbit/s (repetitions: {', '.join(f'{g:.3f}' for g in gbit)})",
+              f"{statistics.median(gbit):.3f} Gbit/s "
+              f"(repetitions: {', '.join(f'{g:.3f}' for g in gbit)})",
               flush=True)
         if a.json:
             with open(a.json, "w") as f:

@@ -88,7 +88,8 @@ def test_gradflowrun_across_two_hosts(two_hosts, algo):
 
 def test_two_sync_wire_rounding_across_hosts(two_hosts):
     # The RMA path without shared memory: MPI_Get of 16-bit shards, same model.
-    r, report = _run_across_hosts(two_hosts, "wire_rounding_script.py", "--allreduce-algo", "two-sync")
+    r, report = _run_across_hosts(two_hosts, "wire_rounding_script.py",
+                                  "--allreduce-algo", "two-sync")
     assert "[0]<stdout>: wire rounding OK on 4 ranks with two-sync" in r.stdout, report
 
 

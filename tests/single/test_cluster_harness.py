@@ -81,13 +81,13 @@ def test_up_down_idempotent_and_shaped(root_only):
     c = cl.Cluster(2, rate="200mbit", name=name)
     c.up()
     c.up()  # rebuilds the same cluster, no error, no duplicates
-    assert _namespaces(name) == [f"gradflow-{name}-h0", f"gradflow-{name}-h1", f"gradflow-{name}-sw"]
+    assert _namespaces(name) == [f"gradflow-{name}-{x}" for x in ("h0", "h1", "sw")]
     qdisc = subprocess.run(["tc", "-n", c.host_ns(1), "qdisc", "show", "dev", cl.IFACE],
                            capture_output=True, text=True, timeout=30).stdout
     assert "tbf" in qdisc and "200Mbit" in qdisc, qdisc
     # the host command runs in the host's network and under its own hostname
-    r = subprocess.run(c.host_command(1, ["sh", "-c", f"hostname; cat /sys/class/net/{cl.IFACE}/address"]),
-                       capture_output=True, text=True, timeout=30)
+    probe = ["sh", "-c", f"hostname; cat /sys/class/net/{cl.IFACE}/address"]
+    r = subprocess.run(c.host_command(1, probe), capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and r.stdout.split()[0] == c.host_ns(1), r
     assert cl.Cluster.attach(name).hosts == 2
     c.down()
