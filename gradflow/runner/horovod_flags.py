@@ -1,7 +1,8 @@
 """horovodrun's spellings in gradflowrun: the extra option strings a
-Horovod user types (-cb, -hostfile, -v/--version, --network-interfaces,
---disable-cache, --horovod-compat), horovodrun's YAML --config-file mapped
-onto gradflow's settings flags, and the interface list both NIC flags give.
+Horovod user types (-v/--version, --network-interfaces, --disable-cache,
+--mpi, the stall/timeline spellings, --horovod-compat; -cb and -hostfile are
+added in launch.py), horovodrun's YAML --config-file mapped onto gradflow's
+settings flags, and the interface list both NIC flags give.
 Must not import torch, tensorflow or the native module (launch.py owns that).
 """
 
@@ -94,10 +95,36 @@ def add_horovod_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disable-cache", action="store_true",
                    help="accepted for horovodrun compatibility; does nothing: gradflowrun "
                    "caches no start-up checks (the core's response cache is --cache-capacity 0)")
+    p.add_argument("--mpi", action="store_true", dest="use_mpi",
+                   help="accepted for horovodrun compatibility: gradflow always runs over MPI")
     p.add_argument("--horovod-compat", action="store_true",
                    help="run an unmodified Horovod script: `import horovod.torch` etc. give "
                    f"gradflow's modules, HOROVOD_* settings are honoured (sets {COMPAT_ENV}=1 "
                    "and puts gradflow's horovod shim first on PYTHONPATH)")
+
+
+# horovodrun's spellings of gradflow settings flags: option -> (GRADFLOW_*
+# setting, constant or None when the option takes a value in the flag's unit).
+SETTING_ALIASES: Dict[str, Tuple[str, Any]] = {
+    "--stall-check-warning-time-seconds": ("GRADFLOW_STALL_CHECK_TIME", None),
+    "--stall-check-shutdown-time-seconds": ("GRADFLOW_STALL_SHUTDOWN_TIME", None),
+    "--no-stall-check": ("GRADFLOW_STALL_CHECK_TIME", 0.0),
+    "--no-timeline-mark-cycles": ("GRADFLOW_TIMELINE_MARK_CYCLES", False),
+}
+
+
+def add_setting_aliases(group, settings: Sequence[str]) -> None:
+    """Add SETTING_ALIASES for the settings this build has (``settings``:
+    GRADFLOW_* names); each writes the same destination as gradflow's flag."""
+    for option, (env, const) in SETTING_ALIASES.items():
+        if env not in settings:
+            continue
+        if const is None:
+            group.add_argument(option, dest=env, type=float, default=None, metavar="S",
+                               help=f"horovodrun's name for the {env} flag")
+        else:
+            group.add_argument(option, dest=env, action="store_const", const=const,
+                               default=None, help=f"horovodrun's spelling: {env}={const!r}")
 
 
 def interfaces(args: argparse.Namespace) -> List[str]:

@@ -145,6 +145,7 @@ def build_parser(config_keys: Sequence[Any], native_note: str = "") -> argparse.
         except argparse.ArgumentError as e:
             raise ValueError(f"config key {key['env']}: flag {key['flag']} clashes with a "
                              f"gradflowrun option ({e})") from None
+    _hvd.add_setting_aliases(settings, [k["env"] for k in normalize_config_keys(config_keys)])
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     p.note = native_note
     return p
