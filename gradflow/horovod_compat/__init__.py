@@ -117,7 +117,7 @@ def real_horovod_location(path: Optional[List[str]] = None) -> Optional[str]:
     return spec.origin or (list(spec.submodule_search_locations or []) or [None])[0]
 
 
-_state: Dict[str, object] = {"notified": False, "mapped": {}}
+_state: Dict[str, object] = {"notified": False}  # "report": the last env.apply() Report
 
 
 def before_init(environ=os.environ) -> Dict[str, str]:

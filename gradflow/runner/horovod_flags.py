@@ -108,7 +108,7 @@ def add_horovod_flags(p: argparse.ArgumentParser) -> None:
 SETTING_ALIASES: Dict[str, Tuple[str, Any]] = {
     "--stall-check-warning-time-seconds": ("GRADFLOW_STALL_CHECK_TIME", None),
     "--stall-check-shutdown-time-seconds": ("GRADFLOW_STALL_SHUTDOWN_TIME", None),
-    "--no-stall-check": ("GRADFLOW_STALL_CHECK_TIME", 0.0),
+    "--no-stall-check": ("GRADFLOW_STALL_CHECK_TIME", 0.0),  # both constants mean "=0"
     "--no-timeline-mark-cycles": ("GRADFLOW_TIMELINE_MARK_CYCLES", False),
 }
 
@@ -124,7 +124,7 @@ def add_setting_aliases(group, settings: Sequence[str]) -> None:
                                help=f"horovodrun's name for the {env} flag")
         else:
             group.add_argument(option, dest=env, action="store_const", const=const,
-                               default=None, help=f"horovodrun's spelling: {env}={const!r}")
+                               default=None, help=f"horovodrun's spelling of {env}=0")
 
 
 def interfaces(args: argparse.Namespace) -> List[str]:

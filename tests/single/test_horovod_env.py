@@ -119,7 +119,7 @@ def test_real_horovod_detection_ignores_the_shim(tmp_path):
 def test_notice_once_on_rank_0_only(monkeypatch, tmp_path):
     monkeypatch.setenv(C.ENV_SWITCH, "1")
     monkeypatch.setenv("HOROVOD_NOT_A_SETTING", "x")
-    monkeypatch.setattr(C, "_state", {"notified": False, "mapped": {}})
+    monkeypatch.setattr(C, "_state", {"notified": False})
     monkeypatch.setattr(C, "real_horovod_location", lambda path=None: "/opt/horovod/__init__.py")
     C.before_init(dict(os.environ))
     out = io.StringIO()
