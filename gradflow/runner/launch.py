@@ -102,7 +102,8 @@ def build_parser(config_keys: Sequence[Any], native_note: str = "") -> argparse.
     group.add_argument("-H", "--hosts", dest="hosts", help="host1:slots,host2:slots,... "
                        "(default: all ranks on this machine)")
     # "-hostfile" (horovodrun's spelling) must not be read as -h + "ostfile".
-    group.add_argument("-hostfile", "--hostfile", dest="hostfile", help="file with one 'host slots=N' or 'host:N' per line")
+    group.add_argument("-hostfile", "--hostfile", dest="hostfile",
+                       help="file with one 'host slots=N' or 'host:N' per line")
     p.add_argument("--verbose", action="store_true", help="print the mpiexec command line")
     p.add_argument("-cb", "--check-build", action="store_true",
                    help="print gradflow's version, frameworks, MPI and features, then exit")

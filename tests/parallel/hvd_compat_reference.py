@@ -11,7 +11,8 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
-from hvd_compat_data import BASE_LR, BATCH, EPOCHS, SAMPLES, keras_model, regression_data, torch_model  # noqa: E402,E501
+from hvd_compat_data import (BASE_LR, BATCH, EPOCHS, SAMPLES, keras_model,  # noqa: E402
+                             regression_data, torch_model)
 
 
 def torch_reference(n):

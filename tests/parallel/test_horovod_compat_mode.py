@@ -173,11 +173,13 @@ def test_real_horovod_is_shadowed_only_when_asked(tmp_path, installed_python):
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_bad_switch_and_bad_horovod_value_fail_on_every_rank(n):
-    code = ("import gradflow\ntry:\n    gradflow.init()\nexcept (ValueError, gradflow.GradflowError)"
-            " as e:\n    print(type(e).__name__, e, flush=True)\nelse:\n    print('no error')")
-    proc = run_plain(sys.executable, ["-c", code], {**rank_env(), "GRADFLOW_HOROVOD_COMPAT": "maybe"}, n)
+    code = ("import gradflow\ntry:\n    gradflow.init()\n"
+            "except (ValueError, gradflow.GradflowError) as e:\n"
+            "    print(type(e).__name__, e, flush=True)\nelse:\n    print('no error')")
+    bad_switch = {**rank_env(), "GRADFLOW_HOROVOD_COMPAT": "maybe"}
+    proc = run_plain(sys.executable, ["-c", code], bad_switch, n)
     assert proc.stdout.count("ValueError GRADFLOW_HOROVOD_COMPAT='maybe'") == n, proc.stdout
-    proc = run_plain(sys.executable, ["-c", code],
-                     {**rank_env(), "GRADFLOW_HOROVOD_COMPAT": "1", "HOROVOD_CYCLE_TIME": "fast"}, n)
+    bad_value = {**rank_env(), "GRADFLOW_HOROVOD_COMPAT": "1", "HOROVOD_CYCLE_TIME": "fast"}
+    proc = run_plain(sys.executable, ["-c", code], bad_value, n)
     lines = [ln for ln in proc.stdout.splitlines() if "GRADFLOW_CYCLE_TIME" in ln]
     assert len(lines) == n and all("set from HOROVOD_CYCLE_TIME" in ln for ln in lines), proc.stdout
