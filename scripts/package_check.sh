@@ -25,6 +25,12 @@ echo "== fresh venv from the wheel"
 "$WORK/venv/bin/python" -m pip install -q -c scripts/ci-constraints.txt "${WHEEL}[torch,examples]"
 cd "$WORK"  # outside the source tree: only the installed wheel can be imported
 "$WORK/venv/bin/gradflowrun" --check-build
+# Horovod compatibility mode from the environment alone (the wheel's .pth).
+GRADFLOW_HOROVOD_COMPAT=1 "$WORK/venv/bin/python" -c \
+  "import horovod.torch as hvd, gradflow.torch as g; assert hvd is g, hvd"
+if "$WORK/venv/bin/python" -c "import horovod" 2>/dev/null; then
+  echo "horovod importable with compatibility mode off"; exit 1
+fi
 timeout 600 "$WORK/venv/bin/gradflowrun" -np 2 "$WORK/venv/bin/python" \
   "$ROOT/examples/pytorch_digits.py" --epochs 3 | tee "$WORK/train.log"
 grep -q "test accuracy" "$WORK/train.log" || { echo "quickstart printed no test accuracy"; exit 1; }
