@@ -159,7 +159,8 @@ class SyncBatchNorm(_BatchNorm):
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() < 2:
-            raise ValueError(f"SyncBatchNorm: expected at least 2D input (got {input.dim()}D input)")
+            raise ValueError("SyncBatchNorm: expected at least 2D input "
+                             f"(got {input.dim()}D input)")
         if input.shape[1] != self.num_features:
             raise ValueError(f"SyncBatchNorm: expected {self.num_features} channels (dim 1), "
                              f"got input of size {list(input.shape)}")

@@ -17,7 +17,8 @@ no_tf = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
 
 
 def _oks(out, n):
-    return [line for line in out.stdout.splitlines() if line.startswith("ok ") and f"(size {n})" in line]
+    return [line for line in out.stdout.splitlines()
+            if line.startswith("ok ") and f"(size {n})" in line]
 
 
 @no_torch
