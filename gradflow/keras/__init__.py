@@ -1,6 +1,7 @@
 # gradflow/keras/__init__.py — public Keras 3 API: re-exports only.
 # Shares the one gradflow runtime with gradflow.tensorflow and gradflow.torch.
-"""gradflow for Keras 3: DistributedOptimizer and callbacks. See docs/tensorflow.md."""
+"""gradflow for Keras 3: DistributedOptimizer, callbacks and SyncBatchNormalization.
+See docs/tensorflow.md."""
 from .._runtime import (GradflowError, init, is_initialized, local_rank, local_size, rank,
                         shutdown, size)
 from ..collectives import Average, Sum
@@ -9,11 +10,12 @@ from .callbacks import (BestModelCheckpoint, BroadcastGlobalVariablesCallback,
                         LearningRateScheduleCallback, LearningRateWarmupCallback,
                         MetricAverageCallback, SparseWarmupCallback, broadcast_keras_variables)
 from .optimizer import DistributedOptimizer, is_distributed
+from .sync_batch_norm import SyncBatchNormalization
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "GradflowError", "Average", "Sum", "Compression", "DistributedOptimizer", "is_distributed",
     "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateScheduleCallback",
     "LearningRateWarmupCallback", "BestModelCheckpoint", "SparseWarmupCallback",
-    "broadcast_keras_variables",
+    "broadcast_keras_variables", "SyncBatchNormalization",
 ]
