@@ -64,7 +64,7 @@ import torch
 
 from .. import _handles, _native
 from .._runtime import GradflowError
-from ..collectives import Average, native_reduce_op, reduce_op
+from ..collectives import Adasum, Average, native_reduce_op, reduce_op
 from ..compression import Compression, wire_code
 from .functions import allgather_object, check_same_everywhere
 from .ops import allreduce_async_, dtype_code, sparse_allreduce_async
@@ -126,9 +126,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
                         sparse_as_dense, grad_scaler=None) -> None:
         s = self._gradflow = _State()
-        op = reduce_op(op)  # Horovod meaning of raw ints; Adasum/unknown raise here
+        op = reduce_op(op)  # Horovod meaning of raw ints; unknown ones raise here
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradflow: gradient_predivide_factor != 1.0 needs op=Average")
+        if op == Adasum:
+            # Adasum combines whole gradients (one dot product per parameter):
+            # no 16-bit wire, no sparse chunks, no pool buckets (see
+            # DistributedOptimizer's docstring).
+            if wire_code(compression) > 0:
+                raise ValueError("gradflow: DistributedOptimizer(op=Adasum) needs "
+                                 "compression=Compression.none (Adasum's dot products need the "
+                                 "values as they are)")
+            if sparse_ratio is not None and sparse_ratio < 1:
+                raise ValueError("gradflow: DistributedOptimizer(op=Adasum) does not support "
+                                 "sparse_ratio < 1")
+            use_pool = False
         if backward_passes_per_step < 1:
             raise ValueError("gradflow: backward_passes_per_step must be >= 1")
         if sparse_ratio is not None and not 0 < sparse_ratio <= 1:
@@ -140,7 +152,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         s.postscale = float(gradient_predivide_factor)
         s.sparse_ratio = -1.0 if sparse_ratio is None else float(sparse_ratio)
         # CSC in effect (explicit or GRADFLOW_SPARSE_RATIO): residuals exist.
-        s.csc = (s.sparse_ratio if s.sparse_ratio > 0 else _native.config()["sparse_ratio"]) < 1.0
+        s.csc = op != Adasum and (s.sparse_ratio if s.sparse_ratio > 0
+                                  else _native.config()["sparse_ratio"]) < 1.0
         if grad_scaler is not None and not callable(getattr(grad_scaler, "get_scale", None)):
             raise ValueError("gradflow: grad_scaler must be a torch.amp.GradScaler (or have "
                              "get_scale()), got " + type(grad_scaler).__name__)
@@ -488,6 +501,17 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     use_pool: lazy allreduce over a contiguous gradient pool (zero copy).
     bucket_mb: pool bucket size in MiB (None: GRADFLOW_POOL_BUCKET_BYTES, 8 MiB).
     sparse_as_dense: densify sparse gradients instead of allgathering them.
+    op=Adasum: each parameter's gradient is combined across ranks by Adasum
+      (its own dot products, even when the core fuses several into one
+      message) and the wrapped optimizer steps with the result. Horovod
+      instead runs the wrapped step locally and Adasum-combines the
+      parameter *deltas*; for plain SGD the two are the same (Adasum is
+      scale-invariant: adasum(-lr*a, -lr*b) = -lr*adasum(a, b)), for stateful
+      optimizers (momentum, Adam) they differ (docs/horovod_compat.md).
+      Gradients take the copy path (use_pool is ignored); compression must
+      be none, sparse_ratio None or 1, the number of ranks a power of two
+      (checked at the first allreduce, on every rank); sparse gradients need
+      sparse_as_dense=True.
     """
     base = optimizer.__class__
     cls = type(base.__name__, (base,), dict(_DistributedOptimizer.__dict__))
