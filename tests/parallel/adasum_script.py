@@ -182,7 +182,7 @@ def torch_mode():
             grads.append([p.grad.detach().numpy().copy() for p in ref.parameters()])
         combined = adasum(grads)
         if N > 1 and step == 0:  # the check below can tell Adasum from an average
-            gap = max(float(np.abs(c - np.mean([g[i] for g in grads], 0)).max())
+            gap = max(float(np.abs(c - np.mean([g[i] for g in grads], 0).reshape(-1)).max())
                       for i, c in enumerate(combined))
             assert gap > 1e-3, f"Adasum and average gradients are too close ({gap})"
         for p, g in zip(ref.parameters(), combined):
