@@ -60,6 +60,19 @@ def native_reduce_op(op) -> int:
     return _NATIVE_CODES[reduce_op(op)]
 
 
+def check_adasum_options(op, compression, sparse_ratio: Optional[float], what: str) -> None:
+    """For op=Adasum, refuse at construction what the core would refuse at
+    the first allreduce: a 16-bit wire or sparse_ratio < 1 (Adasum's dot
+    products need every value as it is). No-op for other ops."""
+    if reduce_op(op) != Adasum:
+        return
+    if wire_code(compression) > 0:
+        raise ValueError(f"gradflow: {what}(op=Adasum) needs compression=Compression.none "
+                         "(Adasum's dot products need the values as they are)")
+    if sparse_ratio is not None and sparse_ratio < 1:
+        raise ValueError(f"gradflow: {what}(op=Adasum) does not support sparse_ratio < 1")
+
+
 def check_global_process_set(process_set, what: str) -> None:
     """Process sets are not implemented yet: accept only the default (None)
     or an object standing for Horovod's global set (process_set_id 0, or

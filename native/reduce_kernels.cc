@@ -113,7 +113,8 @@ bool known_dtype(DataType dt) {
 }
 
 bool known_op(ReduceOp op) {
-  return static_cast<int32_t>(op) >= 0 && static_cast<int32_t>(op) <= static_cast<int32_t>(ReduceOp::kAdasum);
+  return static_cast<int32_t>(op) >= 0 &&
+         static_cast<int32_t>(op) <= static_cast<int32_t>(ReduceOp::kAdasum);
 }
 
 }  // namespace

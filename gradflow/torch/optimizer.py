@@ -64,7 +64,7 @@ import torch
 
 from .. import _handles, _native
 from .._runtime import GradflowError
-from ..collectives import Adasum, Average, native_reduce_op, reduce_op
+from ..collectives import Adasum, Average, check_adasum_options, native_reduce_op, reduce_op
 from ..compression import Compression, wire_code
 from .functions import allgather_object, check_same_everywhere
 from .ops import allreduce_async_, dtype_code, sparse_allreduce_async
@@ -129,18 +129,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         op = reduce_op(op)  # Horovod meaning of raw ints; unknown ones raise here
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradflow: gradient_predivide_factor != 1.0 needs op=Average")
-        if op == Adasum:
-            # Adasum combines whole gradients (one dot product per parameter):
-            # no 16-bit wire, no sparse chunks, no pool buckets (see
-            # DistributedOptimizer's docstring).
-            if wire_code(compression) > 0:
-                raise ValueError("gradflow: DistributedOptimizer(op=Adasum) needs "
-                                 "compression=Compression.none (Adasum's dot products need the "
-                                 "values as they are)")
-            if sparse_ratio is not None and sparse_ratio < 1:
-                raise ValueError("gradflow: DistributedOptimizer(op=Adasum) does not support "
-                                 "sparse_ratio < 1")
-            use_pool = False
+        check_adasum_options(op, compression, sparse_ratio, "DistributedOptimizer")
+        # A pool bucket holds several gradients; Adasum needs one dot product
+        # per gradient, so Adasum gradients stay on the copy path.
+        use_pool = use_pool and op != Adasum
         if backward_passes_per_step < 1:
             raise ValueError("gradflow: backward_passes_per_step must be >= 1")
         if sparse_ratio is not None and not 0 < sparse_ratio <= 1:
@@ -501,17 +493,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     use_pool: lazy allreduce over a contiguous gradient pool (zero copy).
     bucket_mb: pool bucket size in MiB (None: GRADFLOW_POOL_BUCKET_BYTES, 8 MiB).
     sparse_as_dense: densify sparse gradients instead of allgathering them.
-    op=Adasum: each parameter's gradient is combined across ranks by Adasum
-      (its own dot products, even when the core fuses several into one
-      message) and the wrapped optimizer steps with the result. Horovod
-      instead runs the wrapped step locally and Adasum-combines the
-      parameter *deltas*; for plain SGD the two are the same (Adasum is
-      scale-invariant: adasum(-lr*a, -lr*b) = -lr*adasum(a, b)), for stateful
-      optimizers (momentum, Adam) they differ (docs/horovod_compat.md).
-      Gradients take the copy path (use_pool is ignored); compression must
-      be none, sparse_ratio None or 1, the number of ranks a power of two
-      (checked at the first allreduce, on every rank); sparse gradients need
-      sparse_as_dense=True.
+    op=Adasum: each gradient is Adasum-combined, then the wrapped step runs
+      (Horovod Adasum-combines the wrapped step's deltas instead: the same for
+      plain SGD, not for momentum/Adam; docs/horovod_compat.md). Copy path
+      (use_pool ignored), compression none, power-of-two rank counts.
     """
     base = optimizer.__class__
     cls = type(base.__name__, (base,), dict(_DistributedOptimizer.__dict__))

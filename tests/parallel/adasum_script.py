@@ -102,7 +102,18 @@ def numpy_mode():
     fused = gf.stats().get("fusion.tensors", 0) - before
     if N > 1:  # the per-tensor check above must have covered a fused group
         assert fused >= 2, f"no Adasum tensors were fused ({gf.stats()})"
-    ok(f"fused")
+    ok("fused")
+    # a joined rank contributes zeros (as for Sum): adasum(x, 0) = x
+    if N > 1:
+        ins = [data(70, r, 21, np.float32) if r < N - 1 else np.zeros(21, np.float32)
+               for r in range(N)]
+        if R < N - 1:  # rank N-1 joins at once
+            got = gf.allreduce(ins[R], op=gf.Adasum, name="adasum.join")
+            want = adasum([[t] for t in ins])[0]
+            err = float(np.max(np.abs(got - want)))
+            assert err <= TOL[np.float32] * max(1.0, float(np.max(np.abs(want)))), err
+        gf.join()
+        ok("join")
     # refusals, on every rank; the runtime keeps working
     raises(lambda: gf.allreduce(np.arange(4, dtype=np.int32), op=gf.Adasum), ValueError,
            "Adasum of int32", "int32")
