@@ -175,7 +175,13 @@ if "tf" in sys.argv:
            "tf tape op=9")
     raises(lambda: gk.DistributedOptimizer(keras.optimizers.SGD(0.1), op=9), ValueError,
            "unknown reduce op", "keras optimizer op=9")
-    gk.DistributedOptimizer(keras.optimizers.SGD(0.1), op=2)
+
+    def keras_step(op):  # SGD(lr=1) from zero: the variable ends at -reduced gradient
+        opt = gk.DistributedOptimizer(keras.optimizers.SGD(1.0), op=op)
+        v = keras.Variable(np.zeros(4), dtype="float64")
+        opt.apply([x], [v])
+        return -v.numpy()
+    bad_ops(keras_step, "keras optimizer")
     print(f"ok tf (size {N})", flush=True)
 
 gf.barrier()
