@@ -1,6 +1,6 @@
 """op=Adasum (native/adasum_allreduce.*): results against the numpy model of
-the recursive pairwise Adasum (tests/parallel/_adasum_model.py) on 1, 2 and 4
-ranks, bitwise identical on every rank; fused tensors keep their own dot
+the recursive pairwise Adasum (tests/parallel/_adasum_model.py) on 1, 2, 4
+and 8 ranks, bitwise identical on every rank; fused tensors keep their own dot
 products; 3 ranks (not a power of two) raise a clear ValueError on every
 rank; torch allreduce and DistributedOptimizer(op=Adasum) training."""
 import importlib.util
@@ -15,7 +15,7 @@ def _oks(out, n, what):
     return out.stdout.count(f"ok {what} (size {n})")
 
 
-@pytest.mark.parametrize("n", [1, 2, 4])
+@pytest.mark.parametrize("n", [1, 2, 4, 8])
 def test_adasum_numpy(n):
     out = run_mpi(n, "adasum_script.py", "numpy", timeout=300)
     whats = ("sizes", "special", "scaling", "fused", "refusals", "done")
