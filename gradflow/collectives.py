@@ -25,7 +25,7 @@ class ReduceOp(enum.IntEnum):
 
     Average = 0
     Sum = 1
-    Adasum = 2  # Horovod's name; not implemented in gradflow (raises on use)
+    Adasum = 2  # scale-invariant pairwise combination (native/adasum_allreduce.h); allreduce only
     Min = 3
     Max = 4
     Product = 5
@@ -34,30 +34,43 @@ class ReduceOp(enum.IntEnum):
 Average, Sum, Adasum, Min, Max, Product = (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Adasum,
                                            ReduceOp.Min, ReduceOp.Max, ReduceOp.Product)
 
-# ReduceOp -> native/common.h ReduceOp code (kSum=0, kAverage=1, kMin=2, kMax=3, kProduct=4).
-_NATIVE_CODES = {Sum: 0, Average: 1, Min: 2, Max: 3, Product: 4}
+# ReduceOp -> native/common.h ReduceOp code (kSum=0, kAverage=1, kMin=2, kMax=3, kProduct=4,
+# kAdasum=5).
+_NATIVE_CODES = {Sum: 0, Average: 1, Min: 2, Max: 3, Product: 4, Adasum: 5}
 
 
 def reduce_op(op) -> ReduceOp:
     """`op` (a ReduceOp or a raw int with Horovod's meaning) as a ReduceOp.
-    ValueError for an unknown value; NotImplementedError for Adasum, which
-    gradflow does not implement (never a silent fallback to another op)."""
+    ValueError for an unknown value. Adasum is accepted here; the core
+    refuses it at submit where it cannot run (a collective other than
+    allreduce, a non-floating dtype, a rank count that is not a power of two,
+    a 16-bit wire, sparse_ratio < 1), on every rank."""
     if isinstance(op, bool) or not isinstance(op, (int, np.integer)):
-        raise ValueError(f"gradflow: unknown reduce op {op!r}; use Average, Sum, Min, Max or Product")
+        raise ValueError(f"gradflow: unknown reduce op {op!r}; use Average, Sum, Adasum, Min, Max "
+                         "or Product")
     try:
-        op = ReduceOp(int(op))
+        return ReduceOp(int(op))
     except ValueError:
-        raise ValueError(f"gradflow: unknown reduce op {op!r}; use Average(0), Sum(1), Min(3), "
-                         "Max(4) or Product(5)") from None
-    if op == Adasum:
-        raise NotImplementedError("gradflow: op=Adasum is not implemented in gradflow; use "
-                                  "Average or Sum")
-    return op
+        raise ValueError(f"gradflow: unknown reduce op {op!r}; use Average(0), Sum(1), Adasum(2), "
+                         "Min(3), Max(4) or Product(5)") from None
 
 
 def native_reduce_op(op) -> int:
     """The native core's code for `op` (validated by `reduce_op`)."""
     return _NATIVE_CODES[reduce_op(op)]
+
+
+def check_adasum_options(op, compression, sparse_ratio: Optional[float], what: str) -> None:
+    """For op=Adasum, refuse at construction what the core would refuse at
+    the first allreduce: a 16-bit wire or sparse_ratio < 1 (Adasum's dot
+    products need every value as it is). No-op for other ops."""
+    if reduce_op(op) != Adasum:
+        return
+    if wire_code(compression) > 0:
+        raise ValueError(f"gradflow: {what}(op=Adasum) needs compression=Compression.none "
+                         "(Adasum's dot products need the values as they are)")
+    if sparse_ratio is not None and sparse_ratio < 1:
+        raise ValueError(f"gradflow: {what}(op=Adasum) does not support sparse_ratio < 1")
 
 
 def check_global_process_set(process_set, what: str) -> None:

@@ -9,6 +9,7 @@
 #include <functional>
 #include <sstream>
 
+#include "adasum_allreduce.h"
 #include "reduce_kernels.h"
 
 namespace gradflow {
@@ -73,6 +74,12 @@ int64_t Runtime::submit(const SubmitArgs& a) {
   r.postscale = a.postscale;
   r.splits = a.splits;
   r.sparse_ratio = a.sparse_ratio < 0 ? cfg_.sparse_ratio : a.sparse_ratio;
+  if (a.op == ReduceOp::kAdasum && a.kind == OpKind::kAllreduce) {
+    // Adasum is always dense and native: the GRADFLOW_WIRE_DTYPE /
+    // GRADFLOW_SPARSE_RATIO defaults do not apply (explicit ones are refused).
+    r.wire = WireDtype::kNative;
+    r.sparse_ratio = 1.0;
+  }
   r.in_pool = a.in_pool;
   if (a.kind == OpKind::kAlltoall && r.splits.empty()) {
     // Default: the first dimension split as evenly as possible.
@@ -102,7 +109,19 @@ void Runtime::validate_submit(const SubmitArgs& a) const {
     GF_CHECK_ARG(d >= 0, "gradflow: " << what << " '" << a.name << "': negative dimension in shape "
                                       << shape_string(a.shape));
   std::string why;
-  if (a.kind == OpKind::kAllreduce || a.kind == OpKind::kReducescatter) {
+  if (a.kind == OpKind::kAllreduce && a.op == ReduceOp::kAdasum) {
+    // Same size on every rank, so a refused size raises on every rank.
+    GF_CHECK_ARG(adasum_supported(a.dtype, comm_->size(), &why),
+                 "gradflow: allreduce '" << a.name << "': " << why);
+    GF_CHECK_ARG(a.wire <= 0, "gradflow: allreduce '" << a.name << "': op=Adasum with a 16-bit "
+                              "wire (compression=fp16/bf16) is not supported; Adasum's dot "
+                              "products need the values as they are: use Compression.none");
+    GF_CHECK_ARG(a.sparse_ratio < 0 || a.sparse_ratio >= 1,
+                 "gradflow: allreduce '" << a.name << "': op=Adasum with sparse_ratio "
+                                         << a.sparse_ratio << " is not supported (sparse chunks "
+                                            "would change every dot product); use 1 or None");
+    GF_CHECK_ARG(!a.in_pool, "gradflow: gradient pools do not support op=Adasum");
+  } else if (a.kind == OpKind::kAllreduce || a.kind == OpKind::kReducescatter) {
     GF_CHECK_ARG(reduce_supported(a.dtype, a.op, &why), "gradflow: " << what << " '" << a.name << "': " << why);
     // Scaling multiplies in the tensor's own dtype: only floating types can.
     for (double f : {a.prescale, a.postscale})
@@ -153,6 +172,9 @@ int64_t Runtime::pool_create(uintptr_t data, DataType dt, const std::vector<int6
                              int64_t bucket_bytes, ReduceOp op, int wire, double prescale,
                              double postscale, double sparse_ratio) {
   std::string why;
+  GF_CHECK_ARG(op != ReduceOp::kAdasum,
+               "gradflow: gradient pools do not support op=Adasum (a bucket holds several "
+               "gradients, each needing its own dot products); submit the gradients one by one");
   GF_CHECK(reduce_supported(dt, op, &why), "gradflow: gradient pool: " << why);
   std::lock_guard<std::mutex> lock(pools_mu_);
   int index = next_pool_++;

@@ -188,7 +188,8 @@ void BackgroundLoop::trace_group(const std::vector<const Response*>& group,
                        ", \"bytes_sent\": " + std::to_string(run.transfer.bytes_sent) +
                        ", \"codec_us\": " + std::to_string(run.transfer.codec_seconds * 1e6);
     if (r.kind == OpKind::kAllreduce)
-      args += std::string(", \"algo\": \"") + allreduce_algo_name(run.algo) +
+      args += std::string(", \"algo\": \"") +
+              (r.op == ReduceOp::kAdasum ? "adasum" : allreduce_algo_name(run.algo)) +
               "\", \"wire\": \"" + wire_dtype_name(run.wire) +
               "\", \"sparse\": " + (run.sparse ? "true" : "false");
     if (!r.error.empty()) args += ", \"error\": \"" + json_escape(r.error) + "\"";

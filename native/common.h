@@ -39,6 +39,9 @@ enum class ReduceOp : int32_t {
   kMin = 2,
   kMax = 3,
   kProduct = 4,
+  // Not element-wise: the scale-invariant pairwise combination of
+  // adasum_allreduce.h. Allreduce only; reduce_into refuses it.
+  kAdasum = 5,
 };
 
 enum class OpKind : int32_t {

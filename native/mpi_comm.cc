@@ -113,6 +113,7 @@ MPI_Op mpi_op(ReduceOp op, DataType dt) {
     case ReduceOp::kMin: return MPI_MIN;
     case ReduceOp::kMax: return MPI_MAX;
     case ReduceOp::kProduct: return MPI_PROD;
+    case ReduceOp::kAdasum: break;  // not element-wise (adasum_allreduce.h)
   }
   throw GradflowError("gradflow: unknown reduce op");
 }

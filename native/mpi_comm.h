@@ -151,6 +151,7 @@ enum CommTag : int {
   kTagGather = 3,
   kTagTwoSync = 4,
   kTagCollective = 5,
+  kTagAdasum = 6,
 };
 
 // Process-wide: every deadline-polled wait (now and later, in any runtime)

@@ -152,7 +152,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
                          "(gradflow fuses gradients by its own bucket size, "
                          "GRADFLOW_FUSION_THRESHOLD); leave them at 0 / None")
     _c.check_global_process_set(process_set, "DistributedOptimizer")
-    reduce_op(op)  # an unknown op or Adasum raises here, at construction
+    reduce_op(op)  # an unknown op raises here, at construction
+    _c.check_adasum_options(op, compression, sparse_ratio, "DistributedOptimizer")
     base = optimizer.__class__
     # Same module and name as the user's class: a saved model reloads with the
     # plain optimizer (wrap it again after loading).

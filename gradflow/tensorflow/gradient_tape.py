@@ -16,7 +16,7 @@ from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf
 
-from ..collectives import Average, ReduceOp, Sum, reduce_op
+from ..collectives import Adasum, Average, ReduceOp, Sum, reduce_op
 from ..compression import Compression
 from .ops import SparseRatio, _allreduce_indexed_slices, grouped_allreduce_raw
 
@@ -32,8 +32,9 @@ def reduce_gradients(grads: Sequence[Any], names: Sequence[str], op: ReduceOp = 
     position in the variable list). `sparse_ratio` may be a callable read on
     every step (the Keras wrapper's mutable setting)."""
     op = reduce_op(op)
-    if op not in (Sum, Average):
-        raise ValueError(f"gradflow: gradients can be reduced with Sum or Average, not {op!r}")
+    if op not in (Sum, Average, Adasum):
+        raise ValueError(f"gradflow: gradients can be reduced with Sum, Average or Adasum, not "
+                         f"{op!r}")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradflow: gradient_predivide_factor needs op=Average")
     # Average with predivide f: each rank scales by 1/f before the sum and the

@@ -171,7 +171,8 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int = Average) -
     divided by size for Average. Only Sum and Average are meaningful."""
     op = reduce_op(op)
     if op not in (Sum, Average):
-        raise ValueError("gradflow: sparse allreduce supports only Sum and Average")
+        raise ValueError(f"gradflow: sparse allreduce supports only Sum and Average, not {op.name}"
+                         " (for Adasum pass sparse_as_dense=True to DistributedOptimizer)")
     t = tensor.detach().coalesce().cpu()
     idx = t.indices().t().contiguous()
     val = t.values().contiguous()

@@ -64,7 +64,7 @@ import torch
 
 from .. import _handles, _native
 from .._runtime import GradflowError
-from ..collectives import Average, native_reduce_op, reduce_op
+from ..collectives import Adasum, Average, check_adasum_options, native_reduce_op, reduce_op
 from ..compression import Compression, wire_code
 from .functions import allgather_object, check_same_everywhere
 from .ops import allreduce_async_, dtype_code, sparse_allreduce_async
@@ -126,9 +126,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
                         sparse_as_dense, grad_scaler=None) -> None:
         s = self._gradflow = _State()
-        op = reduce_op(op)  # Horovod meaning of raw ints; Adasum/unknown raise here
+        op = reduce_op(op)  # Horovod meaning of raw ints; unknown ones raise here
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradflow: gradient_predivide_factor != 1.0 needs op=Average")
+        check_adasum_options(op, compression, sparse_ratio, "DistributedOptimizer")
+        # A pool bucket holds several gradients; Adasum needs one dot product
+        # per gradient, so Adasum gradients stay on the copy path.
+        use_pool = use_pool and op != Adasum
         if backward_passes_per_step < 1:
             raise ValueError("gradflow: backward_passes_per_step must be >= 1")
         if sparse_ratio is not None and not 0 < sparse_ratio <= 1:
@@ -140,7 +144,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         s.postscale = float(gradient_predivide_factor)
         s.sparse_ratio = -1.0 if sparse_ratio is None else float(sparse_ratio)
         # CSC in effect (explicit or GRADFLOW_SPARSE_RATIO): residuals exist.
-        s.csc = (s.sparse_ratio if s.sparse_ratio > 0 else _native.config()["sparse_ratio"]) < 1.0
+        s.csc = op != Adasum and (s.sparse_ratio if s.sparse_ratio > 0
+                                  else _native.config()["sparse_ratio"]) < 1.0
         if grad_scaler is not None and not callable(getattr(grad_scaler, "get_scale", None)):
             raise ValueError("gradflow: grad_scaler must be a torch.amp.GradScaler (or have "
                              "get_scale()), got " + type(grad_scaler).__name__)
@@ -488,6 +493,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     use_pool: lazy allreduce over a contiguous gradient pool (zero copy).
     bucket_mb: pool bucket size in MiB (None: GRADFLOW_POOL_BUCKET_BYTES, 8 MiB).
     sparse_as_dense: densify sparse gradients instead of allgathering them.
+    op=Adasum: each gradient is Adasum-combined, then the wrapped step runs
+      (Horovod Adasum-combines the wrapped step's deltas instead: the same for
+      plain SGD, not for momentum/Adam; docs/horovod_compat.md). Copy path
+      (use_pool ignored), compression none, power-of-two rank counts.
     """
     base = optimizer.__class__
     cls = type(base.__name__, (base,), dict(_DistributedOptimizer.__dict__))
