@@ -103,7 +103,10 @@ bool BackgroundLoop::cycle() {
   if (res.used_slow_path) stats_.add("negotiation.slow_path_cycles", 1);
   if (res.fast_responses) stats_.add("negotiation.fast_responses", static_cast<double>(res.fast_responses));
   if (res.cache_evictions) stats_.add("negotiation.cache_evictions", static_cast<double>(res.cache_evictions));
-  if (!res.responses.empty()) stats_.add("negotiation.cycles_with_work", 1);
+  if (!res.responses.empty()) {
+    stats_.add("negotiation.cycles_with_work", 1);
+    timeline_.cycle();
+  }
 
   // Execute the agreed list front to back (Note [Execution order]).
   std::vector<size_t> groups = executor_.plan(res.responses);

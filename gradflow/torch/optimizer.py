@@ -58,16 +58,17 @@ import contextlib
 import itertools
 import warnings
 import weakref
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
 from .. import _handles, _native
 from .._runtime import GradflowError
 from ..collectives import Average, native_reduce_op, reduce_op
-from ..compression import Compression, wire_code
+from ..collectives import check_global_process_set
+from .compression import Compression, split as split_compression
 from .functions import allgather_object, check_same_everywhere
-from .ops import allreduce_async_, dtype_code, sparse_allreduce_async
+from .ops import allreduce_async_, dtype_code, grouped_allreduce_async_, sparse_allreduce_async
 
 __all__ = ["DistributedOptimizer"]
 
@@ -103,6 +104,23 @@ class _State:
         self.wire_overflow = False                # some 16-bit wire value overflowed last step
         self.marked: set = set()                  # id(param) of pooled ranges marked this step
         self.loss_scale = 1.0                     # grad_scaler's scale for this step (CSC only)
+        self.groups: Optional[List[List[int]]] = None  # Horovod's groups (indices), or None
+        self.group_of: Dict[int, int] = {}        # index -> its group
+        self.group_ready: Dict[int, set] = {}     # group -> indices whose gradient is ready
+
+
+class _Once:
+    """One grouped allreduce's handle, shared by the group's parameters:
+    waited once, however many parameters ask."""
+
+    def __init__(self, handle):
+        self.handle, self.done, self.result = handle, False, None
+
+    def wait(self):
+        if not self.done:
+            self.done = True  # also on error: the error is raised once, then drained
+            self.result = self.handle.wait()
+        return self.result
 
 
 def _destroy_pools(ids: List[int], bufs: Tuple = (), handles: List[int] = ()) -> None:
@@ -124,7 +142,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------ set-up
     def _gradflow_setup(self, named_parameters, compression, backward_passes_per_step, op,
                         gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
-                        sparse_as_dense, grad_scaler=None) -> None:
+                        sparse_as_dense, grad_scaler=None, groups=None) -> None:
         s = self._gradflow = _State()
         op = reduce_op(op)  # Horovod meaning of raw ints; Adasum/unknown raise here
         if gradient_predivide_factor != 1.0 and op != Average:
@@ -134,7 +152,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if sparse_ratio is not None and not 0 < sparse_ratio <= 1:
             raise ValueError(f"gradflow: sparse_ratio must be in (0, 1], got {sparse_ratio}")
         s.op, s.bpps, s.sparse_as_dense = op, int(backward_passes_per_step), sparse_as_dense
-        s.wire = wire_code(compression)
+        s.wire, user_compressor = split_compression(compression)
         s.compression = compression
         s.prescale = 1.0 / gradient_predivide_factor
         s.postscale = float(gradient_predivide_factor)
@@ -157,8 +175,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         s.index[id(p)] = len(s.params)
                         s.params.append(p)
         s.names = self._gradflow_names(named_parameters)
-        s.use_pool = use_pool and all(p.device.type == "cpu" for p in s.params)
-        if use_pool and not s.use_pool:
+        s.groups = self._gradflow_groups(groups)
+        # A user Compressor runs in Python around each gradient's allreduce,
+        # and groups go out as grouped allreduces: both need the copy path
+        # (the pool's buckets are reduced in place by the core).
+        s.use_pool = use_pool and all(p.device.type == "cpu" for p in s.params) \
+            and user_compressor is None and s.groups is None
+        if use_pool and not all(p.device.type == "cpu" for p in s.params):
             warnings.warn("gradflow: the gradient pool is CPU-only; CUDA parameters use the copy path")
         check_same_everywhere([(n, tuple(p.shape), str(p.dtype)) for n, p in zip(s.names, s.params)],
                               f"DistributedOptimizer '{s.prefix}'")
@@ -196,6 +219,37 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"gradflow: named_parameters was given but {len(missing)} optimizer "
                              "parameter(s) are not in it; name every parameter")
         return [f"{s.prefix}.{by_id[id(p)]}" for p in s.params]
+
+    def _gradflow_groups(self, groups) -> Optional[List[List[int]]]:
+        """Horovod's `groups`: an int n splits the parameters (in optimizer
+        order) into n contiguous groups; a list of lists of parameters forms
+        one group per list and one per parameter in no list. None: no groups."""
+        s = self._gradflow
+        if groups is None:
+            return None
+        if isinstance(groups, bool) or not (isinstance(groups, list) or
+                                            (isinstance(groups, int) and groups > 0)):
+            raise ValueError("gradflow: groups should be a positive integer or a list of lists "
+                             f"of torch.Tensor, got {groups!r}")
+        if isinstance(groups, int):
+            n = min(groups, len(s.params)) or 1
+            d, r = divmod(len(s.params), n)
+            return [list(range(i * d + min(i, r), (i + 1) * d + min(i + 1, r))) for i in range(n)]
+        seen, out = set(), []
+        for group in groups:
+            for p in group:
+                if not isinstance(p, torch.Tensor):
+                    raise ValueError("gradflow: groups must consist of torch.Tensor, got "
+                                     f"{type(p).__name__}")
+                if id(p) in seen:
+                    raise ValueError("gradflow: a parameter can only appear once in groups")
+                seen.add(id(p))
+            # Parameters the optimizer does not train are left out, as in Horovod.
+            members = [s.index[id(p)] for p in group if id(p) in s.index]
+            if members:
+                out.append(members)
+        out += [[i] for i in range(len(s.params)) if id(s.params[i]) not in seen]
+        return out
 
     # ------------------------------------------------------------ hooks
     def _gradflow_hook(self, p: torch.Tensor) -> None:
@@ -256,6 +310,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 s.handles[id(p)] = sparse_allreduce_async(grad, s.names[i], s.op)
                 return
             p.grad = grad = grad.to_dense()
+        if s.groups is not None:
+            self._gradflow_submit_group(i)
+            return
         # Before the pool exists (step 1 of use_pool) the step is dense: a
         # residual under the parameter's name would never be delivered once
         # the pool's buckets take over (they own their residuals).
@@ -264,6 +321,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                             prescale_factor=s.prescale / s.loss_scale,
                                             postscale_factor=s.postscale * s.loss_scale,
                                             compression=s.compression, sparse_ratio=ratio)
+
+    def _gradflow_submit_group(self, i: int) -> None:
+        """Gradient i is ready: once its whole group is, the group goes out as
+        one grouped allreduce (the core fuses it), as Horovod's groups do."""
+        s = self._gradflow
+        g = s.group_of.setdefault(i, next(k for k, grp in enumerate(s.groups) if i in grp))
+        ready = s.group_ready.setdefault(g, set())
+        ready.add(i)
+        members = [j for j in s.groups[g] if j not in s.sparse]
+        if not all(j in ready for j in members):
+            return
+        del s.group_ready[g]
+        h = _Once(grouped_allreduce_async_([s.params[j].grad for j in members],
+                                           name=f"{s.prefix}.group{g}", op=s.op,
+                                           prescale_factor=s.prescale / s.loss_scale,
+                                           postscale_factor=s.postscale * s.loss_scale,
+                                           compression=s.compression))
+        for j in members:
+            s.handles[id(s.params[j])] = h
 
     # ------------------------------------------------------------ step protocol
     def synchronize(self) -> None:
@@ -455,9 +531,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
                          compression=Compression.none, backward_passes_per_step: int = 1,
                          op: int = Average, gradient_predivide_factor: float = 1.0,
-                         sparse_ratio: Optional[float] = None, use_pool: bool = True,
-                         bucket_mb: Optional[float] = None,
-                         sparse_as_dense: bool = False,
+                         num_groups: int = 0, groups=None, sparse_as_dense: bool = False,
+                         process_set: Any = None, *, sparse_ratio: Optional[float] = None,
+                         use_pool: bool = True, bucket_mb: Optional[float] = None,
                          grad_scaler: Optional["torch.amp.GradScaler"] = None
                          ) -> torch.optim.Optimizer:
     """Wrap `optimizer` so gradients are averaged (op) across ranks.
@@ -467,10 +543,23 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     LR schedulers keep working. Collective: every rank must wrap the same
     parameters (checked; a mismatch raises GradflowError on every rank).
 
-    compression: Compression.none / .fp16 / .bf16 (16-bit wire, fp32 sums).
+    Horovod's parameters keep Horovod's order; gradflow's own (sparse_ratio,
+    use_pool, bucket_mb, grad_scaler) are keyword-only after them.
+
+    compression: Compression.none / .fp16 / .bf16 (16-bit wire, fp32 sums),
+      or a user Compressor (Horovod's compress/decompress interface), applied
+      around each gradient's allreduce (copy path: no pool).
     backward_passes_per_step: gradients accumulate locally for that many
       backward passes; the last one submits.
     gradient_predivide_factor: scale by 1/f before the sum and f after.
+    groups: Horovod's explicit grouping: an int n splits the parameters into
+      n groups, a list of lists of parameters makes each list a group (and
+      each parameter in no list its own). A group's gradients go out
+      together, as one grouped allreduce, once all of them are ready. Groups
+      use the copy path (the pool's buckets are the ungrouped equivalent).
+    num_groups: deprecated in Horovod (DeprecationWarning); used as `groups`
+      when `groups` is None.
+    process_set: only the global set (the default) is supported.
     sparse_ratio: CSC sparse communication ratio (None: GRADFLOW_SPARSE_RATIO).
       Error feedback loses nothing: what a step does not send stays in a
       residual (one per gradient element, plus a spare of the same size the
@@ -489,11 +578,17 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     bucket_mb: pool bucket size in MiB (None: GRADFLOW_POOL_BUCKET_BYTES, 8 MiB).
     sparse_as_dense: densify sparse gradients instead of allgathering them.
     """
+    check_global_process_set(process_set, "DistributedOptimizer")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` (as in Horovod)",
+                      DeprecationWarning, stacklevel=2)
+        if groups is None:
+            groups = num_groups
     base = optimizer.__class__
     cls = type(base.__name__, (base,), dict(_DistributedOptimizer.__dict__))
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)  # same groups, state, defaults, hooks
     wrapped._gradflow_setup(named_parameters, compression, backward_passes_per_step, op,
                             gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
-                            sparse_as_dense, grad_scaler)
+                            sparse_as_dense, grad_scaler, groups)
     return wrapped
