@@ -158,3 +158,22 @@ def check_params(where, want, fn):
     for p in named[len(want):]:
         assert p.kind == p.KEYWORD_ONLY or p.default is not p.empty, \
             f"{where}: extra parameter {p.name} must be optional"
+
+
+SOURCES = [os.environ.get("HOROVOD_SOURCE", ""), "/work/ref/horovod-0.28.1.tar.gz",
+           "/work/ref/horovod-0.28.1"]
+
+
+@pytest.mark.skipif(not any(p and os.path.exists(p) for p in SOURCES),
+                    reason="no Horovod 0.28.1 source here (set HOROVOD_SOURCE to its sdist or directory)")
+def test_json_is_what_the_script_reads_from_horovod(tmp_path):
+    """The checked-in JSON is regenerated, not hand-edited."""
+    import subprocess
+
+    source = next(p for p in SOURCES if p and os.path.exists(p))
+    out = tmp_path / "api.json"
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "horovod_api.py"), "--source",
+                    source, "--out", str(out)], check=True, capture_output=True, timeout=300)
+    with open(API, encoding="utf-8") as f:
+        assert json.load(f) == json.loads(out.read_text()), \
+            f"{API} differs from what scripts/horovod_api.py reads from {source}: regenerate it"
