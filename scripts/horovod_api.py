@@ -104,12 +104,14 @@ def bindings(src: Source, module: str) -> Dict[str, tuple]:
         if isinstance(s, ast.ImportFrom):
             base = s.module or ""
             if s.level:
-                base = ".".join(pkg.split(".")[:len(pkg.split(".")) - s.level + 1] + ([base] if base else []))
+                parts = pkg.split(".")[:len(pkg.split(".")) - s.level + 1]
+                base = ".".join(parts + ([base] if base else []))
             for a in s.names:
                 out[a.asname or a.name] = ("from", base, a.name)
         elif isinstance(s, ast.Import):
             for a in s.names:
-                out[a.asname or a.name.split(".")[0]] = ("module", a.name if a.asname else a.name.split(".")[0])
+                top = a.name.split(".")[0]  # `import a.b` binds a; `import a.b as c` binds a.b
+                out[a.asname or top] = ("module", a.name if a.asname else top)
         elif isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)):
             out[s.name] = ("def", s)
         elif isinstance(s, ast.ClassDef):
@@ -121,6 +123,10 @@ def bindings(src: Source, module: str) -> Dict[str, tuple]:
     return out
 
 
+def default(node: Optional[ast.expr]) -> dict:
+    return {} if node is None else {"default": ast.unparse(node)}
+
+
 def params(fn: ast.FunctionDef, drop_self: bool = False) -> List[dict]:
     """Parameters in order: name, kind, and the default's source text."""
     a = fn.args
@@ -129,11 +135,11 @@ def params(fn: ast.FunctionDef, drop_self: bool = False) -> List[dict]:
     defaults = [None] * (len(pos) - len(a.defaults)) + list(a.defaults)
     for i, (p, d) in enumerate(zip(pos, defaults)):
         kind = "positional_only" if i < len(a.posonlyargs) else "positional_or_keyword"
-        out.append({"name": p.arg, "kind": kind, **({} if d is None else {"default": ast.unparse(d)})})
+        out.append({"name": p.arg, "kind": kind, **default(d)})
     if a.vararg:
         out.append({"name": a.vararg.arg, "kind": "var_positional"})
     for p, d in zip(a.kwonlyargs, a.kw_defaults):
-        out.append({"name": p.arg, "kind": "keyword_only", **({} if d is None else {"default": ast.unparse(d)})})
+        out.append({"name": p.arg, "kind": "keyword_only", **default(d)})
     if a.kwarg:
         out.append({"name": a.kwarg.arg, "kind": "var_keyword"})
     if drop_self and out and out[0]["name"] in ("self", "cls"):
@@ -199,11 +205,14 @@ class Resolver:
         return self.expr(module, b[1], depth + 1)
 
     def klass(self, module: str, node: ast.ClassDef, depth: int) -> dict:
-        init = next((s for s in node.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"), None)
+        init = next((s for s in node.body
+                     if isinstance(s, ast.FunctionDef) and s.name == "__init__"), None)
         members = sorted({s.name for s in node.body
-                          if isinstance(s, (ast.FunctionDef, ast.ClassDef)) and not s.name.startswith("_")}
+                          if isinstance(s, (ast.FunctionDef, ast.ClassDef))
+                          and not s.name.startswith("_")}
                          | {t.id for s in node.body if isinstance(s, ast.Assign)
-                            for t in s.targets if isinstance(t, ast.Name) and not t.id.startswith("_")})
+                            for t in s.targets
+                            if isinstance(t, ast.Name) and not t.id.startswith("_")})
         out = {"kind": "class", "defined_in": module, "bases": [ast.unparse(b) for b in node.bases],
                "members": members}
         if init is not None:
@@ -225,11 +234,14 @@ class Resolver:
             if isinstance(node.value, ast.Name):
                 owner = self.bind(module).get(node.value.id)
                 if owner and owner[0] == "module":
-                    return self.symbol(owner[1], node.attr, depth + 1) if owner[1].startswith("horovod") else None
+                    if not owner[1].startswith("horovod"):
+                        return None
+                    return self.symbol(owner[1], node.attr, depth + 1)
                 if owner and owner[0] == "from" and self.is_module(f"{owner[1]}.{owner[2]}"):
                     return self.symbol(f"{owner[1]}.{owner[2]}", node.attr, depth + 1)
                 if owner and owner[0] == "assign" and isinstance(owner[1], ast.Call):
-                    cls = self.expr(module, owner[1].func, depth + 1)  # `_basics = HorovodBasics(...)`
+                    # `_basics = HorovodBasics(...)`: an instance of a Horovod class
+                    cls = self.expr(module, owner[1].func, depth + 1)
                     if cls and cls["kind"] == "class":
                         return self.member(cls, node.attr)
                 if owner:
@@ -341,7 +353,8 @@ def main() -> None:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--source", help="unpacked horovod-0.28.1 directory or its sdist (.tar.gz)")
-    ap.add_argument("--out", default=os.path.join(here, "tests", "data", f"horovod_{VERSION}_api.json"))
+    ap.add_argument("--out", default=os.path.join(here, "tests", "data",
+                                                  f"horovod_{VERSION}_api.json"))
     ap.add_argument("--rows", metavar="MODULE",
                     help="print table rows for MODULE from --out (no regeneration)")
     args = ap.parse_args()
@@ -352,14 +365,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         src = Source(args.source or fetch_sdist(tmp))
     data = {"horovod_version": VERSION,
-            "generated_by": "scripts/horovod_api.py (ast over Horovod's source; do not edit by hand)",
+            "generated_by": "scripts/horovod_api.py (ast over Horovod's source; "
+                            "do not edit by hand)",
             **public_api(src), "horovodrun_flags": horovodrun_flags(src)}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=1, sort_keys=True)
         f.write("\n")
     n = sum(len(v) for v in data["symbols"].values())
-    print(f"{args.out}: {n} symbols in {len(MODULES)} modules, {len(data['horovodrun_flags'])} flags")
+    print(f"{args.out}: {n} symbols in {len(MODULES)} modules, "
+          f"{len(data['horovodrun_flags'])} flags")
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ from ..collectives import Average, native_reduce_op, reduce_op
 from ..collectives import check_global_process_set
 from .compression import Compression, split as split_compression
 from .functions import allgather_object, check_same_everywhere
+from .optimizer_groups import GroupTracker, Once, form_groups
 from .ops import allreduce_async_, dtype_code, grouped_allreduce_async_, sparse_allreduce_async
 
 __all__ = ["DistributedOptimizer"]
@@ -104,23 +105,7 @@ class _State:
         self.wire_overflow = False                # some 16-bit wire value overflowed last step
         self.marked: set = set()                  # id(param) of pooled ranges marked this step
         self.loss_scale = 1.0                     # grad_scaler's scale for this step (CSC only)
-        self.groups: Optional[List[List[int]]] = None  # Horovod's groups (indices), or None
-        self.group_of: Dict[int, int] = {}        # index -> its group
-        self.group_ready: Dict[int, set] = {}     # group -> indices whose gradient is ready
-
-
-class _Once:
-    """One grouped allreduce's handle, shared by the group's parameters:
-    waited once, however many parameters ask."""
-
-    def __init__(self, handle):
-        self.handle, self.done, self.result = handle, False, None
-
-    def wait(self):
-        if not self.done:
-            self.done = True  # also on error: the error is raised once, then drained
-            self.result = self.handle.wait()
-        return self.result
+        self.groups: Optional[GroupTracker] = None  # Horovod's groups=, or None
 
 
 def _destroy_pools(ids: List[int], bufs: Tuple = (), handles: List[int] = ()) -> None:
@@ -175,7 +160,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         s.index[id(p)] = len(s.params)
                         s.params.append(p)
         s.names = self._gradflow_names(named_parameters)
-        s.groups = self._gradflow_groups(groups)
+        formed = form_groups(s.params, groups)
+        s.groups = None if formed is None else GroupTracker(formed)
         # A user Compressor runs in Python around each gradient's allreduce,
         # and groups go out as grouped allreduces: both need the copy path
         # (the pool's buckets are reduced in place by the core).
@@ -219,37 +205,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"gradflow: named_parameters was given but {len(missing)} optimizer "
                              "parameter(s) are not in it; name every parameter")
         return [f"{s.prefix}.{by_id[id(p)]}" for p in s.params]
-
-    def _gradflow_groups(self, groups) -> Optional[List[List[int]]]:
-        """Horovod's `groups`: an int n splits the parameters (in optimizer
-        order) into n contiguous groups; a list of lists of parameters forms
-        one group per list and one per parameter in no list. None: no groups."""
-        s = self._gradflow
-        if groups is None:
-            return None
-        if isinstance(groups, bool) or not (isinstance(groups, list) or
-                                            (isinstance(groups, int) and groups > 0)):
-            raise ValueError("gradflow: groups should be a positive integer or a list of lists "
-                             f"of torch.Tensor, got {groups!r}")
-        if isinstance(groups, int):
-            n = min(groups, len(s.params)) or 1
-            d, r = divmod(len(s.params), n)
-            return [list(range(i * d + min(i, r), (i + 1) * d + min(i + 1, r))) for i in range(n)]
-        seen, out = set(), []
-        for group in groups:
-            for p in group:
-                if not isinstance(p, torch.Tensor):
-                    raise ValueError("gradflow: groups must consist of torch.Tensor, got "
-                                     f"{type(p).__name__}")
-                if id(p) in seen:
-                    raise ValueError("gradflow: a parameter can only appear once in groups")
-                seen.add(id(p))
-            # Parameters the optimizer does not train are left out, as in Horovod.
-            members = [s.index[id(p)] for p in group if id(p) in s.index]
-            if members:
-                out.append(members)
-        out += [[i] for i in range(len(s.params)) if id(s.params[i]) not in seen]
-        return out
 
     # ------------------------------------------------------------ hooks
     def _gradflow_hook(self, p: torch.Tensor) -> None:
@@ -326,18 +281,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Gradient i is ready: once its whole group is, the group goes out as
         one grouped allreduce (the core fuses it), as Horovod's groups do."""
         s = self._gradflow
-        g = s.group_of.setdefault(i, next(k for k, grp in enumerate(s.groups) if i in grp))
-        ready = s.group_ready.setdefault(g, set())
-        ready.add(i)
-        members = [j for j in s.groups[g] if j not in s.sparse]
-        if not all(j in ready for j in members):
+        members = s.groups.mark(i, excluded=s.sparse)
+        if members is None:
             return
-        del s.group_ready[g]
-        h = _Once(grouped_allreduce_async_([s.params[j].grad for j in members],
-                                           name=f"{s.prefix}.group{g}", op=s.op,
-                                           prescale_factor=s.prescale / s.loss_scale,
-                                           postscale_factor=s.postscale * s.loss_scale,
-                                           compression=s.compression))
+        h = Once(grouped_allreduce_async_([s.params[j].grad for j in members],
+                                          name=f"{s.prefix}.group{s.groups.group_of[i]}", op=s.op,
+                                          prescale_factor=s.prescale / s.loss_scale,
+                                          postscale_factor=s.postscale * s.loss_scale,
+                                          compression=s.compression))
         for j in members:
             s.handles[id(s.params[j])] = h
 

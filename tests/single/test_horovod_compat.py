@@ -33,7 +33,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DOC = os.path.join(ROOT, "docs", "horovod_compat.md")
 API = os.path.join(ROOT, "tests", "data", "horovod_0.28.1_api.json")
 GRADFLOW = {"horovod.torch": "gradflow.torch", "horovod.tensorflow": "gradflow.tensorflow",
-            "horovod.tensorflow.keras": "gradflow.tensorflow.keras", "horovod.keras": "gradflow.keras"}
+            "horovod.tensorflow.keras": "gradflow.tensorflow.keras",
+            "horovod.keras": "gradflow.keras"}
 NEEDS = {"horovod.torch": "torch", "horovod.tensorflow": "tensorflow",
          "horovod.tensorflow.keras": "tensorflow", "horovod.keras": "tensorflow"}
 STATUSES = ("same", "different", "not applicable", "missing")
@@ -104,7 +105,8 @@ def test_row(module, name):
         assert obj is None, (f"{DOC}:{line}: {module}.{name} is marked missing but "
                              f"{GRADFLOW[module]}.{name} exists: update the row")
         return
-    assert obj is not None, f"{DOC}:{line}: marked same but {GRADFLOW[module]}.{name} does not exist"
+    assert obj is not None, \
+        f"{DOC}:{line}: marked same but {GRADFLOW[module]}.{name} does not exist"
     check_same(f"{GRADFLOW[module]}.{name}", spec, obj)
 
 
@@ -134,10 +136,12 @@ def check_params(where, want, fn):
     have = list(inspect.signature(fn).parameters.values())
     if have and have[0].name in ("self", "cls") and inspect.isfunction(fn):
         have = have[1:]
-    var = {inspect.Parameter.VAR_POSITIONAL: "var_positional", inspect.Parameter.VAR_KEYWORD: "var_keyword"}
+    var = {inspect.Parameter.VAR_POSITIONAL: "var_positional",
+           inspect.Parameter.VAR_KEYWORD: "var_keyword"}
     for kind in ("var_positional", "var_keyword"):
         if any(w["kind"] == kind for w in want):
-            assert any(var.get(p.kind) == kind for p in have), f"{where}: Horovod takes {kind} arguments"
+            assert any(var.get(p.kind) == kind for p in have), \
+                f"{where}: Horovod takes {kind} arguments"
     want = [w for w in want if w["kind"] not in var.values()]
     named = [p for p in have if p.kind not in var]
     names = [p.name for p in named]
@@ -148,7 +152,8 @@ def check_params(where, want, fn):
             f"{where}({w['name']}): {p.kind.name}, Horovod's is {w['kind']}"
         if "default" not in w:
             continue  # required in Horovod; gradflow may give it a default
-        assert p.default is not p.empty, f"{where}({w['name']}): needs a default like Horovod's {w['default']}"
+        assert p.default is not p.empty, \
+            f"{where}({w['name']}): needs a default like Horovod's {w['default']}"
         try:
             value = eval(w["default"], {"__builtins__": {}})  # literals only: no names resolve
         except Exception:
@@ -165,7 +170,8 @@ SOURCES = [os.environ.get("HOROVOD_SOURCE", ""), "/work/ref/horovod-0.28.1.tar.g
 
 
 @pytest.mark.skipif(not any(p and os.path.exists(p) for p in SOURCES),
-                    reason="no Horovod 0.28.1 source here (set HOROVOD_SOURCE to its sdist or directory)")
+                    reason="no Horovod 0.28.1 source here (set HOROVOD_SOURCE to its sdist or "
+                           "directory)")
 def test_json_is_what_the_script_reads_from_horovod(tmp_path):
     """The checked-in JSON is regenerated, not hand-edited."""
     import subprocess
