@@ -39,6 +39,10 @@ from .collectives import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, all
                           barrier, broadcast, broadcast_async, join, poll, reducescatter,
                           reducescatter_async, synchronize)
 from .compression import Compression
+from ._basics import (HorovodInternalError, HostsUpdatedInterrupt, ccl_built, cuda_built,
+                      ddl_built, gloo_built, gloo_enabled, is_homogeneous, mpi_built, mpi_enabled,
+                      mpi_threads_supported, nccl_built, rocm_built, start_timeline,
+                      stop_timeline)
 from ._handles import Handle
 from . import _native
 from .runner import notice as _notice
@@ -55,4 +59,7 @@ __all__ = [
     "allgather_async", "broadcast", "broadcast_async", "reducescatter", "reducescatter_async",
     "alltoall", "alltoall_async", "barrier", "join", "synchronize", "poll", "ReduceOp", "Sum",
     "Average", "Adasum", "Min", "Max", "Product", "Compression", "Handle", "GradflowError",
+    "HorovodInternalError", "HostsUpdatedInterrupt", "is_homogeneous", "mpi_threads_supported",
+    "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built",
+    "ccl_built", "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
 ]

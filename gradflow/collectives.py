@@ -60,13 +60,14 @@ def native_reduce_op(op) -> int:
     return _NATIVE_CODES[reduce_op(op)]
 
 
-def check_adasum_options(op, compression, sparse_ratio: Optional[float], what: str) -> None:
+def check_adasum_options(op, wire: int, sparse_ratio: Optional[float], what: str) -> None:
     """For op=Adasum, refuse at construction what the core would refuse at
-    the first allreduce: a 16-bit wire or sparse_ratio < 1 (Adasum's dot
-    products need every value as it is). No-op for other ops."""
+    the first allreduce: a 16-bit wire (`wire`: the native wire code of the
+    caller's compression, -1 = setting default) or sparse_ratio < 1 (Adasum's
+    dot products need every value as it is). No-op for other ops."""
     if reduce_op(op) != Adasum:
         return
-    if wire_code(compression) > 0:
+    if wire > 0:
         raise ValueError(f"gradflow: {what}(op=Adasum) needs compression=Compression.none "
                          "(Adasum's dot products need the values as they are)")
     if sparse_ratio is not None and sparse_ratio < 1:

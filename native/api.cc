@@ -29,6 +29,7 @@ Runtime::Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>
   // Rank 0 writes the timeline (as in Horovod): negotiation spans there
   // show when the *last* rank submitted each tensor.
   if (comm_->rank() == 0) timeline_.open(cfg_.timeline, comm_->rank());
+  timeline_.set_mark_cycles(cfg_.timeline_mark_cycles);  // GRADFLOW_TIMELINE_MARK_CYCLES
   loop_ = std::make_unique<BackgroundLoop>(*comm_, cfg_, queue_, stats_, timeline_);
   loop_->start();
 }

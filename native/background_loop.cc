@@ -107,7 +107,7 @@ bool BackgroundLoop::cycle() {
   if (!res.responses.empty()) {
     stats_.add("negotiation.cycles_with_work", 1);
     ++cycles_with_work_;
-    if (cfg_.timeline_mark_cycles) timeline_.mark("CYCLE_START", "cycles");
+    timeline_.cycle();  // a CYCLE_START mark when mark_cycles is on
     GF_LOG(kDebug, comm_.rank(),
            "cycle " << cycles_with_work_ << ": " << res.responses.size() << " response(s), "
                     << fresh.size() << " new submission(s), "

@@ -31,6 +31,9 @@ enum class DataType : int32_t {
   kFloat32 = 5,
   kFloat64 = 6,
   kBool = 7,
+  kInt8 = 8,
+  kInt16 = 9,
+  kUInt16 = 10,
 };
 
 enum class ReduceOp : int32_t {

@@ -95,6 +95,9 @@ MPI_Datatype mpi_type(DataType dt) {
     case DataType::kUInt8: return MPI_UINT8_T;
     case DataType::kBool: return MPI_UINT8_T;  // 0/1 bytes; min = and, max = or
     case DataType::kInt32: return MPI_INT32_T;
+    case DataType::kInt8: return MPI_INT8_T;
+    case DataType::kInt16: return MPI_INT16_T;
+    case DataType::kUInt16: return MPI_UINT16_T;
     case DataType::kInt64: return MPI_INT64_T;
     case DataType::kFloat32: return MPI_FLOAT;
     case DataType::kFloat64: return MPI_DOUBLE;
@@ -212,6 +215,11 @@ MpiComm::MpiComm(uintptr_t comm_handle, double timeout_seconds)
   MPI_Comm_size(cross, &cross_size_);
   MPI_Comm_free(&local);
   MPI_Comm_free(&cross);
+  // min and max of local_size over all ranks (max as min of the negation).
+  int sizes[2] = {local_size_, -local_size_};
+  mpi_check(MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MIN, c), "MPI_Allreduce",
+            "MpiComm() (node sizes)");
+  homogeneous_ = sizes[0] == -sizes[1];
 }
 
 MpiComm::~MpiComm() { release_communicator(); }

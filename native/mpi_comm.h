@@ -93,6 +93,9 @@ class MpiComm {
   int cross_rank() const { return cross_rank_; }
   int cross_size() const { return cross_size_; }
   bool all_on_one_node() const { return local_size_ == size_; }
+  // Every node runs the same number of ranks (Horovod's is_homogeneous);
+  // agreed by all ranks at construction.
+  bool homogeneous() const { return homogeneous_; }
   double timeout_seconds() const { return timeout_s_; }
 
   // ---- point to point (bytes <= INT_MAX per call) ----
@@ -140,6 +143,7 @@ class MpiComm {
   std::unique_ptr<Impl> impl_;
   int rank_ = 0, size_ = 1;
   int local_rank_ = 0, local_size_ = 1, cross_rank_ = 0, cross_size_ = 1;
+  bool homogeneous_ = true;
   double timeout_s_ = 60.0;
   std::atomic<bool> broken_{false};
 };

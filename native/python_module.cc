@@ -63,8 +63,9 @@ std::shared_ptr<Runtime> runtime() {
     std::lock_guard<std::mutex> lock(process().mu);
     rt = process().runtime;
   }
+  // InvalidArgumentError: a ValueError too, which Horovod raises before init().
   if (!rt)
-    throw GradflowError(
+    throw InvalidArgumentError(
         "gradflow has not been initialized: call gradflow.init() (or hvd.init()) first");
   if (!rt->owned_by_this_process()) throw GradflowError(fork_message());
   return rt;
@@ -98,7 +99,14 @@ py::array_t<T> contiguous(py::array_t<T, py::array::c_style | py::array::forceca
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "gradflow native core (framework-agnostic). Use the gradflow package, not this.";
-  auto& base = py::register_exception<GradflowError>(m, "GradflowError", PyExc_RuntimeError);
+  // Horovod's HorovodInternalError (a RuntimeError) is what a Horovod user
+  // catches around failed collectives: every GradflowError is one.
+  py::object horovod_internal = py::reinterpret_steal<py::object>(PyErr_NewExceptionWithDoc(
+      "gradflow.HorovodInternalError",
+      "A collective (or the runtime) failed; Horovod's name. Every GradflowError is one.",
+      PyExc_RuntimeError, nullptr));
+  m.attr("HorovodInternalError") = horovod_internal;
+  auto& base = py::register_exception<GradflowError>(m, "GradflowError", horovod_internal);
   // Registered after GradflowError so pybind11 tries it first: bad arguments
   // refused at submit are both a GradflowError and a ValueError.
   py::register_exception<InvalidArgumentError>(
@@ -229,6 +237,25 @@ PYBIND11_MODULE(_native, m) {
           return rt && !rt->owned_by_this_process();
         },
         "True in a fork() child of an initialized process (it must not use gradflow).");
+  m.def("is_homogeneous", [] { return runtime()->comm().homogeneous(); },
+        "True if every node runs the same number of ranks (agreed at init).");
+  m.def("timeline_start",
+        [](const std::string& path, bool mark_cycles) {
+          auto rt = runtime();
+          GF_CHECK_ARG(!path.empty(), "gradflow: start_timeline: file_path must not be empty");
+          // Rank 0 writes, as with GRADFLOW_TIMELINE; every rank calls it.
+          if (rt->comm().rank() == 0) rt->timeline().open(path, 0);
+          rt->timeline().set_mark_cycles(mark_cycles);
+        },
+        py::arg("path"), py::arg("mark_cycles"),
+        "Start writing the timeline to `path` (rank 0; replaces a file being written).");
+  m.def("timeline_stop",
+        [] {
+          auto rt = runtime();
+          rt->timeline().close();
+          rt->timeline().set_mark_cycles(false);
+        },
+        "Stop the timeline and close its file (no-op if none is being written).");
   m.def("timeline_mark", [](const std::string& name) { runtime()->timeline().mark(name); },
         "Add an instant event (e.g. a step boundary) to the timeline, if one is being written.");
   m.def("stats", [] { return runtime()->stats().snapshot(); }, "Counters since the last reset.");

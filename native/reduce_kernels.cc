@@ -109,7 +109,7 @@ void scale_16bit(uint16_t* buf, size_t n, WireDtype w, float factor) {
 }
 
 bool known_dtype(DataType dt) {
-  return static_cast<int32_t>(dt) >= 0 && static_cast<int32_t>(dt) <= static_cast<int32_t>(DataType::kBool);
+  return static_cast<int32_t>(dt) >= 0 && static_cast<int32_t>(dt) <= static_cast<int32_t>(DataType::kUInt16);
 }
 
 bool known_op(ReduceOp op) {
@@ -169,6 +169,19 @@ void reduce_into(void* dst, const void* src, size_t count, DataType dt, ReduceOp
       return;
     case DataType::kFloat64:
       reduce_floating(static_cast<double*>(dst), static_cast<const double*>(src), count, op);
+      return;
+    case DataType::kInt8:
+      reduce_integer<int8_t, uint8_t>(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src),
+                                      count, op);
+      return;
+    case DataType::kInt16:
+      reduce_integer<int16_t, uint16_t>(static_cast<int16_t*>(dst),
+                                        static_cast<const int16_t*>(src), count, op);
+      return;
+    case DataType::kUInt16:
+      // U = uint32: uint16 * uint16 promotes to (signed) int and can overflow it.
+      reduce_integer<uint16_t, uint32_t>(static_cast<uint16_t*>(dst),
+                                         static_cast<const uint16_t*>(src), count, op);
       return;
     case DataType::kBool:
       reduce_bool(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), count, op);

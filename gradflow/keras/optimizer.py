@@ -36,7 +36,7 @@ import numpy as np
 
 from .. import collectives as _c
 from ..collectives import Average, ReduceOp, reduce_op
-from ..compression import Compression
+from ..compression import Compression, wire_code
 
 
 class _DistributedMixin:
@@ -153,7 +153,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
                          "GRADFLOW_FUSION_THRESHOLD); leave them at 0 / None")
     _c.check_global_process_set(process_set, "DistributedOptimizer")
     reduce_op(op)  # an unknown op raises here, at construction
-    _c.check_adasum_options(op, compression, sparse_ratio, "DistributedOptimizer")
+    _c.check_adasum_options(op, wire_code(compression), sparse_ratio, "DistributedOptimizer")
     base = optimizer.__class__
     # Same module and name as the user's class: a saved model reloads with the
     # plain optimizer (wrap it again after loading).

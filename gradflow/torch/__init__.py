@@ -6,8 +6,12 @@
 """PyTorch binding of gradflow with Horovod's API (``import gradflow.torch as hvd``)."""
 from .._runtime import (GradflowError, cross_rank, cross_size, init, is_initialized, local_rank,
                         local_size, mpi_comm, rank, reset_stats, shutdown, size, stats)
+from .._basics import (HorovodInternalError, HostsUpdatedInterrupt, ccl_built, cuda_built,
+                       ddl_built, gloo_built, gloo_enabled, is_homogeneous, mpi_built, mpi_enabled,
+                       mpi_threads_supported, nccl_built, rocm_built, start_timeline,
+                       stop_timeline)
 from ..collectives import Adasum, Average, Max, Min, Product, ReduceOp, Sum
-from ..compression import Compression
+from .compression import Compression, Compressor
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
 from .ops import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,
@@ -23,7 +27,7 @@ from .sync_batch_norm import SyncBatchNorm
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
     "cross_size", "mpi_comm", "stats", "reset_stats", "GradflowError", "ReduceOp", "Average", "Sum",
-    "Min", "Max", "Product", "Adasum", "Compression", "allreduce", "allreduce_", "allreduce_async",
+    "Min", "Max", "Product", "Adasum", "Compression", "Compressor", "allreduce", "allreduce_", "allreduce_async",
     "allreduce_async_", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "sparse_allreduce_async", "allgather", "allgather_async",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
@@ -31,5 +35,8 @@ __all__ = [
     "grouped_reducescatter", "grouped_reducescatter_async", "synchronize", "poll", "join",
     "barrier",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
-    "DistributedOptimizer", "SyncBatchNorm",
+    "DistributedOptimizer", "SyncBatchNorm", "HorovodInternalError", "HostsUpdatedInterrupt", "is_homogeneous",
+    "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
+    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "start_timeline",
+    "stop_timeline",
 ]

@@ -16,7 +16,7 @@ from .._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, auto
                         size, submit)
 from ..collectives import Average, ReduceOp, Sum, native_reduce_op, op_from_average, reduce_op
 from ..collectives import join as _np_join
-from ..compression import Compression, wire_code
+from .compression import Compression, split as _split_compression
 
 __all__ = [
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
@@ -103,13 +103,20 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
                      op: Optional[int] = None, prescale_factor: float = 1.0,
                      postscale_factor: float = 1.0, compression=Compression.none,
                      sparse_ratio: Optional[float] = None) -> Handle:
-    """Start an in-place allreduce of `tensor`; `synchronize(handle)` returns it."""
+    """Start an in-place allreduce of `tensor`; `synchronize(handle)` returns it.
+    A user Compressor compresses before and decompresses into `tensor` after."""
     code = native_reduce_op(_op_of(average, op))  # before naming: errors leave counters alone
-    buf = _staged(tensor)
+    wire, user = _split_compression(compression)
+    if user is not None:
+        sent, ctx = user.compress(tensor)
+        buf = _staged(sent)
+        finish = lambda r: _write_back(tensor, user.decompress(buf, ctx))  # noqa: E731
+    else:
+        buf = _staged(tensor)
+        finish = lambda r: _write_back(tensor, buf)  # noqa: E731
     name = auto_name(ALLREDUCE, name)
     return submit(ALLREDUCE, name, buf.data_ptr(), buf.data_ptr(), dtype_code(buf.dtype), buf.shape,
-                  (buf, tensor), lambda r: _write_back(tensor, buf), op=code,
-                  wire=wire_code(compression), prescale=prescale_factor,
+                  (buf, tensor), finish, op=code, wire=wire, prescale=prescale_factor,
                   postscale=postscale_factor,
                   sparse_ratio=-1.0 if sparse_ratio is None else float(sparse_ratio))
 
@@ -118,15 +125,23 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: 
                     op: Optional[int] = None, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0, compression=Compression.none,
                     sparse_ratio: Optional[float] = None) -> Handle:
-    """Start an allreduce into a new tensor; `synchronize(handle)` returns it."""
+    """Start an allreduce into a new tensor; `synchronize(handle)` returns it.
+    A user Compressor (Horovod's interface) compresses the input and
+    decompresses the result, as Horovod's allreduce does."""
     code = native_reduce_op(_op_of(average, op))
-    src = _staged(tensor)
+    wire, user = _split_compression(compression)
+    sent, ctx = user.compress(tensor) if user is not None else (tensor, None)
+    src = _staged(sent)
     out = torch.empty_like(src)
     name = auto_name(ALLREDUCE, name)
     device = tensor.device
+
+    def finish(r):
+        res = out if device.type == "cpu" else out.to(device)
+        return user.decompress(res, ctx) if user is not None else res
+
     return submit(ALLREDUCE, name, src.data_ptr(), out.data_ptr(), dtype_code(src.dtype), src.shape,
-                  (src, out), lambda r: out if device.type == "cpu" else out.to(device),
-                  op=code, wire=wire_code(compression), prescale=prescale_factor,
+                  (src, out), finish, op=code, wire=wire, prescale=prescale_factor,
                   postscale=postscale_factor,
                   sparse_ratio=-1.0 if sparse_ratio is None else float(sparse_ratio))
 

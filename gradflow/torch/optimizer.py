@@ -58,16 +58,18 @@ import contextlib
 import itertools
 import warnings
 import weakref
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
 from .. import _handles, _native
 from .._runtime import GradflowError
-from ..collectives import Adasum, Average, check_adasum_options, native_reduce_op, reduce_op
-from ..compression import Compression, wire_code
+from ..collectives import (Adasum, Average, check_adasum_options, check_global_process_set,
+                           native_reduce_op, reduce_op)
+from .compression import Compression, split as split_compression
 from .functions import allgather_object, check_same_everywhere
-from .ops import allreduce_async_, dtype_code, sparse_allreduce_async
+from .optimizer_groups import GroupTracker, Once, form_groups
+from .ops import allreduce_async_, dtype_code, grouped_allreduce_async_, sparse_allreduce_async
 
 __all__ = ["DistributedOptimizer"]
 
@@ -103,6 +105,7 @@ class _State:
         self.wire_overflow = False                # some 16-bit wire value overflowed last step
         self.marked: set = set()                  # id(param) of pooled ranges marked this step
         self.loss_scale = 1.0                     # grad_scaler's scale for this step (CSC only)
+        self.groups: Optional[GroupTracker] = None  # Horovod's groups=, or None
 
 
 def _destroy_pools(ids: List[int], bufs: Tuple = (), handles: List[int] = ()) -> None:
@@ -124,12 +127,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------ set-up
     def _gradflow_setup(self, named_parameters, compression, backward_passes_per_step, op,
                         gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
-                        sparse_as_dense, grad_scaler=None) -> None:
+                        sparse_as_dense, grad_scaler=None, groups=None) -> None:
         s = self._gradflow = _State()
         op = reduce_op(op)  # Horovod meaning of raw ints; unknown ones raise here
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradflow: gradient_predivide_factor != 1.0 needs op=Average")
-        check_adasum_options(op, compression, sparse_ratio, "DistributedOptimizer")
         # A pool bucket holds several gradients; Adasum needs one dot product
         # per gradient, so Adasum gradients stay on the copy path.
         use_pool = use_pool and op != Adasum
@@ -138,7 +140,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if sparse_ratio is not None and not 0 < sparse_ratio <= 1:
             raise ValueError(f"gradflow: sparse_ratio must be in (0, 1], got {sparse_ratio}")
         s.op, s.bpps, s.sparse_as_dense = op, int(backward_passes_per_step), sparse_as_dense
-        s.wire = wire_code(compression)
+        s.wire, user_compressor = split_compression(compression)
+        check_adasum_options(op, s.wire, sparse_ratio, "DistributedOptimizer")
         s.compression = compression
         s.prescale = 1.0 / gradient_predivide_factor
         s.postscale = float(gradient_predivide_factor)
@@ -162,8 +165,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         s.index[id(p)] = len(s.params)
                         s.params.append(p)
         s.names = self._gradflow_names(named_parameters)
-        s.use_pool = use_pool and all(p.device.type == "cpu" for p in s.params)
-        if use_pool and not s.use_pool:
+        formed = form_groups(s.params, groups)
+        s.groups = None if formed is None else GroupTracker(formed)
+        # A user Compressor runs in Python around each gradient's allreduce,
+        # and groups go out as grouped allreduces: both need the copy path
+        # (the pool's buckets are reduced in place by the core).
+        s.use_pool = use_pool and all(p.device.type == "cpu" for p in s.params) \
+            and user_compressor is None and s.groups is None
+        if use_pool and not all(p.device.type == "cpu" for p in s.params):
             warnings.warn("gradflow: the gradient pool is CPU-only; CUDA parameters use the copy path")
         check_same_everywhere([(n, tuple(p.shape), str(p.dtype)) for n, p in zip(s.names, s.params)],
                               f"DistributedOptimizer '{s.prefix}'")
@@ -261,6 +270,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 s.handles[id(p)] = sparse_allreduce_async(grad, s.names[i], s.op)
                 return
             p.grad = grad = grad.to_dense()
+        if s.groups is not None:
+            self._gradflow_submit_group(i)
+            return
         # Before the pool exists (step 1 of use_pool) the step is dense: a
         # residual under the parameter's name would never be delivered once
         # the pool's buckets take over (they own their residuals).
@@ -269,6 +281,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                             prescale_factor=s.prescale / s.loss_scale,
                                             postscale_factor=s.postscale * s.loss_scale,
                                             compression=s.compression, sparse_ratio=ratio)
+
+    def _gradflow_submit_group(self, i: int) -> None:
+        """Gradient i is ready: once its whole group is, the group goes out as
+        one grouped allreduce (the core fuses it), as Horovod's groups do."""
+        s = self._gradflow
+        members = s.groups.mark(i, excluded=s.sparse)
+        if members is None:
+            return
+        h = Once(grouped_allreduce_async_([s.params[j].grad for j in members],
+                                          name=f"{s.prefix}.group{s.groups.group_of[i]}", op=s.op,
+                                          prescale_factor=s.prescale / s.loss_scale,
+                                          postscale_factor=s.postscale * s.loss_scale,
+                                          compression=s.compression))
+        for j in members:
+            s.handles[id(s.params[j])] = h
 
     # ------------------------------------------------------------ step protocol
     def synchronize(self) -> None:
@@ -460,9 +487,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
                          compression=Compression.none, backward_passes_per_step: int = 1,
                          op: int = Average, gradient_predivide_factor: float = 1.0,
-                         sparse_ratio: Optional[float] = None, use_pool: bool = True,
-                         bucket_mb: Optional[float] = None,
-                         sparse_as_dense: bool = False,
+                         num_groups: int = 0, groups=None, sparse_as_dense: bool = False,
+                         process_set: Any = None, *, sparse_ratio: Optional[float] = None,
+                         use_pool: bool = True, bucket_mb: Optional[float] = None,
                          grad_scaler: Optional["torch.amp.GradScaler"] = None
                          ) -> torch.optim.Optimizer:
     """Wrap `optimizer` so gradients are averaged (op) across ranks.
@@ -472,10 +499,23 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     LR schedulers keep working. Collective: every rank must wrap the same
     parameters (checked; a mismatch raises GradflowError on every rank).
 
-    compression: Compression.none / .fp16 / .bf16 (16-bit wire, fp32 sums).
+    Horovod's parameters keep Horovod's order; gradflow's own (sparse_ratio,
+    use_pool, bucket_mb, grad_scaler) are keyword-only after them.
+
+    compression: Compression.none / .fp16 / .bf16 (16-bit wire, fp32 sums),
+      or a user Compressor (Horovod's compress/decompress interface), applied
+      around each gradient's allreduce (copy path: no pool).
     backward_passes_per_step: gradients accumulate locally for that many
       backward passes; the last one submits.
     gradient_predivide_factor: scale by 1/f before the sum and f after.
+    groups: Horovod's explicit grouping: an int n splits the parameters into
+      n groups, a list of lists of parameters makes each list a group (and
+      each parameter in no list its own). A group's gradients go out
+      together, as one grouped allreduce, once all of them are ready. Groups
+      use the copy path (the pool's buckets are the ungrouped equivalent).
+    num_groups: deprecated in Horovod (DeprecationWarning); used as `groups`
+      when `groups` is None.
+    process_set: only the global set (the default) is supported.
     sparse_ratio: CSC sparse communication ratio (None: GRADFLOW_SPARSE_RATIO).
       Error feedback loses nothing: what a step does not send stays in a
       residual (one per gradient element, plus a spare of the same size the
@@ -498,11 +538,17 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       plain SGD, not for momentum/Adam; docs/horovod_compat.md). Copy path
       (use_pool ignored), compression none, power-of-two rank counts.
     """
+    check_global_process_set(process_set, "DistributedOptimizer")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` (as in Horovod)",
+                      DeprecationWarning, stacklevel=2)
+        if groups is None:
+            groups = num_groups
     base = optimizer.__class__
     cls = type(base.__name__, (base,), dict(_DistributedOptimizer.__dict__))
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)  # same groups, state, defaults, hooks
     wrapped._gradflow_setup(named_parameters, compression, backward_passes_per_step, op,
                             gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
-                            sparse_as_dense, grad_scaler)
+                            sparse_as_dense, grad_scaler, groups)
     return wrapped

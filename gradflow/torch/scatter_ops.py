@@ -12,7 +12,7 @@ import torch
 from .._handles import Handle
 from .._runtime import ALLGATHER, REDUCESCATTER, auto_name, rank, size, submit
 from ..collectives import Average, check_global_process_set, native_reduce_op
-from ..compression import Compression
+from .compression import Compression
 from .ops import (GroupHandle, _from_result, _op_of, _staged, allgather_async, dtype_code,
                   grouped_allreduce_async)
 
