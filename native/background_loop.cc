@@ -104,6 +104,12 @@ bool BackgroundLoop::cycle() {
   if (res.fast_responses) stats_.add("negotiation.fast_responses", static_cast<double>(res.fast_responses));
   if (res.cache_evictions) stats_.add("negotiation.cache_evictions", static_cast<double>(res.cache_evictions));
   if (!res.responses.empty()) stats_.add("negotiation.cycles_with_work", 1);
+  // Stall warnings are raised on rank 0 only (its coordinator sees every rank).
+  const size_t stalls = coordinator_.stall_warnings().size();
+  if (stalls > stall_warnings_counted_) {
+    stats_.add("stall_warnings", static_cast<double>(stalls - stall_warnings_counted_));
+    stall_warnings_counted_ = stalls;
+  }
 
   // Execute the agreed list front to back (Note [Execution order]).
   std::vector<size_t> groups = executor_.plan(res.responses);
