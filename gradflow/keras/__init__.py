@@ -9,11 +9,12 @@ from .callbacks import (BestModelCheckpoint, BroadcastGlobalVariablesCallback,
                         LearningRateScheduleCallback, LearningRateWarmupCallback,
                         MetricAverageCallback, SparseWarmupCallback, broadcast_keras_variables)
 from .optimizer import DistributedOptimizer, is_distributed
+from .stats_callback import TensorBoardStatsCallback
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "GradflowError", "Average", "Sum", "Compression", "DistributedOptimizer", "is_distributed",
     "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateScheduleCallback",
     "LearningRateWarmupCallback", "BestModelCheckpoint", "SparseWarmupCallback",
-    "broadcast_keras_variables",
+    "broadcast_keras_variables", "TensorBoardStatsCallback",
 ]

@@ -1,7 +1,8 @@
 # gradflow.torch — the PyTorch binding, a drop-in for horovod.torch:
 # `import gradflow.torch as hvd`. Re-exports only; the tensor collectives are
 # in ops.py and scatter_ops.py, model/optimizer state helpers in functions.py
-# and the DistributedOptimizer in optimizer.py.
+# and the DistributedOptimizer in optimizer.py; StatsLogger (TensorBoard) in
+# stats_logger.py.
 """PyTorch binding of gradflow with Horovod's API (``import gradflow.torch as hvd``)."""
 from .._runtime import (GradflowError, cross_rank, cross_size, init, is_initialized, local_rank,
                         local_size, mpi_comm, rank, reset_stats, shutdown, size, stats)
@@ -17,6 +18,7 @@ from .ops import (allgather, allgather_async, allreduce, allreduce_, allreduce_a
 from .optimizer import DistributedOptimizer
 from .scatter_ops import (grouped_allgather, grouped_allgather_async, grouped_reducescatter,
                           grouped_reducescatter_async, reducescatter, reducescatter_async)
+from .stats_logger import StatsLogger
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
@@ -29,5 +31,5 @@ __all__ = [
     "grouped_reducescatter", "grouped_reducescatter_async", "synchronize", "poll", "join",
     "barrier",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
-    "DistributedOptimizer",
+    "DistributedOptimizer", "StatsLogger",
 ]

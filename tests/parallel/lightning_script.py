@@ -47,7 +47,8 @@ OPT_KWARGS = ({"compression": hvd.Compression.fp16, "sparse_ratio": 0.5, "bucket
 
 
 def ok(what: str) -> None:
-    print(f"ok {what} (size {N})", flush=True)
+    sys.stdout.write(f"ok {what} (size {N})\n")  # one write: ranks' lines never interleave
+    sys.stdout.flush()
 
 
 X, y = load_digits(return_X_y=True)

@@ -4,6 +4,7 @@ bitwise equal across ranks and equal to a plain gradflow.torch loop, >= 95 %
 test accuracy on digits, one checkpoint writer, sync_dist averaging, the
 strategy's collectives). Skipped where Lightning is not installed."""
 import importlib.util
+import re
 
 import pytest
 
@@ -19,11 +20,11 @@ def _have(name: str) -> bool:
 
 needs_torch = pytest.mark.skipif(not _have("torch") or not _have("sklearn"),
                                  reason="torch and scikit-learn are needed")
-CHECKS = 7  # "ok ..." lines per rank in dense mode; options mode adds one
+CHECKS = 8  # "ok ..." lines per rank in dense mode; options mode adds one
 
 
 def _oks(out, n):
-    return [line for line in out.stdout.splitlines() if line.startswith("ok ") and f"(size {n})" in line]
+    return re.findall(rf"ok [^\n]*?\(size {n}\)", out.stdout)
 
 
 @needs_torch
