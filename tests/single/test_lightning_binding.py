@@ -1,4 +1,4 @@
-"""gradflow.lightning without a launcher (one process, size 1): the clear
+"""gradflow.lightning and gradflow.torch.StatsLogger without a launcher (one process, size 1): the clear
 ImportError when Lightning is missing, a Trainer fit on one rank, and the
 early errors for settings that cannot work (devices != 1, unknown reduce
 ops). Each case runs in a fresh interpreter: Lightning and MPI state stay
@@ -70,9 +70,35 @@ except ValueError as e:
 try:
     t.strategy.reduce(torch.tensor(1.0), reduce_op="prod")
 except ValueError as e:
+    assert "unsupported reduce_op" in str(e), e
     print("REDUCE OK")
+try:
+    t.strategy.reduce(torch.tensor(1.0), group=object())
+except ValueError as e:
+    assert "process group" in str(e), e
+    print("GROUP OK")
+try:
+    t.strategy.all_gather(torch.tensor(1.0), sync_grads=True)
+except NotImplementedError as e:
+    print("SYNC_GRADS OK")
 """
     out = _run(code)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    for word in ("FIT OK", "DEVICES OK", "REDUCE OK"):
+    for word in ("FIT OK", "DEVICES OK", "REDUCE OK", "GROUP OK", "SYNC_GRADS OK"):
         assert word in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+
+
+def test_stats_logger_arguments(tmp_path):
+    out = _run(f"""
+import gradflow.torch as hvd
+hvd.init()
+for bad in (dict(every=0, log_dir={str(tmp_path)!r}), dict(every=True, log_dir={str(tmp_path)!r}), {{}}):
+    try:
+        hvd.StatsLogger(**bad)
+        print("ACCEPTED", bad)
+    except ValueError as e:
+        print("REFUSED", e)
+""")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("REFUSED") == 3 and "ACCEPTED" not in out.stdout, out.stdout
+    assert "exactly one of log_dir or writer" in out.stdout, out.stdout
