@@ -3,7 +3,7 @@
 scikit-learn's digits through Trainer; then a plain gradflow.torch loop
 (DistributedSampler + DistributedOptimizer, same seed, split, optimizer and
 options) trains a second copy, and the script checks: final weights bitwise
-identical across ranks and equal to the plain loop's, test accuracy >= 95 %,
+identical across ranks and bitwise equal to the plain loop's, test accuracy >= 95 %,
 the checkpoint written by rank 0 only (once per epoch, the file on disk
 holding the final weights), sync_dist logging averaged across ranks, the
 sampler split, and the strategy's reduce/all_gather/broadcast/barrier.
@@ -31,6 +31,10 @@ import gradflow.torch as hvd
 from gradflow.lightning import strategy_classes
 
 package, mode, ckpt_dir = sys.argv[1], sys.argv[2], sys.argv[3]
+# Fusion groups tensors by what is ready in a cycle (timing), and on 3+ ranks
+# the ring's summation order depends on the fused buffer's length; without
+# fusion both runs sum in the same order and must agree bit for bit.
+os.environ.setdefault("GRADFLOW_FUSION_THRESHOLD", "0")
 warnings.filterwarnings("ignore")  # Lightning's advice on num_workers etc.
 torch.set_num_threads(1)
 hvd.init()
@@ -201,8 +205,8 @@ for epoch in range(EPOCHS):
             opt.step()
 ref_w = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
 diff = (ref_w - lightning_w).abs().max().item()
-assert torch.allclose(ref_w, lightning_w, rtol=1e-6, atol=1e-7), diff
-ok(f"Lightning weights equal the plain gradflow loop's (max |diff| {diff:.1e})")
+assert torch.equal(ref_w, lightning_w), diff
+ok("Lightning weights equal the plain gradflow loop's, bit for bit")
 
 with torch.no_grad():
     acc = (model.net(torch.from_numpy(Xte)).argmax(1).numpy() == yte).mean()

@@ -15,6 +15,8 @@ import time
 
 import numpy as np
 
+import gradflow
+
 framework, log_dir = sys.argv[1], sys.argv[2]
 STEPS, EVERY, OVERFLOW_STEP, LATE_STEP = 6, 2, 3, 5
 
@@ -63,7 +65,6 @@ if framework == "torch":
     logger.close()
 else:
     import keras
-    import gradflow
     import gradflow.keras as hvd
     from gradflow.keras.callbacks import BroadcastGlobalVariablesCallback, TensorBoardStatsCallback
 
@@ -101,8 +102,6 @@ else:
                          Written()])
 
 # ------------------------------------------------------------------ checks
-import gradflow  # noqa: E402
-
 assert len(snaps) == STEPS + 1 and len(written) == STEPS, (len(snaps), len(written))
 pids = gradflow.allgather(np.array([os.getpid()], np.int64)).tolist()
 gradflow.barrier()  # every writer closed/flushed before rank 0 reads

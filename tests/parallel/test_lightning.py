@@ -34,7 +34,7 @@ def _oks(out, n):
 def test_lightning_trainer_matches_plain_loop(n, mode, tmp_path):
     env = {"GRADFLOW_SPARSE_CHUNK": "64", "GRADFLOW_SPARSE_WARMUP_STEPS": "0"}
     out = run_mpi(n, "lightning_script.py", "lightning.pytorch", mode, str(tmp_path),
-                  env=env, timeout=400)
+                  env=env, timeout=600)
     assert len(_oks(out, n)) == n * (CHECKS + (mode == "options")), out.stdout
 
 
@@ -42,5 +42,5 @@ def test_lightning_trainer_matches_plain_loop(n, mode, tmp_path):
 @pytest.mark.skipif(not _have("pytorch_lightning"), reason="pytorch-lightning is not installed")
 def test_pytorch_lightning_package(tmp_path):
     out = run_mpi(2, "lightning_script.py", "pytorch_lightning", "dense", str(tmp_path),
-                  timeout=400)
+                  timeout=600)
     assert len(_oks(out, 2)) == 2 * CHECKS, out.stdout
