@@ -92,7 +92,14 @@ class DigitsModule(pl.LightningModule):
         self.log("val_acc", (self.net(x).argmax(1) == t).float().mean(), sync_dist=True)
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=LR, momentum=0.9)
+        # The scheduler is made before the strategy wraps the optimizer (as
+        # every Lightning user does): its learning rate must still apply.
+        opt = torch.optim.SGD(self.parameters(), lr=LR, momentum=0.9)
+        return {"optimizer": opt, "lr_scheduler": make_scheduler(opt)}
+
+
+def make_scheduler(opt):
+    return torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.7)  # per epoch
 
 
 class CountingIO(io_mod.TorchCheckpointIO):
@@ -123,7 +130,8 @@ assert isinstance(trainer.strategy.cluster_environment, Environment)
 assert trainer.is_global_zero == (R == 0)
 assert type(trainer.optimizers[0]).__name__ == "SGD" and hasattr(trainer.optimizers[0], "_gradflow")
 assert trainer.optimizers[0].backward_passes_per_step == ACCUMULATE
-ok("ranks, world size, environment and wrapped optimizer as gradflow reports")
+assert abs(trainer.optimizers[0].param_groups[0]["lr"] - LR * 0.7 ** (EPOCHS // 2)) < 1e-12
+ok("ranks, world size, environment, wrapped optimizer and its LR schedule")
 
 everyone_seen = hvd.allgather_object(model.seen)
 per_rank = -(-len(Xtr) // N)  # DistributedSampler pads to a multiple of N
@@ -192,6 +200,7 @@ hvd.broadcast_parameters(ref.state_dict(), root_rank=0)
 opt = hvd.DistributedOptimizer(torch.optim.SGD(ref.parameters(), lr=LR, momentum=0.9),
                                named_parameters=ref.named_parameters(),
                                backward_passes_per_step=ACCUMULATE, **OPT_KWARGS)
+sched = make_scheduler(opt)
 sampler = DistributedSampler(train_ds, num_replicas=N, rank=R, shuffle=True, seed=0)
 loader = DataLoader(train_ds, batch_size=BATCH, sampler=sampler)
 for epoch in range(EPOCHS):
@@ -203,6 +212,7 @@ for epoch in range(EPOCHS):
         (loss / ACCUMULATE if ACCUMULATE > 1 else loss).backward()
         if (i + 1) % ACCUMULATE == 0 or i + 1 == len(loader):  # Lightning steps on the last batch
             opt.step()
+    sched.step()
 ref_w = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
 diff = (ref_w - lightning_w).abs().max().item()
 assert torch.equal(ref_w, lightning_w), diff
