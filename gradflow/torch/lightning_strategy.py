@@ -203,8 +203,13 @@ def _build(package: str) -> Tuple[type, type]:
                 return
             module = self.lightning_module
             gf.broadcast_parameters(module.state_dict(), root_rank=0)
+            # LR schedulers from configure_optimizers keep the unwrapped
+            # optimizer: it shares param_groups and state with the wrapped one,
+            # and the step-counting patch torch's scheduler put on it (copied
+            # along by DistributedOptimizer) runs the same update on that
+            # shared state (tests/parallel/lightning_script.py checks it).
             wrapped = []
-            for i, opt in enumerate(self.optimizers):
+            for opt in self.optimizers:
                 gf.broadcast_optimizer_state(opt, root_rank=0)
                 if hasattr(opt, "_gradflow"):
                     wrapped.append(opt)  # the user wrapped it already
