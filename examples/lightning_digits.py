@@ -85,8 +85,8 @@ def main() -> None:
                          callbacks=[GradflowTensorBoard(args.tensorboard)] if args.tensorboard
                          else None)
     # Lightning gives each rank its DistributedSampler shard of both loaders.
-    trainer.fit(model, DataLoader(TensorDataset(xtr, ytr), batch_size=args.batch_size, shuffle=True),
-                DataLoader(TensorDataset(xte, yte), batch_size=256))
+    train = DataLoader(TensorDataset(xtr, ytr), batch_size=args.batch_size, shuffle=True)
+    trainer.fit(model, train, DataLoader(TensorDataset(xte, yte), batch_size=256))
     with torch.no_grad():
         acc = (model.net(xte).argmax(1) == yte).float().mean().item()  # full test set, every rank
     if trainer.is_global_zero:

@@ -73,5 +73,6 @@ class StatsDelta:
         if d.get("bytes_sent", 0.0) > 0:
             out["effective_compression"] = d.get("allreduce.bytes_input", 0.0) / d["bytes_sent"]
         if d.get("sparse.chunks_total", 0.0) > 0:
-            out["sparse_fraction_sent"] = d.get("sparse.chunks_sent", 0.0) / d["sparse.chunks_total"]
+            sent = d.get("sparse.chunks_sent", 0.0)
+            out["sparse_fraction_sent"] = sent / d["sparse.chunks_total"]
         return {self.prefix + k: float(v) for k, v in out.items()}

@@ -256,8 +256,9 @@ def _build(package: str) -> Tuple[type, type]:
             (world_size, *shape), as Lightning's DDPStrategy returns."""
             _no_group(group, "all_gather")
             if sync_grads:
-                raise NotImplementedError("gradflow.lightning: all_gather(sync_grads=True) is "
-                                          "not supported (gradflow's allgather is not differentiable)")
+                raise NotImplementedError(
+                    "gradflow.lightning: all_gather(sync_grads=True) is not supported "
+                    "(gradflow's allgather is not differentiable)")
             return gf.allgather(tensor.detach().unsqueeze(0))
 
         def broadcast(self, obj: Any, src: int = 0) -> Any:

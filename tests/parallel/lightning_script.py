@@ -148,13 +148,14 @@ ok("final weights bitwise identical across ranks")
 
 metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
 assert metrics["rank_value"] == (N - 1) / 2, metrics
-assert metrics["rank_unsynced"] == R, metrics  # the control: without sync_dist each rank keeps its own
+assert metrics["rank_unsynced"] == R, metrics  # control: without sync_dist each rank keeps its own
 same = hvd.allgather_object((metrics["train_loss"], metrics["val_acc"]))
 assert all(s == same[0] for s in same), same
 ok("sync_dist logging averages across ranks")
 
 if mode == "options":
-    fp16 = sum(v for k, v in stats.items() if k.startswith("allreduce.count.") and k.endswith(".fp16"))
+    fp16 = sum(v for k, v in stats.items()
+               if k.startswith("allreduce.count.") and k.endswith(".fp16"))
     assert fp16 > 0 and stats.get("sparse.steps", 0) > 0, stats
     assert stats["sparse.chunks_sent"] < stats["sparse.chunks_total"], stats
     ok("options reached the optimizer: fp16 wire and CSC ran")

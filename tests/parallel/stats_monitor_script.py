@@ -127,7 +127,8 @@ if R == 0:
     for tag in ("bytes_sent_per_step", "bytes_received_per_step", "allreduce_input_bytes_per_step",
                 "allreduces_per_step", "wire_overflow", "effective_compression", "step_seconds",
                 "comm_seconds_per_step", "comm_fraction", "stall_warnings"):
-        assert [s for s, _ in events["gradflow/" + tag]] == steps, (tag, events.get("gradflow/" + tag))
+        got = events.get("gradflow/" + tag)
+        assert got is not None and [s for s, _ in got] == steps, (tag, got)
 
     def delta(key, k):
         return snaps[k].get(key, 0.0) - snaps[k - EVERY].get(key, 0.0)

@@ -1,5 +1,5 @@
-"""gradflow.lightning and gradflow.torch.StatsLogger without a launcher (one process, size 1): the clear
-ImportError when Lightning is missing, a Trainer fit on one rank, and the
+"""gradflow.lightning and gradflow.torch.StatsLogger without a launcher (one
+process, size 1): the clear ImportError when Lightning is missing, a Trainer fit on one rank, and the
 early errors for settings that cannot work (devices != 1, unknown reduce
 ops). Each case runs in a fresh interpreter: Lightning and MPI state stay
 out of the pytest process."""
@@ -92,7 +92,8 @@ def test_stats_logger_arguments(tmp_path):
     out = _run(f"""
 import gradflow.torch as hvd
 hvd.init()
-for bad in (dict(every=0, log_dir={str(tmp_path)!r}), dict(every=True, log_dir={str(tmp_path)!r}), {{}}):
+d = {str(tmp_path)!r}
+for bad in (dict(every=0, log_dir=d), dict(every=True, log_dir=d), {{}}):
     try:
         hvd.StatsLogger(**bad)
         print("ACCEPTED", bad)
