@@ -119,7 +119,10 @@ def stats() -> Dict[str, float]:
     allreduce.count[.algo.wire], seconds_negotiation / seconds_codec /
     seconds_transfer, seconds_sparse (CPU time of CSC's passes over the
     buffer: absorb, select, pack, unpack), fusion.bytes_copied,
-    sparse.chunks_sent, ..."""
+    sparse.chunks_sent, allreduce.bytes_input (bytes submitted to allreduce,
+    before CSC and the 16-bit wire), wire_overflow (collectives whose 16-bit
+    wire overflowed), stall_warnings (rank 0), ... gradflow.stats_scalars
+    turns them into per-step TensorBoard scalars."""
     return dict(_native.stats())
 
 

@@ -118,6 +118,12 @@ bool BackgroundLoop::cycle() {
       GF_LOG(kTrace, comm_.rank(), "  " << op_kind_name(r.kind) << " '" << r.name << "'"
                                         << (r.error.empty() ? "" : " error: " + r.error));
   }
+  // Stall warnings are raised on rank 0 only (its coordinator sees every rank).
+  const size_t stalls = coordinator_.stall_warnings().size();
+  if (stalls > stall_warnings_counted_) {
+    stats_.add("stall_warnings", static_cast<double>(stalls - stall_warnings_counted_));
+    stall_warnings_counted_ = stalls;
+  }
 
   // Execute the agreed list front to back (Note [Execution order]).
   std::vector<size_t> groups = executor_.plan(res.responses);

@@ -73,6 +73,7 @@ class BackgroundLoop {
   Stats& stats_;
   Timeline& timeline_;
   Coordinator coordinator_;
+  size_t stall_warnings_counted_ = 0;  // coordinator_.stall_warnings() already in stats_
   ResponseExecutor executor_;
   std::map<std::string, TensorEntry> pending_;  // this rank's submitted, not yet run
   std::atomic<bool> shutdown_requested_{false};

@@ -86,6 +86,7 @@ void ResponseExecutor::record(const char* kind, AllreduceAlgo algo, WireDtype wi
   stats_.add("seconds_codec", ts.codec_seconds);
   stats_.add("seconds_transfer", ts.transfer_seconds);
   stats_.add("seconds_transfer" + suffix, ts.transfer_seconds);
+  if (ts.wire_overflow) stats_.add("wire_overflow", 1);  // collectives whose 16-bit wire overflowed
 }
 
 void ResponseExecutor::allreduce_dense(void* buf, size_t count, DataType dt, ReduceOp op,
@@ -251,6 +252,9 @@ void ResponseExecutor::run_allreduces(const std::vector<const Response*>& group,
   void* work = nullptr;
   size_t total = 0;
   for (const Response* r : group) total += elements_of(r->shape);
+  // What the caller asked to reduce, before CSC or the 16-bit wire shrink it:
+  // bytes_sent / allreduce.bytes_input is the effective compression.
+  stats_.add("allreduce.bytes_input", static_cast<double>(total * esize));
   const bool single = group.size() == 1;
   const uint64_t copied_before = fusion_.bytes_copied();
   if (single) {

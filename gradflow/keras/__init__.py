@@ -11,11 +11,12 @@ from .callbacks import (BestModelCheckpoint, BroadcastGlobalVariablesCallback,
                         MetricAverageCallback, SparseWarmupCallback, broadcast_keras_variables)
 from .optimizer import DistributedOptimizer, is_distributed
 from .sync_batch_norm import SyncBatchNormalization
+from .stats_callback import TensorBoardStatsCallback
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "GradflowError", "Average", "Sum", "Compression", "DistributedOptimizer", "is_distributed",
     "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateScheduleCallback",
     "LearningRateWarmupCallback", "BestModelCheckpoint", "SparseWarmupCallback",
-    "broadcast_keras_variables", "SyncBatchNormalization",
+    "broadcast_keras_variables", "SyncBatchNormalization", "TensorBoardStatsCallback",
 ]

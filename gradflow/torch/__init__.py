@@ -1,8 +1,8 @@
 # gradflow.torch — the PyTorch binding, a drop-in for horovod.torch:
 # `import gradflow.torch as hvd`. Re-exports only; the tensor collectives are
 # in ops.py and scatter_ops.py, model/optimizer state helpers in functions.py,
-# the DistributedOptimizer in optimizer.py and
-# SyncBatchNorm in sync_batch_norm.py.
+# the DistributedOptimizer in optimizer.py, SyncBatchNorm in
+# sync_batch_norm.py and StatsLogger (TensorBoard) in stats_logger.py.
 """PyTorch binding of gradflow with Horovod's API (``import gradflow.torch as hvd``)."""
 from .._runtime import (GradflowError, cross_rank, cross_size, init, is_initialized, local_rank,
                         local_size, mpi_comm, rank, reset_stats, shutdown, size, stats)
@@ -23,6 +23,7 @@ from .optimizer import DistributedOptimizer
 from .scatter_ops import (grouped_allgather, grouped_allgather_async, grouped_reducescatter,
                           grouped_reducescatter_async, reducescatter, reducescatter_async)
 from .sync_batch_norm import SyncBatchNorm
+from .stats_logger import StatsLogger
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
@@ -35,7 +36,7 @@ __all__ = [
     "grouped_reducescatter", "grouped_reducescatter_async", "synchronize", "poll", "join",
     "barrier",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
-    "DistributedOptimizer", "SyncBatchNorm", "HorovodInternalError", "HostsUpdatedInterrupt", "is_homogeneous",
+    "DistributedOptimizer", "SyncBatchNorm", "StatsLogger", "HorovodInternalError", "HostsUpdatedInterrupt", "is_homogeneous",
     "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
     "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "start_timeline",
     "stop_timeline",
