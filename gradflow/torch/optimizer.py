@@ -483,6 +483,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         s.bpps = int(passes)
 
 
+def _repatch_scheduler_step(wrapped, optimizer) -> None:
+    """An LR scheduler created before wrapping replaced `optimizer.step` by an
+    instance attribute that counts calls and then runs the *original class's*
+    step on the original object; copied into `wrapped`, it would skip
+    gradflow's step (no synchronize: ranks would silently diverge). Run
+    gradflow's step instead and keep the count the scheduler reads."""
+    patched = wrapped.__dict__.pop("step", None)
+    if patched is None:
+        return
+    gradflow_step = type(wrapped).step
+
+    def step(*args, **kwargs):
+        optimizer._opt_called = True  # what torch's wrapper records for the scheduler
+        return gradflow_step(wrapped, *args, **kwargs)
+
+    step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    wrapped.step = step
+
+
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
                          compression=Compression.none, backward_passes_per_step: int = 1,
@@ -548,6 +567,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     cls = type(base.__name__, (base,), dict(_DistributedOptimizer.__dict__))
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)  # same groups, state, defaults, hooks
+    _repatch_scheduler_step(wrapped, optimizer)
     wrapped._gradflow_setup(named_parameters, compression, backward_passes_per_step, op,
                             gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
                             sparse_as_dense, grad_scaler, groups)
