@@ -39,6 +39,7 @@ from .collectives import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, all
                           barrier, broadcast, broadcast_async, join, poll, reducescatter,
                           reducescatter_async, synchronize)
 from .compression import Compression
+from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from ._handles import Handle
 from . import _native
 from .runner import notice as _notice
@@ -55,4 +56,5 @@ __all__ = [
     "allgather_async", "broadcast", "broadcast_async", "reducescatter", "reducescatter_async",
     "alltoall", "alltoall_async", "barrier", "join", "synchronize", "poll", "ReduceOp", "Sum",
     "Average", "Adasum", "Min", "Max", "Product", "Compression", "Handle", "GradflowError",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
 ]
