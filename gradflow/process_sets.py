@@ -157,6 +157,28 @@ def process_set_id(process_set: Any, what: str) -> int:
     return int(process_set.process_set_id)
 
 
+def member_id(process_set: Any, what: str) -> int:
+    """`process_set_id`, and ValueError naming `what` if this rank is not a
+    member (for objects only members may build, e.g. a DistributedOptimizer)."""
+    ps = process_set_id(process_set, what)
+    if ps != 0 and _native.rank() not in _registered_ranks(ps):
+        raise ValueError(f"gradflow: {what}: rank {_native.rank()} is not a member of "
+                         f"{process_set}; only its members may use it")
+    return ps
+
+
+def process_set_rank(process_set: Any, what: str) -> int:
+    """This rank's index in `process_set=` (its global rank for all ranks)."""
+    ps = process_set_id(process_set, what)
+    if ps == 0:
+        return _native.rank()
+    ranks = _registered_ranks(ps)
+    if _native.rank() not in ranks:
+        raise ValueError(f"gradflow: {what}: rank {_native.rank()} is not a member of "
+                         f"process set {ps} (ranks {ranks})")
+    return ranks.index(_native.rank())
+
+
 def process_set_size(process_set: Any, what: str) -> int:
     """Number of ranks of `process_set=` (None: all ranks)."""
     ps = process_set_id(process_set, what)

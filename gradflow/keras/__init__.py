@@ -5,6 +5,7 @@ from .._runtime import (GradflowError, init, is_initialized, local_rank, local_s
                         shutdown, size)
 from ..collectives import Average, Sum
 from ..compression import Compression
+from ..process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .callbacks import (BestModelCheckpoint, BroadcastGlobalVariablesCallback,
                         LearningRateScheduleCallback, LearningRateWarmupCallback,
                         MetricAverageCallback, SparseWarmupCallback, broadcast_keras_variables)
@@ -16,4 +17,5 @@ __all__ = [
     "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateScheduleCallback",
     "LearningRateWarmupCallback", "BestModelCheckpoint", "SparseWarmupCallback",
     "broadcast_keras_variables",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
 ]

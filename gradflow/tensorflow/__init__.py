@@ -7,6 +7,7 @@ from .ops import (Adasum, Average, Compression, GradflowError, Max, Min, Product
                   is_initialized, local_rank, local_size, mpi_comm, rank, reducescatter, shutdown,
                   size)
 from .gradient_tape import DistributedGradientTape
+from ..process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .functions import broadcast_variables
 
 __all__ = [
@@ -15,4 +16,5 @@ __all__ = [
     "Max", "Product", "Adasum", "Compression", "allreduce", "grouped_allreduce", "allgather",
     "broadcast",
     "alltoall", "reducescatter", "DistributedGradientTape", "broadcast_variables",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
 ]

@@ -7,6 +7,7 @@ from .._runtime import (GradflowError, cross_rank, cross_size, init, is_initiali
                         local_size, mpi_comm, rank, reset_stats, shutdown, size, stats)
 from ..collectives import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from ..compression import Compression
+from ..process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
 from .ops import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,
@@ -30,4 +31,5 @@ __all__ = [
     "barrier",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "DistributedOptimizer",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
 ]

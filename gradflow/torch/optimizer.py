@@ -66,12 +66,14 @@ from .. import _handles, _native
 from .._runtime import GradflowError
 from ..collectives import Average, native_reduce_op, reduce_op
 from ..compression import Compression, wire_code
+from ..process_sets import ProcessSet, global_process_set, member_id
 from .functions import allgather_object, check_same_everywhere
 from .ops import allreduce_async_, dtype_code, sparse_allreduce_async
 
 __all__ = ["DistributedOptimizer"]
 
-_instances = itertools.count()
+# Per process set (collective names): other sets must not shift the numbers.
+_instances: Dict[int, "itertools.count"] = {}
 
 
 class _Pool:
@@ -105,10 +107,11 @@ class _State:
         self.loss_scale = 1.0                     # grad_scaler's scale for this step (CSC only)
 
 
-def _destroy_pools(ids: List[int], bufs: Tuple = (), handles: List[int] = ()) -> None:
+def _destroy_pools(ids: List[int], bufs: Tuple = (), handles: List[int] = (),
+                   ps: int = 0) -> None:
     for h in handles:  # buckets still in flight keep their pool buffer alive
         try:
-            _handles.release(h, bufs)
+            _handles.release(h, bufs, ps)
         except Exception:
             pass
     for i in ids:
@@ -124,9 +127,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------ set-up
     def _gradflow_setup(self, named_parameters, compression, backward_passes_per_step, op,
                         gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
-                        sparse_as_dense, grad_scaler=None) -> None:
+                        sparse_as_dense, grad_scaler=None, process_set=None) -> None:
         s = self._gradflow = _State()
         op = reduce_op(op)  # Horovod meaning of raw ints; Adasum/unknown raise here
+        # Every gradient, pool and check runs in the set's engine (Note [Process sets]).
+        s.ps, s.process_set = member_id(process_set, "DistributedOptimizer"), process_set
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradflow: gradient_predivide_factor != 1.0 needs op=Average")
         if backward_passes_per_step < 1:
@@ -146,7 +151,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                              "get_scale()), got " + type(grad_scaler).__name__)
         s.scaler = grad_scaler
         s.bucket_bytes = -1 if bucket_mb is None else int(bucket_mb * (1 << 20))
-        s.prefix = f"DistributedOptimizer{next(_instances)}"
+        s.prefix = f"DistributedOptimizer{next(_instances.setdefault(s.ps, itertools.count()))}"
 
         seen = set()
         for group in self.param_groups:
@@ -161,7 +166,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if use_pool and not s.use_pool:
             warnings.warn("gradflow: the gradient pool is CPU-only; CUDA parameters use the copy path")
         check_same_everywhere([(n, tuple(p.shape), str(p.dtype)) for n, p in zip(s.names, s.params)],
-                              f"DistributedOptimizer '{s.prefix}'")
+                              f"DistributedOptimizer '{s.prefix}'", process_set)
         me = weakref.ref(self)  # hooks must not keep the optimizer alive
 
         def hook(p: torch.Tensor) -> None:
@@ -253,7 +258,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if grad.is_sparse:
             if not s.sparse_as_dense:
                 s.sparse.add(i)
-                s.handles[id(p)] = sparse_allreduce_async(grad, s.names[i], s.op)
+                s.handles[id(p)] = sparse_allreduce_async(grad, s.names[i], s.op, s.process_set)
                 return
             p.grad = grad = grad.to_dense()
         # Before the pool exists (step 1 of use_pool) the step is dense: a
@@ -263,7 +268,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         s.handles[id(p)] = allreduce_async_(grad, name=s.names[i], op=s.op,
                                             prescale_factor=s.prescale / s.loss_scale,
                                             postscale_factor=s.postscale * s.loss_scale,
-                                            compression=s.compression, sparse_ratio=ratio)
+                                            compression=s.compression, sparse_ratio=ratio,
+                                            process_set=s.process_set)
 
     # ------------------------------------------------------------ step protocol
     def synchronize(self) -> None:
@@ -303,7 +309,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 errors.append(e)
         for h in s.pool_handles:
             try:
-                overflow |= bool(_native.wait(h)["wire_overflow"])
+                overflow |= bool(_native.wait(h, s.ps)["wire_overflow"])
             except BaseException as e:
                 errors.append(e)
         for pool in s.pools:
@@ -342,7 +348,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _gradflow_build_pools(self) -> None:
         """Lay the gradients out in rank 0's step-1 order, one pool per dtype."""
         s = self._gradflow
-        everyone = allgather_object((s.order, sorted(s.sparse)), name=f"{s.prefix}.layout")
+        everyone = allgather_object((s.order, sorted(s.sparse)), name=f"{s.prefix}.layout",
+                                    process_set=s.process_set)
         sparse = s.sparse = set().union(*(set(sp) for _, sp in everyone))
         order = list(everyone[0][0]) + [i for i in range(len(s.params)) if i not in everyone[0][0]]
         layout = [i for i in order if i not in sparse and s.params[i].numel() > 0]
@@ -366,7 +373,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     off += p.numel()
             pid = _native.pool_create(buf.data_ptr(), dtype_code(dtype), ranges, s.bucket_bytes,
                                       native_reduce_op(s.op), s.wire, s.prescale / s.loss_scale,
-                                      s.postscale * s.loss_scale, s.sparse_ratio)
+                                      s.postscale * s.loss_scale, s.sparse_ratio, s.ps)
             # Step 1 (dense, copy path) counts towards GRADFLOW_SPARSE_WARMUP_STEPS.
             _native.pool_reset(pid)
             s.pools.append(_Pool(buf, pid))
@@ -374,7 +381,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._gradflow_finalizer = weakref.finalize(self, _destroy_pools,
                                                         [q.id for q in s.pools],
                                                         tuple(q.buf for q in s.pools),
-                                                        s.pool_handles)
+                                                        s.pool_handles, s.ps)
         s.pool_built = True
 
     @contextlib.contextmanager
@@ -458,7 +465,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          sparse_ratio: Optional[float] = None, use_pool: bool = True,
                          bucket_mb: Optional[float] = None,
                          sparse_as_dense: bool = False,
-                         grad_scaler: Optional["torch.amp.GradScaler"] = None
+                         grad_scaler: Optional["torch.amp.GradScaler"] = None,
+                         process_set: Optional[ProcessSet] = global_process_set
                          ) -> torch.optim.Optimizer:
     """Wrap `optimizer` so gradients are averaged (op) across ranks.
 
@@ -488,6 +496,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     use_pool: lazy allreduce over a contiguous gradient pool (zero copy).
     bucket_mb: pool bucket size in MiB (None: GRADFLOW_POOL_BUCKET_BYTES, 8 MiB).
     sparse_as_dense: densify sparse gradients instead of allgathering them.
+    process_set: reduce over this registered ProcessSet's members only
+      (Average divides by its size); only members may wrap, and every
+      member must (the pool, CSC and the 16-bit wire work in a set as on
+      all ranks).
     """
     base = optimizer.__class__
     cls = type(base.__name__, (base,), dict(_DistributedOptimizer.__dict__))
@@ -495,5 +507,5 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     wrapped.__dict__.update(optimizer.__dict__)  # same groups, state, defaults, hooks
     wrapped._gradflow_setup(named_parameters, compression, backward_passes_per_step, op,
                             gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
-                            sparse_as_dense, grad_scaler)
+                            sparse_as_dense, grad_scaler, process_set)
     return wrapped
