@@ -80,3 +80,10 @@ def test_failure_under_gradflowrun_default_settings(mode):
     report = f"stdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}"
     assert r.returncode != 0, report
     check_survivors(r, [0, 2, 3], 0.0, report)
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_tensorflow_and_keras_per_set(n):
+    pytest.importorskip("tensorflow")
+    out = run_mpi(n, "process_sets_tf_script.py", timeout=400)
+    assert f"tf OK on {n} ranks" in out.stdout
