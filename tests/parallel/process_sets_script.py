@@ -8,6 +8,7 @@ Modes (argv[1]):
                (sleep), the other set's async collectives complete; a rank in
                two overlapping sets has collectives pending in both at once.
   init         init(process_sets=[...]) registers the sets in order.
+  initlist     init(comm=[ranks]): only the listed world ranks form gradflow.
   errors       remove then use, mismatched / invalid / duplicate registration,
                non-member calls, a root outside the set, mismatched shapes in
                a set: a ValueError / GradflowError naming the set on every rank
@@ -23,6 +24,24 @@ import numpy as np
 import gradflow as gf
 
 MODE = sys.argv[1]
+if MODE == "initlist":  # Horovod's init(comm=[ranks]): the last N-1 world ranks only
+    from mpi4py import MPI
+    W, WN = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    members = list(range(1, WN))[::-1]  # any order: sorted by init
+    if W == 0:
+        try:
+            gf.init(comm=members)
+            raise AssertionError("rank 0 is not in comm= but init() accepted it")
+        except ValueError as e:
+            assert "not in comm=" in str(e), e
+    else:
+        gf.init(comm=members)
+        assert (gf.rank(), gf.size()) == (W - 1, WN - 1), (gf.rank(), gf.size())
+        got = gf.allreduce(np.array([W]), op=gf.Sum)
+        assert int(got[0]) == sum(range(1, WN)), got
+        print(f"initlist member {W} OK", flush=True)
+        gf.shutdown()
+    sys.exit(0)
 if MODE == "init":
     _n = __import__("mpi4py.MPI", fromlist=["MPI"]).COMM_WORLD.Get_size()
     EVEN0 = gf.ProcessSet([r for r in range(_n) if r % 2 == 0])

@@ -30,6 +30,13 @@ def test_init_with_process_sets(n):
     assert f"init OK on {n} ranks" in out.stdout
 
 
+@pytest.mark.parametrize("n", [3, 4])
+def test_init_with_a_list_of_ranks(n):
+    out = run_mpi(n, "process_sets_script.py", "initlist", timeout=180)
+    for w in range(1, n):
+        assert f"initlist member {w} OK" in out.stdout, out.stdout
+
+
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_registration_and_use_errors(n):
     out = run_mpi(n, "process_sets_script.py", "errors", timeout=240)
