@@ -2,8 +2,9 @@
 
 Framework-free API (numpy): `init`, `rank`, `size`, the collectives and
 their `_async` forms, and Horovod's process sets (`ProcessSet`,
-`add_process_set`, `remove_process_set`, `process_set=` on every collective). `gradflow.torch`, `gradflow.tensorflow` and
-`gradflow.keras` build on this; all share one native runtime.
+`add_process_set`, `remove_process_set`, `process_set=` on every
+collective). `gradflow.torch`, `gradflow.tensorflow` and `gradflow.keras`
+build on this; all share one native runtime.
 """
 import importlib.util as _importlib_util
 import os as _os

@@ -52,7 +52,8 @@ def init(comm: Optional[Union[MPI.Comm, Sequence[int]]] = None,
     process_sets = list(process_sets or [])
     for ps in process_sets:
         if not isinstance(ps, _process_sets.ProcessSet):
-            raise ValueError(f"gradflow.init: process_sets must hold ProcessSet objects, got {ps!r}")
+            raise ValueError(f"gradflow.init: process_sets must hold ProcessSet objects, "
+                             f"got {ps!r}")
     if comm is None:
         comm = MPI.COMM_WORLD
     elif not isinstance(comm, MPI.Comm):

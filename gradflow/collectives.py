@@ -1,9 +1,10 @@
 """numpy collectives with Horovod's grammar: `allreduce`, `allreduce_async`,
 `allgather`, `broadcast`, `reducescatter`, `alltoall`, `barrier`, `join`,
 `synchronize`, `poll`. Every collective takes Horovod's `process_set=`
-(None: all ranks), translated once in `_runtime.submit`. Arrays are made C-contiguous and passed to the core
-by address (no copy for contiguous native-order input; non-native byte
-order is swapped first); results are new arrays in native byte order.
+(None: all ranks), translated once in `_runtime.submit`. Arrays are made
+C-contiguous and passed to the core by address (no copy for contiguous
+native-order input; non-native byte order is swapped first); results are
+new arrays in native byte order.
 """
 from __future__ import annotations
 

@@ -46,13 +46,15 @@ Runtime::Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>
 
 Runtime::~Runtime() { shutdown(); }
 
-std::string Runtime::in_set(const std::string& message) const {
+std::string Runtime::in_set(const std::string& message, bool set_relative) const {
   if (set_id_ == 0) return message;
   const std::string prefix = "gradflow: ";
   std::string rest = message.compare(0, prefix.size(), prefix) == 0 ? message.substr(prefix.size())
                                                                      : message;
+  // The engine's coordinator numbers ranks within its communicator.
   return prefix + "process set " + std::to_string(set_id_) + " (ranks " +
-         rank_list_string(set_ranks_) + "): " + rest;
+         rank_list_string(set_ranks_) + (set_relative ? "; 'rank i' below is its i-th rank" : "") +
+         "): " + rest;
 }
 
 ProcessSetTable& Runtime::process_sets() {
@@ -197,7 +199,7 @@ bool Runtime::poll(int64_t handle) { return queue_.poll(handle); }
 
 HandleResult Runtime::wait(int64_t handle) {
   HandleResult r = queue_.wait(handle);
-  if (!r.error.empty()) r.error = in_set(r.error);
+  if (!r.error.empty()) r.error = in_set(r.error, true);
   return r;
 }
 

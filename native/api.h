@@ -59,8 +59,9 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   int process_set_id() const { return set_id_; }
   const std::vector<int>& set_ranks() const { return set_ranks_; }  // global ranks
   int64_t generation() const { return generation_; }
-  // `message` as this engine reports it: a set's engine names the set.
-  std::string in_set(const std::string& message) const;
+  // `message` as this engine reports it: a set's engine names the set (and,
+  // for `set_relative` messages of its coordinator, how it numbers ranks).
+  std::string in_set(const std::string& message, bool set_relative = false) const;
   // The process-set registry (the global engine only).
   ProcessSetTable& process_sets();
 

@@ -91,7 +91,8 @@ int ProcessSetTable::add(const std::vector<int>& requested) {
   std::vector<int> ranks = requested;
   std::sort(ranks.begin(), ranks.end());  // Horovod sorts a set's ranks too
   const std::string problem = rank_list_problem(ranks, n);
-  std::vector<int64_t> row = {kOpAdd, problem.empty() ? static_cast<int64_t>(ranks.size()) : kInvalid};
+  std::vector<int64_t> row = {kOpAdd,
+                              problem.empty() ? static_cast<int64_t>(ranks.size()) : kInvalid};
   if (problem.empty()) row.insert(row.end(), ranks.begin(), ranks.end());
   // Always take part in the agreement, even with a bad list: a rank that
   // raised here alone would leave the others waiting.

@@ -337,8 +337,8 @@ def reducescatter(tensor: TensorLike, op: ReduceOp = Average, name: Optional[str
 
     @tf.custom_gradient
     def _reducescatter(x):
-        y = _cross(lambda a: [_c.reducescatter(a, op, name, process_set)], [x], [x.dtype], [out_shape],
-                   f"reducescatter {name!r}")[0]
+        y = _cross(lambda a: [_c.reducescatter(a, op, name, process_set)], [x], [x.dtype],
+                   [out_shape], f"reducescatter {name!r}")[0]
 
         def grad(dy):
             if op not in (Sum, Average):

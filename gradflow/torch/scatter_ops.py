@@ -22,8 +22,8 @@ __all__ = ["reducescatter", "reducescatter_async", "grouped_allgather", "grouped
 
 
 def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: int = Average,
-                        process_set: Optional[ProcessSet] = global_process_set, prescale_factor: float = 1.0,
-                        postscale_factor: float = 1.0) -> Handle:
+                        process_set: Optional[ProcessSet] = global_process_set,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
     """Start a reducescatter: rank r gets block r of dim 0 of the reduction
     of `prescale_factor * tensor`, multiplied by `postscale_factor` (and by
     1/size for Average). Blocks are per member of `process_set` (default:
@@ -60,8 +60,8 @@ class _ReducescatterFn(torch.autograd.Function):
 
 
 def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression=Compression.none,
-                  op: int = Average, process_set: Optional[ProcessSet] = global_process_set, prescale_factor: float = 1.0,
-                  postscale_factor: float = 1.0) -> torch.Tensor:
+                  op: int = Average, process_set: Optional[ProcessSet] = global_process_set,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
     """Reduce `prescale_factor * tensor` across ranks; this rank keeps its
     block of dim-0 rows (earlier ranks get the remainder), multiplied by
     `postscale_factor`. `compression` is accepted for Horovod compatibility
@@ -118,7 +118,8 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = Non
 
 
 def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
-                                op: int = Average, process_set: Optional[ProcessSet] = global_process_set,
+                                op: int = Average,
+                                process_set: Optional[ProcessSet] = global_process_set,
                                 prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0) -> GroupHandle:
     """Start a reducescatter of every tensor of the list (as
@@ -148,7 +149,8 @@ class _GroupedReducescatterFn(torch.autograd.Function):
 
 
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
-                          compression=Compression.none, op: int = Average, process_set: Optional[ProcessSet] = global_process_set,
+                          compression=Compression.none, op: int = Average,
+                          process_set: Optional[ProcessSet] = global_process_set,
                           prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> List[torch.Tensor]:
     """Reducescatter every tensor of the list (as `reducescatter`; dim 0 of

@@ -75,7 +75,8 @@ B, S = 8, 6
 rng = np.random.default_rng(100 + ps.process_set_id)
 X = rng.standard_normal((S * B * m, 10)).astype(np.float32)
 Y = rng.integers(0, 3, S * B * m).astype(np.int32)
-mine_rows = np.concatenate([np.arange(s * B * m + k * B, s * B * m + (k + 1) * B) for s in range(S)])
+mine_rows = np.concatenate([np.arange(s * B * m + k * B, s * B * m + (k + 1) * B)
+                            for s in range(S)])
 
 
 def model_and_fit(x, y, batch, opt):
