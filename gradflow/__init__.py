@@ -1,8 +1,10 @@
 """gradflow: data-parallel training with GradientFlow communication.
 
 Framework-free API (numpy): `init`, `rank`, `size`, the collectives and
-their `_async` forms. `gradflow.torch`, `gradflow.tensorflow` and
-`gradflow.keras` build on this; all share one native runtime.
+their `_async` forms, and Horovod's process sets (`ProcessSet`,
+`add_process_set`, `remove_process_set`, `process_set=` on every
+collective). `gradflow.torch`, `gradflow.tensorflow` and `gradflow.keras`
+build on this; all share one native runtime.
 """
 import importlib.util as _importlib_util
 import os as _os
@@ -43,6 +45,7 @@ from ._basics import (HorovodInternalError, HostsUpdatedInterrupt, ccl_built, cu
                       ddl_built, gloo_built, gloo_enabled, is_homogeneous, mpi_built, mpi_enabled,
                       mpi_threads_supported, nccl_built, rocm_built, start_timeline,
                       stop_timeline)
+from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from ._handles import Handle
 from . import _native
 from .runner import notice as _notice
@@ -62,4 +65,5 @@ __all__ = [
     "HorovodInternalError", "HostsUpdatedInterrupt", "is_homogeneous", "mpi_threads_supported",
     "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built",
     "ccl_built", "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
 ]

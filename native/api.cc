@@ -19,22 +19,68 @@ std::atomic<int64_t> g_generations{0};
 constexpr int kPoolIndexBits = 32;
 }  // namespace
 
-Runtime::Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>& overrides)
-    : cfg_(load_config(overrides)), generation_(++g_generations), pid_(::getpid()) {
+Runtime::Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>& overrides,
+                 int process_set_id, std::vector<int> set_ranks,
+                 std::function<void(const std::string&)> on_fatal)
+    : cfg_(load_config(overrides)),
+      generation_(++g_generations),
+      pid_(::getpid()),
+      set_id_(process_set_id),
+      set_ranks_(std::move(set_ranks)) {
   set_log_level(parse_log_level(cfg_.log_level));
   comm_ = std::make_unique<MpiComm>(comm_handle, cfg_.timeout_seconds);
   check_config_matches_everywhere();
-  GF_LOG(kInfo, comm_->rank(), "started: rank " << comm_->rank() << " of " << comm_->size()
-                                                << ", log level " << cfg_.log_level);
-  // Rank 0 writes the timeline (as in Horovod): negotiation spans there
-  // show when the *last* rank submitted each tensor.
-  if (comm_->rank() == 0) timeline_.open(cfg_.timeline, comm_->rank());
-  timeline_.set_mark_cycles(cfg_.timeline_mark_cycles);  // GRADFLOW_TIMELINE_MARK_CYCLES
+  if (set_id_ == 0) {
+    for (int r = 0; r < comm_->size(); ++r) set_ranks_.push_back(r);
+    sets_ = std::make_unique<ProcessSetTable>(*this, comm_handle, overrides);
+    // A dead global engine (dead peer, abort) fails every set's collectives.
+    on_fatal = [this](const std::string& why) { sets_->abort_sets(why); };
+    // Rank 0 writes the timeline (as in Horovod): negotiation spans there
+    // show when the *last* rank submitted each tensor. Set engines write none.
+    if (comm_->rank() == 0) timeline_.open(cfg_.timeline, comm_->rank());
+    timeline_.set_mark_cycles(cfg_.timeline_mark_cycles);  // GRADFLOW_TIMELINE_MARK_CYCLES
+    GF_LOG(kInfo, comm_->rank(), "started: rank " << comm_->rank() << " of " << comm_->size()
+                                                  << ", log level " << cfg_.log_level);
+  }
+  GF_CHECK(static_cast<int>(set_ranks_.size()) == comm_->size(),
+           "gradflow: process set " << set_id_ << " has " << set_ranks_.size()
+                                    << " ranks but its communicator " << comm_->size());
   loop_ = std::make_unique<BackgroundLoop>(*comm_, cfg_, queue_, stats_, timeline_);
+  loop_->set_fatal_listener(std::move(on_fatal));
   loop_->start();
 }
 
 Runtime::~Runtime() { shutdown(); }
+
+std::string Runtime::in_set(const std::string& message, bool set_relative) const {
+  if (set_id_ == 0) return message;
+  const std::string prefix = "gradflow: ";
+  std::string rest = message.compare(0, prefix.size(), prefix) == 0 ? message.substr(prefix.size())
+                                                                     : message;
+  // The engine's coordinator numbers ranks within its communicator.
+  return prefix + "process set " + std::to_string(set_id_) + " (ranks " +
+         rank_list_string(set_ranks_) + (set_relative ? "; 'rank i' below is its i-th rank" : "") +
+         "): " + rest;
+}
+
+ProcessSetTable& Runtime::process_sets() {
+  GF_CHECK(sets_, "gradflow: process sets are registered on the global engine only");
+  return *sets_;
+}
+
+int Runtime::set_rank_of(int global_rank) const {
+  for (size_t i = 0; i < set_ranks_.size(); ++i)
+    if (set_ranks_[i] == global_rank) return static_cast<int>(i);
+  return -1;
+}
+
+bool Runtime::failed_fatally() {
+  if (loop_ && loop_->failed_fatally()) return true;
+  if (sets_)
+    for (auto& e : sets_->set_engines())
+      if (e->failed_fatally()) return true;
+  return false;
+}
 
 void Runtime::check_config_matches_everywhere() {
   // Settings that change what ranks send (fusion, cache size, wire, ...) must
@@ -60,6 +106,27 @@ void Runtime::check_config_matches_everywhere() {
 }
 
 int64_t Runtime::submit(const SubmitArgs& a) {
+  if (set_id_ == 0) return submit_checked(a);
+  // A set's engine: broadcast's root is a global rank (as in Horovod), the
+  // engine's communicator counts set ranks; every error names the set.
+  try {
+    SubmitArgs b = a;
+    if (a.kind == OpKind::kBroadcast) {
+      b.root = set_rank_of(a.root);
+      GF_CHECK_ARG(b.root >= 0, "broadcast '" << a.name << "': root rank " << a.root
+                                              << " is not a member of this process set");
+    }
+    return submit_checked(b);
+  } catch (const InvalidArgumentError& e) {
+    throw InvalidArgumentError(in_set(e.what()));
+  } catch (const TransportError&) {
+    throw;
+  } catch (const GradflowError& e) {
+    throw GradflowError(in_set(e.what()));
+  }
+}
+
+int64_t Runtime::submit_checked(const SubmitArgs& a) {
   validate_submit(a);
   TensorEntry e;
   Request& r = e.request;
@@ -154,10 +221,15 @@ void Runtime::validate_submit(const SubmitArgs& a) const {
 
 bool Runtime::poll(int64_t handle) { return queue_.poll(handle); }
 
-HandleResult Runtime::wait(int64_t handle) { return queue_.wait(handle); }
+HandleResult Runtime::wait(int64_t handle) {
+  HandleResult r = queue_.wait(handle);
+  if (!r.error.empty()) r.error = in_set(r.error, true);
+  return r;
+}
 
 void Runtime::shutdown() {
   std::lock_guard<std::mutex> lock(shutdown_mu_);
+  if (sets_) sets_->shutdown_sets();  // Note [Process sets]: every engine stops
   if (loop_) loop_->shutdown();  // joins: the loop thread was the only MPI user
   timeline_.close();
   comm_->release_communicator();
@@ -167,6 +239,7 @@ bool Runtime::owned_by_this_process() const { return pid_ == ::getpid(); }
 
 void Runtime::abort(const std::string& message) {
   if (loop_) loop_->abort(message);
+  if (sets_) sets_->abort_sets(message);
 }
 
 int64_t Runtime::pool_create(uintptr_t data, DataType dt, const std::vector<int64_t>& range_elems,
@@ -209,8 +282,8 @@ int64_t Runtime::pool_create(uintptr_t data, DataType dt, const std::vector<int6
 Runtime::PoolState& Runtime::find_pool(int64_t id) {
   GF_CHECK((id >> kPoolIndexBits) == generation_,
            "gradflow: gradient pool " << id << " belongs to a gradflow runtime that has been shut "
-           "down (shutdown() and init() were called since it was created); create the "
-           "DistributedOptimizer (or model wrapper) again after init()");
+           "down (shutdown() and init() were called since it was created, or its process set "
+           "was removed); create the DistributedOptimizer (or model wrapper) again after init()");
   auto it = pools_.find(id);
   GF_CHECK(it != pools_.end(), "gradflow: unknown gradient pool " << id);
   return it->second;

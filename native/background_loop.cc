@@ -78,6 +78,7 @@ void BackgroundLoop::run() {
   // after a failure a peer may be gone, so nothing collective is freed.
   if (fatal_) {
     comm_.mark_broken();
+    if (on_fatal_) on_fatal_(failure());
   } else {
     executor_.release_windows();
   }

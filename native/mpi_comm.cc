@@ -40,6 +40,15 @@ C comm_from_handle(uintptr_t h) {
   }
 }
 
+template <typename C>
+uintptr_t handle_from_comm(C c) {
+  if constexpr (std::is_integral<C>::value) {
+    return static_cast<uintptr_t>(c);
+  } else {
+    return reinterpret_cast<uintptr_t>(c);
+  }
+}
+
 // Polls `done` until it returns true or the deadline passes. MPICH moves data
 // only inside MPI calls, so a wait first tests back to back (yielding the core
 // between tests so oversubscribed ranks still run), then sleeps between tests
@@ -223,6 +232,26 @@ MpiComm::MpiComm(uintptr_t comm_handle, double timeout_seconds)
 }
 
 MpiComm::~MpiComm() { release_communicator(); }
+
+uintptr_t create_group_communicator(uintptr_t parent_handle, const std::vector<int>& ranks,
+                                    int tag) {
+  MPI_Comm parent = parent_handle == 0 ? MPI_COMM_WORLD : comm_from_handle<MPI_Comm>(parent_handle);
+  MPI_Group all = MPI_GROUP_NULL, sub = MPI_GROUP_NULL;
+  mpi_check(MPI_Comm_group(parent, &all), "MPI_Comm_group", "add_process_set");
+  mpi_check(MPI_Group_incl(all, static_cast<int>(ranks.size()), ranks.data(), &sub),
+            "MPI_Group_incl", "add_process_set");
+  MPI_Comm out = MPI_COMM_NULL;
+  int rc = MPI_Comm_create_group(parent, sub, tag, &out);
+  MPI_Group_free(&sub);
+  MPI_Group_free(&all);
+  mpi_check(rc, "MPI_Comm_create_group", "add_process_set");
+  return handle_from_comm(out);
+}
+
+void free_communicator_handle(uintptr_t handle) {
+  MPI_Comm c = comm_from_handle<MPI_Comm>(handle);
+  if (c != MPI_COMM_NULL && !mpi_finalized()) MPI_Comm_free(&c);
+}
 
 void MpiComm::release_communicator() {
   // Note [Collective destruction] in mpi_comm.h.

@@ -158,6 +158,16 @@ enum CommTag : int {
   kTagAdasum = 6,
 };
 
+// A new communicator of `ranks` (ranks of the communicator `parent_handle`,
+// 0 = MPI_COMM_WORLD), for a process set's engine (process_sets.cc). Only
+// the listed ranks call it (MPI_Comm_create_group, told apart by `tag`); it
+// blocks without a deadline, so callers first agree that every listed rank
+// is here. Returns the handle in mpi4py's form, for MpiComm's constructor
+// (which duplicates it); free it with free_communicator_handle.
+uintptr_t create_group_communicator(uintptr_t parent_handle, const std::vector<int>& ranks,
+                                    int tag);
+void free_communicator_handle(uintptr_t handle);
+
 // Process-wide: every deadline-polled wait (now and later, in any runtime)
 // ends at once with GradflowError naming `why`. For news that a peer is gone
 // for good (gradflowrun saw it die), which otherwise costs GRADFLOW_TIMEOUT.

@@ -6,6 +6,7 @@ from .._runtime import (GradflowError, init, is_initialized, local_rank, local_s
                         shutdown, size)
 from ..collectives import Average, Sum
 from ..compression import Compression
+from ..process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .callbacks import (BestModelCheckpoint, BroadcastGlobalVariablesCallback,
                         LearningRateScheduleCallback, LearningRateWarmupCallback,
                         MetricAverageCallback, SparseWarmupCallback, broadcast_keras_variables)
@@ -19,4 +20,5 @@ __all__ = [
     "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateScheduleCallback",
     "LearningRateWarmupCallback", "BestModelCheckpoint", "SparseWarmupCallback",
     "broadcast_keras_variables", "SyncBatchNormalization", "TensorBoardStatsCallback",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
 ]

@@ -8,6 +8,7 @@ from .ops import (Adasum, Average, Compression, GradflowError, Max, Min, Product
                   is_initialized, local_rank, local_size, mpi_comm, rank, reducescatter, shutdown,
                   size)
 from .gradient_tape import DistributedGradientTape
+from ..process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .functions import broadcast_variables
 # Horovod has it here (horovod.tensorflow); it is a Keras layer, kept in gradflow.keras.
 from ..keras.sync_batch_norm import SyncBatchNormalization
@@ -19,4 +20,5 @@ __all__ = [
     "broadcast",
     "alltoall", "reducescatter", "DistributedGradientTape", "broadcast_variables",
     "SyncBatchNormalization",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
 ]

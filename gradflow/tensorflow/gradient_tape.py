@@ -24,8 +24,9 @@ from .ops import SparseRatio, _allreduce_indexed_slices, grouped_allreduce_raw
 def reduce_gradients(grads: Sequence[Any], names: Sequence[str], op: ReduceOp = Average,
                      compression=Compression.none, sparse_ratio: SparseRatio = None,
                      sparse_as_dense: bool = False,
-                     gradient_predivide_factor: float = 1.0) -> List[Any]:
-    """Reduce a flat list of gradients (None entries stay None) across ranks.
+                     gradient_predivide_factor: float = 1.0, process_set=None) -> List[Any]:
+    """Reduce a flat list of gradients (None entries stay None) across the
+    ranks of `process_set` (default: all).
 
     Dense gradients go in one grouped crossing; `names[i]` names gradient i on
     every rank, so it must be derived the same way everywhere (e.g. from the
@@ -50,11 +51,11 @@ def reduce_gradients(grads: Sequence[Any], names: Sequence[str], op: ReduceOp = 
                 out[i] = tf.convert_to_tensor(g)
                 dense.append(i)
             else:
-                out[i] = _allreduce_indexed_slices(g, op, names[i])
+                out[i] = _allreduce_indexed_slices(g, op, names[i], process_set)
         else:
             dense.append(i)
     reduced = grouped_allreduce_raw([out[i] for i in dense], [names[i] for i in dense], op,
-                                    compression, prescale, postscale, sparse_ratio)
+                                    compression, prescale, postscale, sparse_ratio, process_set)
     for i, r in zip(dense, reduced):
         out[i] = r
     return out
@@ -76,7 +77,8 @@ class DistributedGradientTape:
 
     def __init__(self, tape: tf.GradientTape, compression=Compression.none, op: ReduceOp = Average,
                  sparse_ratio: Optional[float] = None, sparse_as_dense: bool = False,
-                 gradient_predivide_factor: float = 1.0, name: str = "DistributedGradientTape"):
+                 gradient_predivide_factor: float = 1.0, name: str = "DistributedGradientTape",
+                 process_set=None):
         if isinstance(tape, DistributedGradientTape):
             tape = tape._tape
         self._tape = tape
@@ -86,6 +88,7 @@ class DistributedGradientTape:
         self.sparse_as_dense = sparse_as_dense
         self.gradient_predivide_factor = float(gradient_predivide_factor)
         self.name = name
+        self.process_set = process_set  # reduce over its members (None: all ranks)
 
     def __enter__(self) -> "DistributedGradientTape":
         self._tape.__enter__()
@@ -106,5 +109,5 @@ class DistributedGradientTape:
         names = [f"{self.name}.{i}" for i in range(len(flat))]
         reduced = reduce_gradients(flat, names, self.op, self.compression,
                                    lambda: self.sparse_ratio, self.sparse_as_dense,
-                                   self.gradient_predivide_factor)
+                                   self.gradient_predivide_factor, self.process_set)
         return tf.nest.pack_sequence_as(grads, reduced)

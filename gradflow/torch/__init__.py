@@ -12,6 +12,7 @@ from .._basics import (HorovodInternalError, HostsUpdatedInterrupt, ccl_built, c
                        stop_timeline)
 from ..collectives import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from .compression import Compression, Compressor
+from ..process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
 from .ops import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,
@@ -40,4 +41,5 @@ __all__ = [
     "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
     "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "start_timeline",
     "stop_timeline",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
 ]

@@ -64,16 +64,18 @@ import torch
 
 from .. import _handles, _native
 from .._runtime import GradflowError
-from ..collectives import (Adasum, Average, check_adasum_options, check_global_process_set,
-                           native_reduce_op, reduce_op)
+from ..collectives import (Adasum, Average, check_adasum_options, native_reduce_op,
+                           reduce_op)
 from .compression import Compression, split as split_compression
+from ..process_sets import ProcessSet, global_process_set, member_id
 from .functions import allgather_object, check_same_everywhere
 from .optimizer_groups import GroupTracker, Once, form_groups
 from .ops import allreduce_async_, dtype_code, grouped_allreduce_async_, sparse_allreduce_async
 
 __all__ = ["DistributedOptimizer"]
 
-_instances = itertools.count()
+# Per process set (collective names): other sets must not shift the numbers.
+_instances: Dict[int, "itertools.count"] = {}
 
 
 class _Pool:
@@ -108,10 +110,11 @@ class _State:
         self.groups: Optional[GroupTracker] = None  # Horovod's groups=, or None
 
 
-def _destroy_pools(ids: List[int], bufs: Tuple = (), handles: List[int] = ()) -> None:
+def _destroy_pools(ids: List[int], bufs: Tuple = (), handles: List[int] = (),
+                   ps: int = 0) -> None:
     for h in handles:  # buckets still in flight keep their pool buffer alive
         try:
-            _handles.release(h, bufs)
+            _handles.release(h, bufs, ps)
         except Exception:
             pass
     for i in ids:
@@ -127,9 +130,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------ set-up
     def _gradflow_setup(self, named_parameters, compression, backward_passes_per_step, op,
                         gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
-                        sparse_as_dense, grad_scaler=None, groups=None) -> None:
+                        sparse_as_dense, grad_scaler=None, groups=None,
+                        process_set=None) -> None:
         s = self._gradflow = _State()
         op = reduce_op(op)  # Horovod meaning of raw ints; unknown ones raise here
+        # Every gradient, pool and check runs in the set's engine (Note [Process sets]).
+        s.ps, s.process_set = member_id(process_set, "DistributedOptimizer"), process_set
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradflow: gradient_predivide_factor != 1.0 needs op=Average")
         # A pool bucket holds several gradients; Adasum needs one dot product
@@ -154,7 +160,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                              "get_scale()), got " + type(grad_scaler).__name__)
         s.scaler = grad_scaler
         s.bucket_bytes = -1 if bucket_mb is None else int(bucket_mb * (1 << 20))
-        s.prefix = f"DistributedOptimizer{next(_instances)}"
+        s.prefix = f"DistributedOptimizer{next(_instances.setdefault(s.ps, itertools.count()))}"
 
         seen = set()
         for group in self.param_groups:
@@ -175,7 +181,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if use_pool and not all(p.device.type == "cpu" for p in s.params):
             warnings.warn("gradflow: the gradient pool is CPU-only; CUDA parameters use the copy path")
         check_same_everywhere([(n, tuple(p.shape), str(p.dtype)) for n, p in zip(s.names, s.params)],
-                              f"DistributedOptimizer '{s.prefix}'")
+                              f"DistributedOptimizer '{s.prefix}'", process_set)
         me = weakref.ref(self)  # hooks must not keep the optimizer alive
 
         def hook(p: torch.Tensor) -> None:
@@ -267,7 +273,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if grad.is_sparse:
             if not s.sparse_as_dense:
                 s.sparse.add(i)
-                s.handles[id(p)] = sparse_allreduce_async(grad, s.names[i], s.op)
+                s.handles[id(p)] = sparse_allreduce_async(grad, s.names[i], s.op, s.process_set)
                 return
             p.grad = grad = grad.to_dense()
         if s.groups is not None:
@@ -280,7 +286,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         s.handles[id(p)] = allreduce_async_(grad, name=s.names[i], op=s.op,
                                             prescale_factor=s.prescale / s.loss_scale,
                                             postscale_factor=s.postscale * s.loss_scale,
-                                            compression=s.compression, sparse_ratio=ratio)
+                                            compression=s.compression, sparse_ratio=ratio,
+                                            process_set=s.process_set)
 
     def _gradflow_submit_group(self, i: int) -> None:
         """Gradient i is ready: once its whole group is, the group goes out as
@@ -293,6 +300,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                           name=f"{s.prefix}.group{s.groups.group_of[i]}", op=s.op,
                                           prescale_factor=s.prescale / s.loss_scale,
                                           postscale_factor=s.postscale * s.loss_scale,
+                                          process_set=s.process_set,
                                           compression=s.compression))
         for j in members:
             s.handles[id(s.params[j])] = h
@@ -335,7 +343,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 errors.append(e)
         for h in s.pool_handles:
             try:
-                overflow |= bool(_native.wait(h)["wire_overflow"])
+                overflow |= bool(_native.wait(h, s.ps)["wire_overflow"])
             except BaseException as e:
                 errors.append(e)
         for pool in s.pools:
@@ -374,7 +382,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _gradflow_build_pools(self) -> None:
         """Lay the gradients out in rank 0's step-1 order, one pool per dtype."""
         s = self._gradflow
-        everyone = allgather_object((s.order, sorted(s.sparse)), name=f"{s.prefix}.layout")
+        everyone = allgather_object((s.order, sorted(s.sparse)), name=f"{s.prefix}.layout",
+                                    process_set=s.process_set)
         sparse = s.sparse = set().union(*(set(sp) for _, sp in everyone))
         order = list(everyone[0][0]) + [i for i in range(len(s.params)) if i not in everyone[0][0]]
         layout = [i for i in order if i not in sparse and s.params[i].numel() > 0]
@@ -398,7 +407,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     off += p.numel()
             pid = _native.pool_create(buf.data_ptr(), dtype_code(dtype), ranges, s.bucket_bytes,
                                       native_reduce_op(s.op), s.wire, s.prescale / s.loss_scale,
-                                      s.postscale * s.loss_scale, s.sparse_ratio)
+                                      s.postscale * s.loss_scale, s.sparse_ratio, s.ps)
             # Step 1 (dense, copy path) counts towards GRADFLOW_SPARSE_WARMUP_STEPS.
             _native.pool_reset(pid)
             s.pools.append(_Pool(buf, pid))
@@ -406,7 +415,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._gradflow_finalizer = weakref.finalize(self, _destroy_pools,
                                                         [q.id for q in s.pools],
                                                         tuple(q.buf for q in s.pools),
-                                                        s.pool_handles)
+                                                        s.pool_handles, s.ps)
         s.pool_built = True
 
     @contextlib.contextmanager
@@ -507,7 +516,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          compression=Compression.none, backward_passes_per_step: int = 1,
                          op: int = Average, gradient_predivide_factor: float = 1.0,
                          num_groups: int = 0, groups=None, sparse_as_dense: bool = False,
-                         process_set: Any = None, *, sparse_ratio: Optional[float] = None,
+                         process_set: Optional[ProcessSet] = global_process_set, *,
+                         sparse_ratio: Optional[float] = None,
                          use_pool: bool = True, bucket_mb: Optional[float] = None,
                          grad_scaler: Optional["torch.amp.GradScaler"] = None
                          ) -> torch.optim.Optimizer:
@@ -534,7 +544,6 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       use the copy path (the pool's buckets are the ungrouped equivalent).
     num_groups: deprecated in Horovod (DeprecationWarning); used as `groups`
       when `groups` is None.
-    process_set: only the global set (the default) is supported.
     sparse_ratio: CSC sparse communication ratio (None: GRADFLOW_SPARSE_RATIO).
       Error feedback loses nothing: what a step does not send stays in a
       residual (one per gradient element, plus a spare of the same size the
@@ -556,8 +565,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       (Horovod Adasum-combines the wrapped step's deltas instead: the same for
       plain SGD, not for momentum/Adam; docs/horovod_compat.md). Copy path
       (use_pool ignored), compression none, power-of-two rank counts.
+    process_set: reduce over this registered ProcessSet's members only
+      (Average divides by its size); only members may wrap, and every
+      member must (the pool, CSC and the 16-bit wire work in a set as on
+      all ranks).
     """
-    check_global_process_set(process_set, "DistributedOptimizer")
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` (as in Horovod)",
                       DeprecationWarning, stacklevel=2)
@@ -570,5 +582,6 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     _repatch_scheduler_step(wrapped, optimizer)
     wrapped._gradflow_setup(named_parameters, compression, backward_passes_per_step, op,
                             gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
-                            sparse_as_dense, grad_scaler, groups)
+                            sparse_as_dense, grad_scaler, groups,
+                            process_set)
     return wrapped
