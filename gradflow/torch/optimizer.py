@@ -1,7 +1,8 @@
 # optimizer.py — DistributedOptimizer: wraps any torch optimizer so each
 # gradient is submitted to the core while backward runs, and step() waits
-# for the reductions before the wrapped step. Owns hooks, the pool layout and
-# the step protocol; never communicates itself (the core does, via handles).
+# for the reductions before the wrapped step. Owns hooks and the step
+# protocol (state, pool layout and scheduler re-patch: optimizer_state.py);
+# never communicates itself (the core does, via handles).
 """DistributedOptimizer, in the manner of PyTorch DDP's reducer.
 
 Terms:
@@ -58,70 +59,24 @@ import contextlib
 import itertools
 import warnings
 import weakref
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from .. import _handles, _native
+from .. import _native
 from .._runtime import GradflowError
-from ..collectives import (Adasum, Average, check_adasum_options, native_reduce_op,
-                           reduce_op)
+from ..collectives import Adasum, Average, check_adasum_options, reduce_op
 from .compression import Compression, split as split_compression
 from ..process_sets import ProcessSet, global_process_set, member_id
-from .functions import allgather_object, check_same_everywhere
+from .functions import check_same_everywhere
 from .optimizer_groups import GroupTracker, Once, form_groups
-from .ops import allreduce_async_, dtype_code, grouped_allreduce_async_, sparse_allreduce_async
+from .optimizer_state import _State, build_pools, destroy_pools, repatch_scheduler_step
+from .ops import allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async
 
 __all__ = ["DistributedOptimizer"]
 
 # Per process set (collective names): other sets must not shift the numbers.
 _instances: Dict[int, "itertools.count"] = {}
-
-
-class _Pool:
-    """One dtype's flat gradient buffer and its native pool id."""
-
-    def __init__(self, buf: torch.Tensor, pool_id: int):
-        self.buf, self.id = buf, pool_id
-
-
-class _State:
-    """Everything the wrapper adds, kept off the optimizer's own attributes."""
-
-    def __init__(self):
-        self.prefix = ""
-        self.params: List[torch.Tensor] = []      # requires_grad params, param-group order
-        self.names: List[str] = []                # "<prefix>.<name>", same order
-        self.index: Dict[int, int] = {}           # id(param) -> position in params
-        self.passes: Dict[int, int] = {}          # id(param) -> hook calls since last sync
-        self.handles: Dict[int, object] = {}      # id(param) -> copy-path handle
-        self.pool_handles: List[int] = []         # native handles of submitted buckets
-        self.order: List[int] = []                # step-1 hook order (indices)
-        self.sparse: set = set()                  # indices whose grads are sparse (not pooled)
-        self.pools: List[_Pool] = []
-        self.range_of: Dict[int, Tuple[int, int, torch.Tensor]] = {}  # id -> (pool, range, view)
-        self.pool_built = False
-        self.fired = False                        # a hook ran since the last synchronize
-        self.synchronized = False                 # synchronize() ran since the last hook
-        self.should_sync = True                   # False inside skip_synchronize()
-        self.wire_overflow = False                # some 16-bit wire value overflowed last step
-        self.marked: set = set()                  # id(param) of pooled ranges marked this step
-        self.loss_scale = 1.0                     # grad_scaler's scale for this step (CSC only)
-        self.groups: Optional[GroupTracker] = None  # Horovod's groups=, or None
-
-
-def _destroy_pools(ids: List[int], bufs: Tuple = (), handles: List[int] = (),
-                   ps: int = 0) -> None:
-    for h in handles:  # buckets still in flight keep their pool buffer alive
-        try:
-            _handles.release(h, bufs, ps)
-        except Exception:
-            pass
-    for i in ids:
-        try:
-            _native.pool_destroy(i)
-        except Exception:
-            pass
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -190,7 +145,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 opt._gradflow_hook(p)
 
         s.hook_handles = [p.register_post_accumulate_grad_hook(hook) for p in s.params]
-        self._gradflow_finalizer = weakref.finalize(self, _destroy_pools, [])
+        self._gradflow_finalizer = weakref.finalize(self, destroy_pools, [])
 
     def _gradflow_names(self, named_parameters) -> List[str]:
         s = self._gradflow
@@ -356,7 +311,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if errors:
             raise errors[0]
         if s.use_pool and not s.pool_built:
-            self._gradflow_build_pools()
+            build_pools(self)
         s.synchronized = True
 
     def _gradflow_adopt_unmarked(self) -> None:
@@ -378,45 +333,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 elif p.grad.data_ptr() != view.data_ptr():
                     view.copy_(p.grad.to_dense() if p.grad.is_sparse else p.grad)
                 p.grad = view
-
-    def _gradflow_build_pools(self) -> None:
-        """Lay the gradients out in rank 0's step-1 order, one pool per dtype."""
-        s = self._gradflow
-        everyone = allgather_object((s.order, sorted(s.sparse)), name=f"{s.prefix}.layout",
-                                    process_set=s.process_set)
-        sparse = s.sparse = set().union(*(set(sp) for _, sp in everyone))
-        order = list(everyone[0][0]) + [i for i in range(len(s.params)) if i not in everyone[0][0]]
-        layout = [i for i in order if i not in sparse and s.params[i].numel() > 0]
-        by_dtype: Dict[torch.dtype, List[int]] = {}
-        for i in layout:
-            by_dtype.setdefault(s.params[i].dtype, []).append(i)
-        for dtype, idxs in by_dtype.items():
-            total = sum(s.params[i].numel() for i in idxs)
-            buf = torch.zeros(total, dtype=dtype)
-            off, ranges = 0, []
-            pool_index = len(s.pools)
-            with torch.no_grad():
-                for r, i in enumerate(idxs):
-                    p = s.params[i]
-                    view = buf[off:off + p.numel()].view(p.shape)
-                    if p.grad is not None:
-                        view.copy_(p.grad)
-                    p.grad = view
-                    s.range_of[id(p)] = (pool_index, r, view)
-                    ranges.append(p.numel())
-                    off += p.numel()
-            pid = _native.pool_create(buf.data_ptr(), dtype_code(dtype), ranges, s.bucket_bytes,
-                                      native_reduce_op(s.op), s.wire, s.prescale / s.loss_scale,
-                                      s.postscale * s.loss_scale, s.sparse_ratio, s.ps)
-            # Step 1 (dense, copy path) counts towards GRADFLOW_SPARSE_WARMUP_STEPS.
-            _native.pool_reset(pid)
-            s.pools.append(_Pool(buf, pid))
-            self._gradflow_finalizer.detach()
-            self._gradflow_finalizer = weakref.finalize(self, _destroy_pools,
-                                                        [q.id for q in s.pools],
-                                                        tuple(q.buf for q in s.pools),
-                                                        s.pool_handles, s.ps)
-        s.pool_built = True
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -492,25 +408,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         s.bpps = int(passes)
 
 
-def _repatch_scheduler_step(wrapped, optimizer) -> None:
-    """An LR scheduler created before wrapping replaced `optimizer.step` by an
-    instance attribute that counts calls and then runs the *original class's*
-    step on the original object; copied into `wrapped`, it would skip
-    gradflow's step (no synchronize: ranks would silently diverge). Run
-    gradflow's step instead and keep the count the scheduler reads."""
-    patched = wrapped.__dict__.pop("step", None)
-    if patched is None:
-        return
-    gradflow_step = type(wrapped).step
-
-    def step(*args, **kwargs):
-        optimizer._opt_called = True  # what torch's wrapper records for the scheduler
-        return gradflow_step(wrapped, *args, **kwargs)
-
-    step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
-    wrapped.step = step
-
-
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
                          compression=Compression.none, backward_passes_per_step: int = 1,
@@ -579,7 +476,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     cls = type(base.__name__, (base,), dict(_DistributedOptimizer.__dict__))
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)  # same groups, state, defaults, hooks
-    _repatch_scheduler_step(wrapped, optimizer)
+    repatch_scheduler_step(wrapped, optimizer)
     wrapped._gradflow_setup(named_parameters, compression, backward_passes_per_step, op,
                             gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
                             sparse_as_dense, grad_scaler, groups,

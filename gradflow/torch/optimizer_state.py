@@ -1,0 +1,121 @@
+# optimizer_state.py — the torch DistributedOptimizer's bookkeeping, kept
+# out of optimizer.py (which owns the hook/step protocol): the per-optimizer
+# state object, the gradient pools' layout and lifetime (build_pools,
+# destroy_pools), and the LR-scheduler re-patch applied when wrapping.
+"""State, gradient pools and wrapping helpers of gradflow.torch.DistributedOptimizer."""
+import weakref
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from .. import _handles, _native
+from ..collectives import native_reduce_op
+from .functions import allgather_object
+from .ops import dtype_code
+from .optimizer_groups import GroupTracker
+
+
+class _Pool:
+    """One dtype's flat gradient buffer and its native pool id."""
+
+    def __init__(self, buf: torch.Tensor, pool_id: int):
+        self.buf, self.id = buf, pool_id
+
+
+class _State:
+    """Everything the wrapper adds, kept off the optimizer's own attributes."""
+
+    def __init__(self):
+        self.prefix = ""
+        self.params: List[torch.Tensor] = []      # requires_grad params, param-group order
+        self.names: List[str] = []                # "<prefix>.<name>", same order
+        self.index: Dict[int, int] = {}           # id(param) -> position in params
+        self.passes: Dict[int, int] = {}          # id(param) -> hook calls since last sync
+        self.handles: Dict[int, object] = {}      # id(param) -> copy-path handle
+        self.pool_handles: List[int] = []         # native handles of submitted buckets
+        self.order: List[int] = []                # step-1 hook order (indices)
+        self.sparse: set = set()                  # indices whose grads are sparse (not pooled)
+        self.pools: List[_Pool] = []
+        self.range_of: Dict[int, Tuple[int, int, torch.Tensor]] = {}  # id -> (pool, range, view)
+        self.pool_built = False
+        self.fired = False                        # a hook ran since the last synchronize
+        self.synchronized = False                 # synchronize() ran since the last hook
+        self.should_sync = True                   # False inside skip_synchronize()
+        self.wire_overflow = False                # some 16-bit wire value overflowed last step
+        self.marked: set = set()                  # id(param) of pooled ranges marked this step
+        self.loss_scale = 1.0                     # grad_scaler's scale for this step (CSC only)
+        self.groups: Optional[GroupTracker] = None  # Horovod's groups=, or None
+
+
+def destroy_pools(ids: List[int], bufs: Tuple = (), handles: List[int] = (),
+                   ps: int = 0) -> None:
+    for h in handles:  # buckets still in flight keep their pool buffer alive
+        try:
+            _handles.release(h, bufs, ps)
+        except Exception:
+            pass
+    for i in ids:
+        try:
+            _native.pool_destroy(i)
+        except Exception:
+            pass
+
+
+def build_pools(self) -> None:
+    """Lay `self`'s (a DistributedOptimizer's) gradients out in rank 0's
+    step-1 order, one pool per dtype, and register the pools with the core."""
+    s = self._gradflow
+    everyone = allgather_object((s.order, sorted(s.sparse)), name=f"{s.prefix}.layout",
+                                process_set=s.process_set)
+    sparse = s.sparse = set().union(*(set(sp) for _, sp in everyone))
+    order = list(everyone[0][0]) + [i for i in range(len(s.params)) if i not in everyone[0][0]]
+    layout = [i for i in order if i not in sparse and s.params[i].numel() > 0]
+    by_dtype: Dict[torch.dtype, List[int]] = {}
+    for i in layout:
+        by_dtype.setdefault(s.params[i].dtype, []).append(i)
+    for dtype, idxs in by_dtype.items():
+        total = sum(s.params[i].numel() for i in idxs)
+        buf = torch.zeros(total, dtype=dtype)
+        off, ranges = 0, []
+        pool_index = len(s.pools)
+        with torch.no_grad():
+            for r, i in enumerate(idxs):
+                p = s.params[i]
+                view = buf[off:off + p.numel()].view(p.shape)
+                if p.grad is not None:
+                    view.copy_(p.grad)
+                p.grad = view
+                s.range_of[id(p)] = (pool_index, r, view)
+                ranges.append(p.numel())
+                off += p.numel()
+        pid = _native.pool_create(buf.data_ptr(), dtype_code(dtype), ranges, s.bucket_bytes,
+                                  native_reduce_op(s.op), s.wire, s.prescale / s.loss_scale,
+                                  s.postscale * s.loss_scale, s.sparse_ratio, s.ps)
+        # Step 1 (dense, copy path) counts towards GRADFLOW_SPARSE_WARMUP_STEPS.
+        _native.pool_reset(pid)
+        s.pools.append(_Pool(buf, pid))
+        self._gradflow_finalizer.detach()
+        self._gradflow_finalizer = weakref.finalize(self, destroy_pools,
+                                                    [q.id for q in s.pools],
+                                                    tuple(q.buf for q in s.pools),
+                                                    s.pool_handles, s.ps)
+    s.pool_built = True
+
+
+def repatch_scheduler_step(wrapped, optimizer) -> None:
+    """An LR scheduler created before wrapping replaced `optimizer.step` by an
+    instance attribute that counts calls and then runs the *original class's*
+    step on the original object; copied into `wrapped`, it would skip
+    gradflow's step (no synchronize: ranks would silently diverge). Run
+    gradflow's step instead and keep the count the scheduler reads."""
+    patched = wrapped.__dict__.pop("step", None)
+    if patched is None:
+        return
+    gradflow_step = type(wrapped).step
+
+    def step(*args, **kwargs):
+        optimizer._opt_called = True  # what torch's wrapper records for the scheduler
+        return gradflow_step(wrapped, *args, **kwargs)
+
+    step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    wrapped.step = step
