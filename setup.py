@@ -76,6 +76,16 @@ if sanitize:
     extra_compile.append(f"-fsanitize={sanitize}")
     extra_link.append(f"-fsanitize={sanitize}")
 
+# `import gradflow` does not load libmpi through mpi4py (MPI starts in
+# init()), so the extension must find libmpi itself. Installed, the runpath
+# $ORIGIN/../../.. is the venv's lib (where the mpich wheel puts it; a site
+# MPI is on the system path). An in-place developer build sits in the source
+# tree: it also records the MPI library directories mpicxx reported. Never in
+# a wheel: a temporary build environment's path must not be in an installed
+# runpath.
+developer_build = any(a in sys.argv for a in ("--inplace", "-i", "develop", "editable_wheel"))
+dev_rpath = [f"-Wl,-rpath,{d}" for d in libdirs] if developer_build else []
+
 ext = Pybind11Extension(
     "gradflow._native",
     sources,
@@ -87,7 +97,7 @@ ext = Pybind11Extension(
     # libmpi from the mpich wheel lives in <venv>/lib; the extension sits in
     # <venv>/lib/python3.X/site-packages/gradflow. mpi4py (imported first by
     # gradflow/__init__.py) also loads it; this runpath is the fallback.
-    extra_link_args=extra_link + ["-Wl,-rpath,$ORIGIN/../../.."],
+    extra_link_args=extra_link + ["-Wl,-rpath,$ORIGIN/../../.."] + dev_rpath,
 )
 
 setup(ext_modules=[ext], cmdclass={"build_ext": build_ext, "build_py": build_py_with_pth})

@@ -9,12 +9,17 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Union
 
 import mpi4py
 
-mpi4py.rc.thread_level = "multiple"  # the background thread calls MPI
-from mpi4py import MPI  # noqa: E402  (initializes MPI and loads libmpi before _native)
+# The background thread calls MPI. Setting the level starts nothing: MPI is
+# initialized when init() first imports mpi4py.MPI (_mpi()), so `import
+# gradflow` alone never starts MPI (a program may import it and never run
+# distributed, or set MPI up itself first).
+mpi4py.rc.thread_level = "multiple"
+if TYPE_CHECKING:  # annotations only; imported for real by _mpi()
+    from mpi4py import MPI
 
 from . import _native  # noqa: E402
 from . import _handles  # noqa: E402
@@ -35,6 +40,12 @@ _uncaught_exception = False
 _comm: Optional[MPI.Comm] = None
 
 
+def _mpi():
+    """mpi4py.MPI; the first call initializes MPI (at THREAD_MULTIPLE)."""
+    from mpi4py import MPI  # noqa: PLC0415
+    return MPI
+
+
 def init(comm: Optional[Union[MPI.Comm, Sequence[int]]] = None,
          process_sets: Optional[Sequence["_process_sets.ProcessSet"]] = None) -> None:
     """Start gradflow on `comm` (default: MPI.COMM_WORLD; any mpi4py
@@ -47,6 +58,7 @@ def init(comm: Optional[Union[MPI.Comm, Sequence[int]]] = None,
     global _comm, _hooks_installed
     if _native.is_initialized():
         return
+    MPI = _mpi()
     if isinstance(process_sets, str) and process_sets.lower() == "dynamic":
         process_sets = []
     process_sets = list(process_sets or [])
@@ -91,7 +103,7 @@ def _comm_of_ranks(ranks) -> MPI.Comm:
     except (TypeError, ValueError):
         raise ValueError(f"gradflow.init: comm must be an mpi4py communicator or a list of "
                          f"ranks, got {ranks!r}") from None
-    world = MPI.COMM_WORLD
+    world = _mpi().COMM_WORLD
     if not ranks or len(set(ranks)) != len(ranks) or ranks[0] < 0 or ranks[-1] >= world.size:
         raise ValueError(f"gradflow.init: comm={ranks} must list distinct ranks of "
                          f"MPI.COMM_WORLD (size {world.size})")

@@ -11,6 +11,7 @@ sets run concurrently. Registration is collective over all ranks.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, List, Optional, Sequence, Union
 
 from . import _native
@@ -86,11 +87,11 @@ class ProcessSet:
 
 
 def _is_mpi_comm(obj: Any) -> bool:
-    try:
-        from mpi4py import MPI
-    except ImportError:  # pragma: no cover - mpi4py is a dependency
-        return False
-    return isinstance(obj, MPI.Comm)
+    # Only an object of mpi4py's can be a communicator, and its module is then
+    # loaded: never import mpi4py.MPI here (that would start MPI at `import
+    # gradflow`, which builds global_process_set).
+    MPI = sys.modules.get("mpi4py.MPI")
+    return MPI is not None and isinstance(obj, MPI.Comm)
 
 
 #: All ranks (id 0). Its `ranks` are filled in by `init()`.

@@ -1,0 +1,42 @@
+"""`import gradflow` (and its framework modules) must not start MPI: MPI is
+initialized by `gradflow.init()` (issue 17.6). Checked in a fresh process:
+mpi4py.MPI is not even imported until init(), and init() then brings MPI up
+at MPI_THREAD_MULTIPLE."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import gradflow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SRC = os.path.dirname(os.path.dirname(os.path.abspath(gradflow.__file__)))
+
+
+@pytest.mark.parametrize("modules", ["gradflow", "gradflow, gradflow.torch, gradflow.keras"])
+def test_import_does_not_start_mpi(modules):
+    code = f"""
+import sys
+import {modules}
+assert "mpi4py.MPI" not in sys.modules, "import started MPI"
+import gradflow
+try:
+    gradflow.rank()
+except ValueError as e:
+    assert "init" in str(e), e
+else:
+    raise AssertionError("rank() before init() did not raise")
+assert "mpi4py.MPI" not in sys.modules
+gradflow.init()
+from mpi4py import MPI
+assert MPI.Is_initialized() and MPI.Query_thread() == MPI.THREAD_MULTIPLE
+assert gradflow.size() == 1 and gradflow.rank() == 0
+gradflow.shutdown()
+print("lazy OK")
+"""
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               TF_CPP_MIN_LOG_LEVEL="2")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and "lazy OK" in r.stdout, r.stdout + r.stderr
