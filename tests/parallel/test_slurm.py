@@ -11,6 +11,7 @@ this module.
 import os
 import random
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -202,20 +203,22 @@ def test_gradflowrun_in_salloc(slurm, n):
 def test_gradflowrun_in_sbatch(slurm, tmp_path):
     """A batch job: gradflowrun in the script, output in the job's file."""
     out = tmp_path / "job.out"
-    cmd = " ".join([*GRADFLOWRUN, "-np", "2", sys.executable, SCRIPT])
+    cmd = shlex.join([*GRADFLOWRUN, "-np", "2", sys.executable, SCRIPT])
     _run(slurm, "sbatch", "--wait", "-n", "2", "-o", str(out), "--wrap", cmd)
     check_ranks(out.read_text(), 2)
 
 
 def test_failing_rank_srun(slurm):
     """Plain srun: the survivor's collective raises naming the rank that raised
-    (gradflow's in-band fail-fast, no launcher help); srun names the task."""
+    (gradflow's in-band fail-fast, no launcher help); srun only reports the
+    tasks' exit code (both exit 1, so it cannot tell which failed first)."""
     r = _run(slurm, "srun", "-n", "2", "--mpi=pmi2", sys.executable,
              os.path.join(HERE, "raising_rank_script.py"), expect_fail=True)
     m = re.search(r"^rank 0 raised after ([\d.]+) s: .*rank 1 failed: ValueError: boom on rank 1",
                   r.stdout, re.M)
     assert m and float(m.group(1)) < 30, r.stdout + r.stderr
-    assert re.search(r"srun: error: \S+: tasks? [-,0-9]+: Exited with exit code 1", r.stderr), r.stderr
+    srun_says = r"srun: error: \S+: tasks? [-,0-9]+: Exited with exit code 1"
+    assert re.search(srun_says, r.stderr), r.stderr
 
 
 def test_failing_rank_gradflowrun_in_salloc(slurm):
