@@ -183,10 +183,17 @@ def test_srun_pmi2(slurm, n):
 
 def test_srun_without_pmi_is_singletons(slurm):
     """Why gradflowrun passes --mpi=pmi2: with MpiDefault=none (Slurm's
-    default) each task is its own world of size 1, silently."""
+    default) each task is its own world of size 1, silently, so gradflow's
+    init() checks for it."""
     r = _run(slurm, "srun", "-n", "2", "--mpi=none", sys.executable, "-c",
              "from mpi4py import MPI; print('world', MPI.COMM_WORLD.size)")
     assert r.stdout.split() == ["world", "1", "world", "1"], r.stdout
+    # gradflow.init() refuses such a world on every task, naming the fix.
+    r = _run(slurm, "srun", "-n", "2", "--mpi=none", sys.executable, "-c",
+             "import gradflow; gradflow.init()", expect_fail=True)
+    assert r.stderr.count("srun started 2 tasks but MPI sees a world of 1 on each") == 2, \
+        r.stderr
+    assert "srun --mpi=pmi2" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("n", [2, 3])
