@@ -68,6 +68,7 @@ def init(comm: Optional[Union[MPI.Comm, Sequence[int]]] = None,
                              f"got {ps!r}")
     if comm is None:
         comm = MPI.COMM_WORLD
+        _check_slurm_world(comm.size, os.environ)
     elif not isinstance(comm, MPI.Comm):
         comm = _comm_of_ranks(comm)
     if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
@@ -93,6 +94,22 @@ def init(comm: Optional[Union[MPI.Comm, Sequence[int]]] = None,
     _process_sets._after_init()
     for ps in process_sets:
         _process_sets.add_process_set(ps)
+
+
+def _check_slurm_world(world_size: int, environ) -> None:
+    """Raise when srun started several tasks but MPI gave each a world of its
+    own: srun without a PMI plugin (``--mpi=none``, Slurm's default
+    MpiDefault) starts every task as an MPI singleton, which would otherwise
+    train alone without any error."""
+    tasks = environ.get("SLURM_STEP_NUM_TASKS", "")
+    if world_size != 1 or not tasks.isdigit() or int(tasks) < 2:
+        return
+    if any(environ.get(v) for v in ("PMI_FD", "PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK")):
+        return  # a launcher did give MPI a world: size 1 is what it asked for
+    raise GradflowError(
+        f"gradflow.init: srun started {tasks} tasks but MPI sees a world of 1 on each: srun "
+        "gave MPI no PMI server (its --mpi plugin is none); run `srun --mpi=pmi2 ...`, set "
+        "SLURM_MPI_TYPE=pmi2, or start the job with gradflowrun, which does so")
 
 
 def _comm_of_ranks(ranks) -> MPI.Comm:

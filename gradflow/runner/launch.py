@@ -266,6 +266,14 @@ def build_launch(args: argparse.Namespace, config_keys: Sequence[Any], *,
                              "(Slurm starts the ranks); use --launcher mpiexec")
         # Survivors of a failed rank must live long enough to raise (see above).
         argv += ["--ntasks", str(args.np), "--kill-on-bad-exit=0"]
+        # Without a PMI server from srun, each MPICH rank starts as a singleton
+        # (size 1, no error: seen with MpiDefault=none). The mpich wheel speaks
+        # PMI-2 (srun --mpi=pmix aborts it), so ask for pmi2 unless the user
+        # chose a plugin ($SLURM_MPI_TYPE or --mpi in --mpi-args, e.g. pmix for
+        # Open MPI builds). Slurm's own MpiDefault is not read: it may be none.
+        if not env.get("SLURM_MPI_TYPE") and not any(
+                a == "--mpi" or a.startswith("--mpi=") for a in shlex.split(args.mpi_args or "")):
+            argv += ["--mpi=pmi2"]
         if host_list:
             used = _hosts.hydra_hosts_arg(host_list, args.np).split(",")
             counts = {int(h.rpartition(":")[2]) for h in used}

@@ -338,8 +338,8 @@ def test_build_launch_srun():
     args = parse(["-np", "4", "--cache-capacity", "9", "python", "x.py"])
     argv, env = L.build_launch(args, FAKE_KEYS, mpiexec="/usr/bin/srun", flavor="srun",
                                python="/py", status_dir="/tmp/st", base_env={})
-    assert argv[:4] == ["/usr/bin/srun", "--ntasks", "4", "--kill-on-bad-exit=0"]
-    assert argv[4:7] == ["/py", os.path.abspath(W.__file__), "--"]
+    assert argv[:5] == ["/usr/bin/srun", "--ntasks", "4", "--kill-on-bad-exit=0", "--mpi=pmi2"]
+    assert argv[5:8] == ["/py", os.path.abspath(W.__file__), "--"]
     assert env["GRADFLOW_CACHE_CAPACITY"] == "9" and env[W.STATUS_DIR_ENV] == "/tmp/st"
     args = parse(["-np", "3", "-H", "n1:2,n2:2", "python", "x.py"])
     with pytest.raises(ValueError, match="equal slots"):  # 3 ranks on 2+2 slots: 2 and 1
@@ -348,6 +348,15 @@ def test_build_launch_srun():
     argv, _ = L.build_launch(args, FAKE_KEYS, mpiexec="srun", flavor="srun", base_env={})
     line = " ".join(argv)
     assert "--nodes 2 --ntasks-per-node 2 --nodelist n1,n2 --distribution block --mpi=pmi2" in line
+    assert line.count("--mpi") == 1  # the user's choice, not a second default
+    # A plugin chosen in the environment (srun reads $SLURM_MPI_TYPE) is kept.
+    args = parse(["-np", "2", "--mpi-args=--mpi pmix", "python", "x.py"])
+    argv, _ = L.build_launch(args, FAKE_KEYS, mpiexec="srun", flavor="srun", base_env={})
+    assert "--mpi=pmi2" not in argv and argv[-7:-5] == ["--mpi", "pmix"]
+    args = parse(["-np", "2", "python", "x.py"])
+    argv, _ = L.build_launch(args, FAKE_KEYS, mpiexec="srun", flavor="srun",
+                             base_env={"SLURM_MPI_TYPE": "pmix"})
+    assert not [a for a in argv if a.startswith("--mpi")]
 
 
 def fake_which(*present):
