@@ -63,6 +63,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 import torch
 
 from .. import _handles, _native
+from .. import monitor as _monitor
 from .._runtime import GradflowError
 from ..collectives import (Adasum, Average, check_adasum_options, native_reduce_op,
                            reduce_op)
@@ -440,6 +441,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             else:
                 self.synchronize()
         s.synchronized = False
+        _monitor.count_step()  # for gradflowrun --monitor
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
