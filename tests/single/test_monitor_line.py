@@ -97,3 +97,25 @@ def test_monitor_flag_rejects_non_positive_or_non_numbers(value, capsys):
     with pytest.raises(SystemExit):
         L.build_parser([]).parse_args(["-np", "2", "--monitor", value, "python", "t.py"])
     assert re.search(r"--monitor: expects a number of seconds > 0", capsys.readouterr().err)
+
+
+def test_not_asked_no_thread(monkeypatch, tmp_path):
+    monkeypatch.delenv(ML.DIR_ENV, raising=False)
+    monkeypatch.setattr(M, "_thread", None)
+    M.start_if_asked(0)
+    assert M._thread is None
+    monkeypatch.setenv(ML.DIR_ENV, str(tmp_path / "absent"))  # another host's status dir
+    M.start_if_asked(0)
+    assert M._thread is None
+
+
+def test_thread_error_warns_once_and_stops(monkeypatch, tmp_path, capsys):
+    """A snapshot that cannot be written ends monitoring with one line on
+    stderr; _run returns instead of raising into the process."""
+    import gradflow._native as native
+    import gradflow.stats_scalars as scalars
+    monkeypatch.setattr(native, "is_initialized", lambda: True)
+    monkeypatch.setattr(scalars, "StatsDelta", lambda: FakeDelta(1.0, 0.0, 0.0))
+    M._run(str(tmp_path / "gone"), 0.01, 5)
+    err = capsys.readouterr().err
+    assert err.count("gradflow: monitoring stopped on rank 5: FileNotFoundError") == 1, err
