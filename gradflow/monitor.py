@@ -25,7 +25,9 @@ from typing import Any, Dict, Optional
 
 from .runner.monitor_line import DEFAULT_INTERVAL, DIR_ENV, FILE_SUFFIX, INTERVAL_ENV
 
-_steps = 0  # optimizer updates in this process (a plain int: += under the GIL is enough)
+# Optimizer updates in this process. No lock: the wrappers call count_step on
+# the training thread; an increment lost to a rare race only blurs a rate.
+_steps = 0
 _thread: Optional[threading.Thread] = None
 
 
@@ -50,12 +52,13 @@ def snapshot(delta: Any, steps_now: int, steps_before: int, rank: int) -> Dict[s
     s = delta.take(per)
     p = delta.prefix
     wall = s[p + "step_seconds"] * per
+    sent = s[p + "bytes_sent_per_step"] * per
     return {
         "rank": rank, "time": time.time(), "steps": steps_now,
         "interval_s": wall,
         "steps_per_s": done / wall if wall > 0 else 0.0,
         # max(0): reset_stats() in the interval makes the difference negative.
-        "bytes_sent_per_s": max(0.0, s[p + "bytes_sent_per_step"] * per / wall) if wall > 0 else 0.0,
+        "bytes_sent_per_s": max(0.0, sent / wall) if wall > 0 else 0.0,
         "comm_fraction": max(0.0, s[p + "comm_fraction"]),
         "step_seconds": wall / done if done else None,
     }
