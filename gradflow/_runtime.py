@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # annotations only; imported for real by _mpi()
 
 from . import _native  # noqa: E402
 from . import _handles  # noqa: E402
+from . import monitor as _monitor  # noqa: E402
 from . import process_sets as _process_sets  # noqa: E402
 from ._handles import Handle  # noqa: E402
 from .runner import notice as _notice  # noqa: E402
@@ -94,6 +95,8 @@ def init(comm: Optional[Union[MPI.Comm, Sequence[int]]] = None,
     _process_sets._after_init()
     for ps in process_sets:
         _process_sets.add_process_set(ps)
+    # Under gradflowrun --monitor only: the launcher numbers ranks in COMM_WORLD.
+    _monitor.start_if_asked(MPI.COMM_WORLD.Get_rank())
 
 
 def _check_slurm_world(world_size: int, environ) -> None:

@@ -35,6 +35,7 @@ import keras
 import numpy as np
 
 from .. import collectives as _c
+from .. import monitor as _monitor
 from ..collectives import Average, ReduceOp, reduce_op
 from ..compression import Compression, wire_code
 from ..process_sets import ProcessSet, global_process_set, member_id
@@ -98,6 +99,7 @@ class _DistributedMixin:
 def _reduce_eager_numpy(grads: List[Any], names: List[str], opt: _DistributedMixin) -> List[Any]:
     """Eager backends (torch): gradients cross as numpy arrays, one collective
     each, all submitted before any is waited on so the core fuses them."""
+    _monitor.count_step()  # one reduction = one update (gradflowrun --monitor)
     out = list(grads)
     f = opt.gradient_predivide_factor
     handles = []

@@ -18,12 +18,14 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 try:
     from . import horovod_flags as _hvd
     from . import hosts as _hosts
+    from . import monitor_line as _monitor
     from . import rank_wrapper as _wrapper
     from .check_build import check_build
     from .supervise import run_job
 except ImportError:  # run as a script: python gradflow/runner/launch.py
     import horovod_flags as _hvd  # type: ignore[no-redef]
     import hosts as _hosts  # type: ignore[no-redef]
+    import monitor_line as _monitor  # type: ignore[no-redef]
     from check_build import check_build  # type: ignore[no-redef]
     import rank_wrapper as _wrapper  # type: ignore[no-redef]
     from supervise import run_job  # type: ignore[no-redef]
@@ -68,6 +70,19 @@ def _flag_value_type(key: Dict[str, Any]):
                 f"{key['flag']} expects a number, got {text!r}") from None
         return text
     return convert
+
+
+def _seconds(text: str) -> float:
+    """--monitor's value: a positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"expects a number of seconds > 0, got {text!r} (give SECONDS when the command "
+            "follows --monitor directly, e.g. --monitor 5 python train.py)")
+    return value
 
 
 def _default_in_flag_unit(key: Dict[str, Any]) -> str:
@@ -126,6 +141,10 @@ def build_parser(config_keys: Sequence[Any], native_note: str = "") -> argparse.
                    help="ssh port of the other hosts (multi-host mpiexec / openmpi launches)")
     p.add_argument("-i", "--ssh-identity-file", metavar="FILE",
                    help="ssh private key for the other hosts (multi-host mpiexec / openmpi)")
+    p.add_argument("--monitor", nargs="?", const=_monitor.DEFAULT_INTERVAL, type=_seconds,
+                   metavar="SECONDS", help="print a live status line (steps/s, MB/s sent, "
+                   "communication share, slowest rank) to stderr every SECONDS (default "
+                   f"{_monitor.DEFAULT_INTERVAL:g}); covers the ranks on this host")
     _hvd.add_horovod_flags(p)
     settings = p.add_argument_group("gradflow settings (each sets a GRADFLOW_* variable)")
     for key in normalize_config_keys(config_keys):
@@ -243,6 +262,9 @@ def build_launch(args: argparse.Namespace, config_keys: Sequence[Any], *,
     runner_env = {}
     if status_dir:
         runner_env[_wrapper.STATUS_DIR_ENV] = status_dir
+    if status_dir and getattr(args, "monitor", None):
+        runner_env[_monitor.DIR_ENV] = status_dir
+        runner_env[_monitor.INTERVAL_ENV] = repr(float(args.monitor))
     if args.output_filename:
         runner_env[_wrapper.OUTPUT_DIR_ENV] = os.path.abspath(args.output_filename)
     ifaces = _hvd.interfaces(args)
@@ -408,7 +430,8 @@ def main(argv: Optional[Sequence[str]] = None, config_keys: Optional[Sequence[An
         local = [r for r, h in enumerate(rank_hosts) if is_local[h]]
         if flavor == "srun" and not (args.hosts or args.hostfile):
             local = []  # Slurm chose the nodes: which ranks are here is unknown
-        return run_job(cmd, env, args.np, local, args.start_timeout, status_dir)
+        return run_job(cmd, env, args.np, local, args.start_timeout, status_dir,
+                       monitor_interval=args.monitor)
     except OSError as e:
         print(f"gradflowrun: error: cannot run {mpiexec}: {e.strerror}", file=sys.stderr)
         return 127

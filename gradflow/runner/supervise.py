@@ -12,13 +12,15 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, NamedTuple, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 try:
     from . import notice as _notice
+    from .monitor_line import Monitor
     from .rank_wrapper import NOTICE_FILE
 except ImportError:  # run as a script, as launch.py allows
     import notice as _notice  # type: ignore[no-redef]
+    from monitor_line import Monitor  # type: ignore[no-redef]
     from rank_wrapper import NOTICE_FILE  # type: ignore[no-redef]
 
 # After a rank fails, the others get time to raise their own error before the
@@ -70,10 +72,12 @@ class _Stopper:
 
 
 def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence[int],
-            start_timeout: float, status_dir: str) -> int:
+            start_timeout: float, status_dir: str,
+            monitor_interval: Optional[float] = None) -> int:
     """Run mpiexec until it ends; stop the job when a rank fails, a local rank
     misses --start-timeout, or on SIGINT/SIGTERM/SIGHUP (a second one skips the
-    grace period); report failed ranks; return the exit code."""
+    grace period); report failed ranks; return the exit code. With
+    `monitor_interval`, print the ranks' live status line that often (--monitor)."""
     received: List[int] = []
     seen_at: Dict[int, float] = {}  # failed rank -> when its failure was first seen
     gone_at: Dict[int, float] = {}  # local rank -> when its process was seen dead
@@ -93,6 +97,7 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
             env[var] = "1" if stream is not None and stream.isatty() else "0"
         proc = subprocess.Popen(argv, env=env, stdin=stdin, start_new_session=True)
         stopper = _Stopper(proc)
+        monitor = Monitor(status_dir, np, monitor_interval) if monitor_interval else None
         started, failed_at = time.monotonic(), None
         while proc.poll() is None:
             now = time.monotonic()  # one instant per poll: ranks seen together tie
@@ -123,6 +128,8 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
                           file=sys.stderr, flush=True)
                     stopper.start(signal.SIGTERM, "start timeout")
             stopper.escalate()
+            if monitor is not None and stopper.stage == 0:
+                monitor.poll(sys.stderr)
             time.sleep(0.05)
     finally:
         for s, handler in old.items():

@@ -55,7 +55,8 @@ def reduce_gradients(grads: Sequence[Any], names: Sequence[str], op: ReduceOp = 
         else:
             dense.append(i)
     reduced = grouped_allreduce_raw([out[i] for i in dense], [names[i] for i in dense], op,
-                                    compression, prescale, postscale, sparse_ratio, process_set)
+                                    compression, prescale, postscale, sparse_ratio, process_set,
+                                    count_step=True)
     for i, r in zip(dense, reduced):
         out[i] = r
     return out

@@ -47,6 +47,7 @@ import tensorflow as tf
 
 from .. import _dtypes
 from .. import collectives as _c
+from .. import monitor as _monitor
 from .._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCESCATTER, GradflowError,
                         auto_name, cross_rank, cross_size, init, is_initialized, local_rank,
                         local_size, mpi_comm, rank, shutdown, size)
@@ -149,11 +150,13 @@ def _resolve_ratio(sparse_ratio: SparseRatio) -> Optional[float]:
 def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op: ReduceOp = Average,
                           compression=Compression.none, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0, sparse_ratio: SparseRatio = None,
-                          process_set: Optional[ProcessSet] = None) -> List[tf.Tensor]:
+                          process_set: Optional[ProcessSet] = None,
+                          count_step: bool = False) -> List[tf.Tensor]:
     """Allreduce several dense tensors over `process_set` in one crossing
     (no gradient): every tensor is submitted before any is waited on, so the
     core can fuse them. `sparse_ratio` may be a callable, read at run time
-    on every call."""
+    on every call. `count_step`: each run is one optimizer update for
+    gradflowrun --monitor (counted at run time, not when traced)."""
     if not tensors:
         return []
     tensors = [_as_tensor(t) for t in tensors]
@@ -163,6 +166,8 @@ def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op
     wire_code(compression)  # validate now, not inside the callback
 
     def fn(*arrays):
+        if count_step:
+            _monitor.count_step()
         ratio = _resolve_ratio(sparse_ratio)
         handles = [_c.allreduce_async(a, op, n, prescale_factor, postscale_factor, compression,
                                       ratio, process_set) for a, n in zip(arrays, names)]

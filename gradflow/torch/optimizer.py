@@ -64,6 +64,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import torch
 
 from .. import _native
+from .. import monitor as _monitor
 from .._runtime import GradflowError
 from ..collectives import Adasum, Average, check_adasum_options, reduce_op
 from .compression import Compression, split as split_compression
@@ -356,6 +357,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             else:
                 self.synchronize()
         s.synchronized = False
+        _monitor.count_step()  # for gradflowrun --monitor
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
