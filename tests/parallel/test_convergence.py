@@ -11,7 +11,12 @@ from _launch import run_mpi
 pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
-EPOCHS = "30"
+# 40 epochs: CSC at 1% has a loss transient after the dense warm-up (see
+# benchmarks/results/convergence.json) that takes ~20 epochs to settle; at 30
+# epochs csc0.01+amp ended 1.1 points under dense in one numeric environment
+# (2026-11-24: 0.9644 vs 0.9756) and within 0.3 at 40 (0.9689 vs 0.9711), so
+# the comparison is made on settled models, at the same 1-point tolerance.
+EPOCHS = "40"
 # CSC settings: chunks small enough that a 50k-parameter MLP has ~800 of
 # them (with the default 32768 the whole model would be 2 chunks), and 50
 # dense warm-up steps (about 2 epochs).
