@@ -159,21 +159,27 @@ def broadcast(array, root_rank: int, name: Optional[str] = None) -> np.ndarray:
     return broadcast_async(array, root_rank, name).wait()
 
 
-def reducescatter_async(array, op: ReduceOp = Average, name: Optional[str] = None) -> Handle:
-    """Start a reducescatter: reduce across ranks, rank r keeps block r of the first dimension."""
+def reducescatter_async(array, op: ReduceOp = Average, name: Optional[str] = None,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+    """Start a reducescatter: reduce `prescale_factor * array` across ranks,
+    rank r keeps block r of the first dimension, times `postscale_factor`
+    (the core scales, as for allreduce)."""
     code = native_reduce_op(op)
     a = _prepare(array)
     if a.ndim == 0:
         raise ValueError("gradflow: reducescatter needs an array with at least one dimension")
     name = auto_name(REDUCESCATTER, name)
     return submit(REDUCESCATTER, name, a.ctypes.data, 0, _dtypes.code_of_numpy(a.dtype), a.shape,
-                  (a,), lambda r: _result_array(r, a.dtype), op=code)
+                  (a,), lambda r: _result_array(r, a.dtype), op=code,
+                  prescale=prescale_factor, postscale=postscale_factor)
 
 
-def reducescatter(array, op: ReduceOp = Average, name: Optional[str] = None) -> np.ndarray:
-    """Reduce `array` across ranks and return this rank's block of rows
-    (rows split as evenly as possible, earlier ranks get the remainder)."""
-    return reducescatter_async(array, op, name).wait()
+def reducescatter(array, op: ReduceOp = Average, name: Optional[str] = None,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
+    """Reduce `prescale_factor * array` across ranks and return this rank's
+    block of rows (rows split as evenly as possible, earlier ranks get the
+    remainder), times `postscale_factor`."""
+    return reducescatter_async(array, op, name, prescale_factor, postscale_factor).wait()
 
 
 def alltoall_async(array, splits: Optional[Sequence[int]] = None, name: Optional[str] = None) -> Handle:

@@ -1,18 +1,23 @@
 # gradflow/tensorflow/__init__.py — public TensorFlow API: re-exports only.
 # Shares the one gradflow runtime with gradflow (numpy) and gradflow.torch.
 """gradflow for TensorFlow 2: collectives on tf.Tensor (eager and tf.function),
-`DistributedGradientTape`, `broadcast_variables`. See docs/tensorflow.md."""
+`DistributedGradientTape`, `PartialDistributedGradientTape`,
+`broadcast_variables`, object broadcast/allgather. See docs/tensorflow.md."""
 from .ops import (Adasum, Average, Compression, GradflowError, Max, Min, Product, ReduceOp, Sum,
-                  allgather, allreduce, alltoall, broadcast, cross_rank, cross_size, grouped_allreduce, init,
-                  is_initialized, local_rank, local_size, mpi_comm, rank, reducescatter, shutdown,
-                  size)
-from .gradient_tape import DistributedGradientTape
-from .functions import broadcast_variables
+                  allgather, allreduce, alltoall, broadcast, broadcast_, cross_rank, cross_size,
+                  grouped_allreduce, init, is_initialized, join, local_rank, local_size, mpi_comm,
+                  rank, shutdown, size)
+from .scatter_ops import grouped_allgather, grouped_reducescatter, reducescatter
+from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
+from .functions import (allgather_object, broadcast_global_variables, broadcast_object,
+                        broadcast_object_fn, broadcast_variables)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "mpi_comm", "GradflowError", "ReduceOp", "Sum", "Average", "Min",
     "Max", "Product", "Adasum", "Compression", "allreduce", "grouped_allreduce", "allgather",
-    "broadcast",
-    "alltoall", "reducescatter", "DistributedGradientTape", "broadcast_variables",
+    "grouped_allgather", "broadcast", "broadcast_", "alltoall", "reducescatter",
+    "grouped_reducescatter", "join", "DistributedGradientTape", "PartialDistributedGradientTape",
+    "broadcast_variables", "broadcast_global_variables", "broadcast_object", "broadcast_object_fn",
+    "allgather_object",
 ]

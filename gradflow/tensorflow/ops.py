@@ -3,7 +3,9 @@
 # the numpy core (see `_cross`); must not hold communication logic (that is the
 # core's) nor import torch/keras.
 """TensorFlow ops: `allreduce`, `grouped_allreduce`, `allgather`, `broadcast`,
-`alltoall`, `reducescatter`, plus the runtime queries re-exported from gradflow.
+`broadcast_`, `alltoall`, `join`, plus the runtime queries re-exported from
+gradflow (reducescatter and the grouped allgather/reducescatter are in
+scatter_ops.py).
 
 How tensors cross to the core
 -----------------------------
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -44,15 +46,15 @@ from .. import collectives as _c
 from .._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCESCATTER, GradflowError,
                         auto_name, cross_rank, cross_size, init, is_initialized, local_rank,
                         local_size, mpi_comm, rank, shutdown, size)
-from ..collectives import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, op_from_average,
-                           reduce_op)
+from ..collectives import (Adasum, Average, Max, Min, Product, ReduceOp, Sum,
+                           check_global_process_set, op_from_average, reduce_op)
 from ..compression import Compression, wire_code
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "mpi_comm", "GradflowError", "ReduceOp", "Sum", "Average", "Min",
-    "Max", "Product", "Adasum", "Compression", "allreduce", "grouped_allreduce", "allgather", "broadcast",
-    "alltoall", "reducescatter",
+    "Max", "Product", "Adasum", "Compression", "allreduce", "grouped_allreduce", "allgather",
+    "broadcast", "broadcast_", "alltoall", "join",
 ]
 
 TensorLike = Union[tf.Tensor, tf.Variable, np.ndarray]
@@ -161,13 +163,14 @@ def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op
                   f"allreduce {names[0]!r}")
 
 
-def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: ReduceOp, name: str) -> tf.IndexedSlices:
+def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: ReduceOp, name: str,
+                              process_set: Any = None) -> tf.IndexedSlices:
     # As Horovod: gather every rank's values and indices; the optimizer sums
     # duplicate indices. Average divides the values by the number of ranks.
     if op not in (Sum, Average):
         raise NotImplementedError(f"gradflow: allreduce of tf.IndexedSlices supports Sum and Average, not {op!r}")
-    values = allgather(slices.values, name=f"{name}.values")
-    indices = allgather(slices.indices, name=f"{name}.indices")
+    values = allgather(slices.values, name=f"{name}.values", process_set=process_set)
+    indices = allgather(slices.indices, name=f"{name}.indices", process_set=process_set)
     if op == Average:
         values = values / tf.cast(size(), values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
@@ -177,17 +180,21 @@ def allreduce(tensor: Union[TensorLike, tf.IndexedSlices], average: Optional[boo
               device_dense: str = "", device_sparse: str = "", compression=Compression.none,
               op: Optional[ReduceOp] = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, name: Optional[str] = None,
+              process_set: Any = None, ignore_name_scope: bool = False, *,
               sparse_ratio: Optional[float] = None) -> Union[tf.Tensor, tf.IndexedSlices]:
     """Reduce `tensor` across ranks (default: average); same shape and dtype.
     Horovod's signature and positional order: `average` is Horovod's
     deprecated flag (True: Average, False: Sum; not together with `op`);
-    `device_dense`/`device_sparse` are accepted and ignored (CPU only).
-    tf.IndexedSlices are allgathered (values and indices), as in Horovod.
-    Gradient: the upstream gradient allreduced with the same op (Sum/Average)."""
+    `device_dense`/`device_sparse` are accepted and ignored (CPU only);
+    `ignore_name_scope` changes nothing (gradflow names never include the name
+    scope); `process_set`: the global set only. tf.IndexedSlices are
+    allgathered (values and indices), as in Horovod.
+    Gradient: the upstream gradient allreduced with the same op and scaling."""
+    check_global_process_set(process_set, "allreduce")
     op = op_from_average(average, op)
     name = op_name("allreduce", name)
     if isinstance(tensor, tf.IndexedSlices):
-        return _allreduce_indexed_slices(tensor, op, name)
+        return _allreduce_indexed_slices(tensor, op, name, process_set)
 
     @tf.custom_gradient
     def _allreduce(x):
@@ -198,7 +205,8 @@ def allreduce(tensor: Union[TensorLike, tf.IndexedSlices], average: Optional[boo
             if op not in (Sum, Average):
                 raise NotImplementedError(f"gradflow: no gradient for allreduce with op {op!r}")
             return allreduce(dy, op=op, name=f"{name}.grad", compression=compression,
-                             prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+                             prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                             process_set=process_set)
 
         return y, grad
 
@@ -209,12 +217,14 @@ def grouped_allreduce(tensors: Sequence[TensorLike], average: Optional[bool] = N
                       device_dense: str = "", device_sparse: str = "",
                       compression=Compression.none, op: Optional[ReduceOp] = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                      name: Optional[str] = None,
+                      process_set: Any = None, ignore_name_scope: bool = False,
+                      name: Optional[str] = None, *,
                       sparse_ratio: Optional[float] = None) -> List[tf.Tensor]:
     """Allreduce a list of tensors in one host crossing, fused by the core.
-    Horovod's positional order (`average`, `device_*` as in `allreduce`);
-    `name` is gradflow's extra: tensor i is named `<name>.<i>`.
+    Horovod's signature (`average`, `device_*`, `ignore_name_scope`,
+    `process_set` as in `allreduce`); tensor i is named `<name>.<i>`.
     Gradient: grouped allreduce of the gradients."""
+    check_global_process_set(process_set, "grouped_allreduce")
     op = op_from_average(average, op)
     base = op_name("allreduce", name)
     tensors = [_as_tensor(t) for t in tensors]
@@ -237,39 +247,55 @@ def grouped_allreduce(tensors: Sequence[TensorLike], average: Optional[bool] = N
     return list(_grouped(*tensors))
 
 
-# ---- allgather, broadcast, reducescatter, alltoall ----
+# ---- allgather, broadcast, alltoall ----
 
-def allgather(tensor: TensorLike, name: Optional[str] = None) -> tf.Tensor:
+def gathered_shape(x: tf.Tensor) -> Optional[List[Optional[int]]]:
+    """Static shape of an allgather of `x`: first dimension unknown."""
+    if x.shape.rank is None:
+        return None
+    return [None] + (list(x.shape[1:]) if x.shape.rank else [])
+
+
+def own_rows(reduced: tf.Tensor, x: tf.Tensor, name: str, process_set: Any = None) -> tf.Tensor:
+    """This rank's rows of `reduced` (an allgather-shaped gradient) for input
+    `x`: the gradient of allgather with respect to `x`."""
+    rows = tf.reshape(tf.shape(tf.reshape(x, [-1]) if x.shape.rank == 0 else x)[0], [1])
+    counts = allgather(rows, name=f"{name}.rows", process_set=process_set)
+    start = tf.reduce_sum(counts[:rank()])
+    return tf.reshape(reduced[start:start + rows[0]], tf.shape(x))
+
+
+def allgather(tensor: TensorLike, name: Optional[str] = None, ignore_name_scope: bool = False,
+              process_set: Any = None) -> tf.Tensor:
     """Concatenate every rank's `tensor` along dimension 0, in rank order (the
     first dimension may differ between ranks; a scalar counts as shape [1]).
-    Gradient: this rank's rows of the summed upstream gradient."""
+    Gradient (as Horovod): this rank's rows of the upstream gradient averaged
+    over ranks."""
+    check_global_process_set(process_set, "allgather")
     name = op_name("allgather", name)
     x = _as_tensor(tensor)
     _check_dtype(x, "allgather")
-    rest = x.shape[1:] if x.shape.rank else []
-    out_shape = [None] + list(rest) if x.shape.rank is not None else None
 
     @tf.custom_gradient
     def _allgather(x):
-        y = _cross(lambda a: [_c.allgather(a, name)], [x], [x.dtype], [out_shape],
+        y = _cross(lambda a: [_c.allgather(a, name)], [x], [x.dtype], [gathered_shape(x)],
                    f"allgather {name!r}")[0]
 
         def grad(dy):
-            summed = allreduce(dy, op=Sum, name=f"{name}.grad")
-            rows = tf.reshape(tf.shape(tf.reshape(x, [-1]) if x.shape.rank == 0 else x)[0], [1])
-            counts = allgather(rows, name=f"{name}.grad.rows")
-            start = tf.reduce_sum(counts[:rank()])
-            mine = summed[start:start + rows[0]]
-            return tf.reshape(mine, tf.shape(x))
+            reduced = allreduce(dy, op=Average, name=f"{name}.grad", process_set=process_set)
+            return own_rows(reduced, x, f"{name}.grad", process_set)
 
         return y, grad
 
     return _allgather(x)
 
 
-def broadcast(tensor: TensorLike, root_rank: int, name: Optional[str] = None) -> tf.Tensor:
+def broadcast(tensor: TensorLike, root_rank: int, name: Optional[str] = None,
+              ignore_name_scope: bool = False, process_set: Any = None) -> tf.Tensor:
     """Root's `tensor` on every rank (shapes and dtypes must match).
-    Gradient (as Horovod): the root gets the summed gradient, others zeros."""
+    Gradient (as Horovod): the root gets the upstream gradient averaged over
+    ranks, other ranks zeros."""
+    check_global_process_set(process_set, "broadcast")
     name = op_name("broadcast", name)
     x = _as_tensor(tensor)
     _check_dtype(x, "broadcast")
@@ -281,54 +307,56 @@ def broadcast(tensor: TensorLike, root_rank: int, name: Optional[str] = None) ->
                    f"broadcast {name!r}")[0]
 
         def grad(dy):
-            summed = allreduce(dy, op=Sum, name=f"{name}.grad")
-            return summed if rank() == root else tf.zeros_like(summed)
+            reduced = allreduce(dy, op=Average, name=f"{name}.grad", process_set=process_set)
+            return reduced if rank() == root else tf.zeros_like(reduced)
 
         return y, grad
 
     return _broadcast(x)
 
 
-def _reducescatter_rows(n: Optional[int]) -> Optional[int]:
-    if n is None:
-        return None
-    return n // size() + (1 if rank() < n % size() else 0)
+def broadcast_(variables: Union[tf.Variable, Sequence[tf.Variable]], root_rank: int,
+               name: Optional[str] = None, process_set: Any = None
+               ) -> Union[tf.Tensor, List[tf.Tensor]]:
+    """In-place broadcast: assign root's values to `variables` on every rank
+    (one host crossing for the whole list; variable i is named `<name>.<i>`).
+    Returns the variables' new values (a list, or one tensor for a single
+    variable), as Horovod. Not differentiable (an assignment)."""
+    check_global_process_set(process_set, "broadcast_")
+    single = isinstance(variables, tf.Variable)
+    variables = [variables] if single else list(variables)
+    for v in variables:
+        if not isinstance(v, tf.Variable):
+            raise TypeError(f"gradflow: broadcast_ assigns in place and needs tf.Variable objects, "
+                            f"got {type(v).__name__}; use broadcast() for tensors")
+    if not variables:
+        return []
+    base = op_name("broadcast", name)
+    values = [tf.convert_to_tensor(v) for v in variables]
+    for v in values:
+        _check_dtype(v, "broadcast_")
+    root = int(root_rank)
 
+    def fn(*arrays):
+        handles = [_c.broadcast_async(a, root, f"{base}.{i}") for i, a in enumerate(arrays)]
+        return [h.wait() for h in handles]
 
-def reducescatter(tensor: TensorLike, op: ReduceOp = Average, name: Optional[str] = None) -> tf.Tensor:
-    """Reduce `tensor` across ranks and return this rank's block of rows (rows
-    split as evenly as possible, earlier ranks get the remainder).
-    Gradient: allgather of the upstream gradient (divided by size for Average)."""
-    op = reduce_op(op)
-    name = op_name("reducescatter", name)
-    x = _as_tensor(tensor)
-    _check_dtype(x, "reducescatter")
-    if x.shape.rank == 0:
-        raise ValueError("gradflow: reducescatter needs a tensor with at least one dimension")
-    out_shape = ([_reducescatter_rows(x.shape[0])] + list(x.shape[1:])
-                 if x.shape.rank is not None else None)
-
-    @tf.custom_gradient
-    def _reducescatter(x):
-        y = _cross(lambda a: [_c.reducescatter(a, op, name)], [x], [x.dtype], [out_shape],
-                   f"reducescatter {name!r}")[0]
-
-        def grad(dy):
-            if op not in (Sum, Average):
-                raise NotImplementedError(f"gradflow: no gradient for reducescatter with op {op!r}")
-            g = allgather(dy, f"{name}.grad")
-            return g / tf.cast(size(), g.dtype) if op == Average else g
-
-        return y, grad
-
-    return _reducescatter(x)
+    outs = _cross(fn, values, [v.dtype for v in values], [v.shape for v in values],
+                  f"broadcast_ {base!r}")
+    assigns = [v.assign(o) for v, o in zip(variables, outs)]
+    with tf.control_dependencies(assigns):
+        new = [v.read_value() for v in variables]
+    return new[0] if single else new
 
 
 def alltoall(tensor: TensorLike, splits: Optional[Union[Sequence[int], tf.Tensor]] = None,
-             name: Optional[str] = None) -> Tuple[tf.Tensor, tf.Tensor]:
+             name: Optional[str] = None, ignore_name_scope: bool = False,
+             process_set: Any = None) -> Union[tf.Tensor, Tuple[tf.Tensor, tf.Tensor]]:
     """Send `splits[p]` rows to rank p (default: even split). Returns the rows
-    received from every rank in rank order and how many came from each (int64).
+    received from every rank in rank order; when `splits` is given, also how
+    many rows came from each rank (int32), as Horovod.
     Gradient: alltoall of the upstream gradient with the received splits."""
+    check_global_process_set(process_set, "alltoall")
     name = op_name("alltoall", name)
     x = _as_tensor(tensor)
     _check_dtype(x, "alltoall")
@@ -337,18 +365,31 @@ def alltoall(tensor: TensorLike, splits: Optional[Union[Sequence[int], tf.Tensor
 
     def fn(a, s):
         y, received = _c.alltoall(a, None if s.size == 0 else s.tolist(), name)
-        return [y, received.astype(np.int64)]
+        return [y, received.astype(np.int32)]
 
     @tf.custom_gradient
     def _alltoall(x):
-        y, received = _cross(fn, [x, sp], [x.dtype, tf.int64], [out_shape, [size()]],
+        y, received = _cross(fn, [x, sp], [x.dtype, tf.int32], [out_shape, [size()]],
                              f"alltoall {name!r}")
 
         def grad(dy, _unused):
-            back, _ = alltoall(dy, received, f"{name}.grad")
+            back, _ = alltoall(dy, received, f"{name}.grad", process_set=process_set)
             return tf.reshape(back, tf.shape(x))
 
         return (y, received), grad
 
     y, received = _alltoall(x)
-    return y, received
+    return y if splits is None else (y, received)
+
+
+def join() -> tf.Tensor:
+    """Declare this rank done (see `gradflow.join`): until every rank has
+    joined, it contributes zeros to the other ranks' allreduces. Returns the
+    rank that joined last, as an int32 scalar tensor (as Horovod)."""
+    if tf.executing_eagerly():
+        return tf.constant(_c.join(), tf.int32)
+    _check_not_xla("join")
+    out = tf.numpy_function(lambda: np.int32(_c.join()), [], tf.int32, stateful=True,
+                            name="gradflow_join")
+    out.set_shape([])
+    return out
