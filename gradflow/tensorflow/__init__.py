@@ -9,6 +9,8 @@ from .ops import (Adasum, Average, Compression, GradflowError, Max, Min, Product
                   rank, shutdown, size)
 from .scatter_ops import grouped_allgather, grouped_reducescatter, reducescatter
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
+from .runtime_ops import (DistributedOptimizer, local_rank_op, local_size_op, rank_op,
+                          size_op)
 from .functions import (allgather_object, broadcast_global_variables, broadcast_object,
                         broadcast_object_fn, broadcast_variables)
 
@@ -19,5 +21,6 @@ __all__ = [
     "grouped_allgather", "broadcast", "broadcast_", "alltoall", "reducescatter",
     "grouped_reducescatter", "join", "DistributedGradientTape", "PartialDistributedGradientTape",
     "broadcast_variables", "broadcast_global_variables", "broadcast_object", "broadcast_object_fn",
-    "allgather_object",
+    "allgather_object", "DistributedOptimizer", "rank_op", "local_rank_op", "size_op",
+    "local_size_op",
 ]

@@ -30,6 +30,14 @@ def test_tf_horovod_api(ranks):
     assert out.stdout.count("tf hvd api OK") == ranks, out.stdout
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_keras_horovod_functions(ranks):
+    """horovod.tensorflow.keras's value collectives, load_model round trip and
+    PartialDistributedOptimizer."""
+    out = run_mpi(ranks, "keras_hvd_api_script.py", env=TF_ENV, timeout=300)
+    assert out.stdout.count("keras hvd api OK") == ranks, out.stdout
+
+
 def test_keras_fit_and_callbacks():
     out = run_mpi(2, "keras_fit_script.py", env=TF_ENV, timeout=300)
     assert out.stdout.count("keras OK") == 2, out.stdout

@@ -2,7 +2,8 @@
 # under mpiexec, 2 and 3 ranks): Horovod 0.28's horovod.tensorflow API in
 # gradflow.tensorflow — reducescatter with pre/postscale, grouped
 # allgather/reducescatter, alltoall without splits, broadcast_, join, object
-# broadcast/allgather, broadcast_global_variables, (Partial)DistributedGradientTape
+# broadcast/allgather, broadcast_global_variables, (Partial)DistributedGradientTape,
+# rank_op/size_op, DistributedOptimizer
 # — eager and in tf.function, against numpy closed forms, gradients against
 # analytic values, and results compared bitwise across ranks. Exits non-zero on failure.
 import os
@@ -269,6 +270,25 @@ def check_tape_split_and_errors():
             raise AssertionError(f"expected {exc.__name__} with {text!r}")
 
 
+def check_queries():
+    for mode, run in (("eager", lambda f: f()), ("graph", lambda f: tf.function(f)())):
+        got = run(lambda: [gtf.rank_op(), gtf.size_op(), gtf.local_rank_op(), gtf.local_size_op()])
+        assert [int(t) for t in got] == [R, N, gtf.local_rank(), gtf.local_size()], (mode, got)
+        assert all(t.dtype == tf.int32 for t in got), mode
+    opt = gtf.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2)
+    assert opt.backward_passes_per_step == 2 and type(opt).__name__ == "SGD"
+    for bad, exc in [(lambda: gtf.size_op(process_set_id=1), ValueError),
+                     (lambda: gtf.DistributedOptimizer(
+                         tf.compat.v1.train.GradientDescentOptimizer(0.1)), TypeError)]:
+        try:
+            bad()
+        except exc:
+            pass
+        else:
+            raise AssertionError(f"expected {exc.__name__}")
+
+
+check_queries()
 check_scatter_gather("eager", eager)
 check_scatter_gather("graph", graph)
 check_gradients("eager")
