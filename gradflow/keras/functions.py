@@ -112,8 +112,10 @@ def load_model(filepath: Any, custom_optimizers: Optional[Iterable[type]] = None
     iteration count). Every Keras optimizer class is recognized by name
     (subclasses such as AdamW included); list your own Optimizer subclasses in
     `custom_optimizers`; `custom_objects` are passed to Keras (and win over
-    the wrappers, as Horovod). `legacy_opts=True` (Keras 2 legacy optimizers)
-    raises ValueError: Keras 3 has none."""
+    the wrappers, as Horovod; an optimizer that comes back unwrapped that way
+    raises ValueError instead of training without reduction).
+    `legacy_opts=True` (Keras 2 legacy optimizers) raises ValueError: Keras 3
+    has none."""
     if legacy_opts:
         raise ValueError("gradflow: load_model(legacy_opts=True) is for Keras 2's legacy "
                          "optimizers, which Keras 3 does not have")
@@ -129,7 +131,9 @@ def load_model(filepath: Any, custom_optimizers: Optional[Iterable[type]] = None
     objects.update(custom_objects or {})
     model = keras.models.load_model(filepath, custom_objects=objects)
     if model.optimizer is not None and not is_distributed(model.optimizer):
+        # A plain optimizer would train without reducing gradients: never
+        # hand that back silently.
         raise ValueError(f"gradflow: load_model: the saved optimizer "
-                         f"{type(model.optimizer).__name__} was not recognized; pass its class in "
-                         "custom_optimizers")
+                         f"{type(model.optimizer).__name__} came back unwrapped (a custom_objects "
+                         "entry took its name?); pass its class in custom_optimizers instead")
     return model

@@ -103,9 +103,40 @@ def check_load_model():
         assert "legacy" in str(e), str(e)
     else:
         raise AssertionError("legacy_opts=True did not raise")
-    gtf.join()  # every rank is done with the file
+    check_custom_optimizer(os.path.join(os.path.dirname(path), "custom.keras"))
+    gtf.join()  # every rank is done with the files
     if R == 0:
         shutil.rmtree(os.path.dirname(path))
+
+
+@keras.saving.register_keras_serializable(package="t14")
+class HalfSGD(keras.optimizers.SGD):
+    """A user's optimizer class: load_model wraps it only when listed."""
+
+
+def check_custom_optimizer(path):
+    model = make_model(3)
+    model.compile(optimizer=hvd.DistributedOptimizer(HalfSGD(0.05)), loss="mse")
+    x, y = data(R)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    if R == 0:
+        model.save(path)
+    gtf.join()
+    try:  # Keras itself cannot find the class (the wrapper's saved name is unregistered)
+        hvd.load_model(path)
+    except (TypeError, ValueError) as e:
+        assert "HalfSGD" in str(e), str(e)
+    else:
+        raise AssertionError("an unlisted custom optimizer did not raise")
+    try:  # a custom_objects entry taking the optimizer's name: refused, never unwrapped
+        hvd.load_model(path, custom_objects={"HalfSGD": HalfSGD})
+    except ValueError as e:
+        assert "unwrapped" in str(e) and "custom_optimizers" in str(e), str(e)
+    else:
+        raise AssertionError("an unwrapped optimizer did not raise")
+    loaded = hvd.load_model(path, custom_optimizers=[HalfSGD])
+    assert hvd.is_distributed(loaded.optimizer) and isinstance(loaded.optimizer, HalfSGD)
+    assert int(loaded.optimizer.iterations) == 2
 
 
 def check_partial_step():
