@@ -14,6 +14,21 @@ import sys
 
 from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext, naive_recompile
 from setuptools import setup
+from setuptools.command.build_py import build_py
+
+
+class build_py_with_pth(build_py):
+    """Also install gradflow-horovod-compat.pth at the top of site-packages:
+    site.py runs it at every start-up, and it puts the horovod shim on
+    sys.path only when GRADFLOW_HOROVOD_COMPAT is true (otherwise it does
+    nothing), so other launchers (mpiexec, srun) get compatibility mode
+    from the environment alone."""
+
+    PTH = os.path.join("gradflow", "horovod_compat", "gradflow-horovod-compat.pth")
+
+    def run(self):
+        super().run()
+        self.copy_file(self.PTH, os.path.join(self.build_lib, os.path.basename(self.PTH)))
 
 
 def find_mpicxx() -> str:
@@ -75,4 +90,4 @@ ext = Pybind11Extension(
     extra_link_args=extra_link + ["-Wl,-rpath,$ORIGIN/../../.."],
 )
 
-setup(ext_modules=[ext], cmdclass={"build_ext": build_ext})
+setup(ext_modules=[ext], cmdclass={"build_ext": build_ext, "build_py": build_py_with_pth})

@@ -4,7 +4,9 @@ group per configuration (with a timeout), timing collectives, and formatting.
 The benchmarks are driver + worker: the driver (run once, outside MPI) starts
 one process group per system/mode with its own environment, because gradflow
 reads its GRADFLOW_* settings at init(). Each worker group writes a JSON
-result file that the driver merges into one table.
+result file that the driver merges into one table. With --netns the groups
+run on the project's emulated cluster (benchmarks/cluster/), see
+add_cluster_args / open_cluster.
 """
 from __future__ import annotations
 
@@ -20,11 +22,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence
+from contextlib import contextmanager
+from typing import Dict, Iterator, List, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-NETNS_DIR = os.path.normpath(os.path.join(ROOT, "..", "shared", "tools", "netns"))
+sys.path.insert(0, HERE)
+from cluster import Cluster, ClusterError, read_state  # noqa: E402
 
 
 # ------------------------------------------------------------------ sizes
@@ -111,25 +115,83 @@ def machine_info() -> Dict[str, object]:
             "python": platform.python_version(), "platform": platform.platform()}
 
 
+def portable_cmd(cmd: Sequence[str]) -> str:
+    """cmd as a shell line without this machine's paths (it is printed and
+    recorded in results): files in the project relative to its root, this
+    interpreter as `python`, an mpiexec as `mpiexec`."""
+    out = []
+    for c in cmd:
+        if c == sys.executable:
+            c = "python"
+        elif os.path.isabs(c) and os.path.basename(c) == "mpiexec":
+            c = "mpiexec"
+        elif c.startswith(ROOT + os.sep):
+            c = os.path.relpath(c, ROOT)
+        out.append(shlex.quote(c))
+    return " ".join(out)
+
+
 def venv_bin(name: str) -> str:
     cand = os.path.join(os.path.dirname(sys.executable), name)
     return cand if os.path.exists(cand) else name
 
 
-def launcher_prefix(nranks: int, netns: bool) -> List[str]:
-    if netns:
-        return [os.path.join(NETNS_DIR, "run-on-netns.sh"), str(nranks), "--"]
+# ------------------------------------------------------------------ emulated cluster
+
+def add_cluster_args(p) -> None:
+    """--netns and its options, the same in every benchmark driver."""
+    p.add_argument("--netns", action="store_true",
+                   help="run on the emulated cluster (benchmarks/cluster/, needs root): one network "
+                        "namespace per rank; built for this run and removed after, unless --cluster names "
+                        "one that is already up")
+    p.add_argument("--rate", default="1gbit", help="with --netns: NIC rate of the cluster built (tc syntax)")
+    p.add_argument("--delay", default="0", help="with --netns: added one-way latency (0, 500us, 1ms)")
+    p.add_argument("--cluster", default=None, metavar="NAME",
+                   help="with --netns: use this running cluster (python -m benchmarks.cluster up N --name NAME)")
+
+
+@contextmanager
+def open_cluster(args, hosts: int) -> Iterator[Optional[Cluster]]:
+    """The cluster for --netns (None without it): the running one named by
+    --cluster, else one of `hosts` hosts built now and removed on exit."""
+    if not getattr(args, "netns", False):
+        yield None
+        return
+    if args.cluster:
+        try:
+            c = Cluster.attach(args.cluster)
+        except ClusterError as e:
+            sys.exit(f"--netns: {e}")
+        if c.hosts < hosts:
+            sys.exit(f"--netns: cluster {args.cluster!r} has {c.hosts} hosts, {hosts} needed")
+        yield c
+        return
+    built = Cluster(hosts, args.rate, args.delay, name=f"bench{os.getpid()}")
+    try:
+        built.__enter__()
+    except ClusterError as e:
+        sys.exit(f"--netns: {e}")
+    try:
+        print(f"[bench] {built.describe()}", file=sys.stderr, flush=True)
+        yield built
+    finally:
+        built.__exit__(None, None, None)
+
+
+def launcher_prefix(nranks: int, cluster: Optional[Cluster] = None) -> List[str]:
+    if cluster is not None:
+        return cluster.mpi_command([], nranks)
     return [venv_bin("mpiexec"), "-n", str(nranks)]
 
 
-def base_env(nranks: int, netns: bool) -> Dict[str, str]:
+def base_env(nranks: int, cluster: Optional[Cluster] = None) -> Dict[str, str]:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     if nranks > (os.cpu_count() or 1):
         # MPICH busy-polls; with more ranks than cores yielding early helps a lot.
         env.setdefault("MPIR_CVAR_POLLS_BEFORE_YIELD", "10")
-    if netns:
-        env.setdefault("HX_VENV", os.path.dirname(os.path.dirname(sys.executable)))
+    if cluster is not None:
+        env = cluster.env(nranks, env)
     if glob.glob(os.path.join(ROOT, "gradflow", "_native*.so")):
         # A source tree with an in-place build is benchmarked as it stands.
         env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -140,18 +202,18 @@ def base_env(nranks: int, netns: bool) -> Dict[str, str]:
     return env
 
 
-def run_group(label: str, nranks: int, netns: bool, worker_args: Sequence[str],
+def run_group(label: str, nranks: int, cluster: Optional[Cluster], worker_args: Sequence[str],
               extra_env: Dict[str, str], timeout: float, log=sys.stderr) -> Dict[str, object]:
     """Start one worker process group; return its JSON result, or an error record
     (command, exit status, tail of the output) when it fails, hangs or times out."""
     fd, out_json = tempfile.mkstemp(prefix="gfbench-", suffix=".json")
     os.close(fd)
     os.unlink(out_json)
-    cmd = launcher_prefix(nranks, netns) + [sys.executable] + list(worker_args) + ["--json-out", out_json]
-    env = base_env(nranks, netns)
+    cmd = launcher_prefix(nranks, cluster) + [sys.executable] + list(worker_args) + ["--json-out", out_json]
+    env = base_env(nranks, cluster)
     env.update(extra_env)
     shown = " ".join(f"{k}={v}" for k, v in extra_env.items())
-    print(f"[bench] {label}: {shown} {' '.join(shlex.quote(c) for c in cmd)}", file=log, flush=True)
+    print(f"[bench] {label}: {shown} {portable_cmd(cmd)}", file=log, flush=True)
     t0 = time.time()
     try:
         # own session so that a timeout kills the whole tree (mpiexec + ranks)
@@ -162,6 +224,8 @@ def run_group(label: str, nranks: int, netns: bool, worker_args: Sequence[str],
             rc = p.returncode
         except subprocess.TimeoutExpired:
             import signal
+            if cluster is not None:  # hydra's proxies there are in sessions of their own
+                cluster.kill_jobs(p)
             try:
                 os.killpg(p.pid, signal.SIGTERM)
                 time.sleep(2)
@@ -184,7 +248,7 @@ def run_group(label: str, nranks: int, netns: bool, worker_args: Sequence[str],
         print(f"[bench] {label} FAILED ({rc}) after {elapsed:.0f}s:\n{tail}", file=log, flush=True)
     if os.path.exists(out_json):
         os.unlink(out_json)
-    result["command"] = shown + " " + " ".join(shlex.quote(c) for c in cmd[:-2])
+    result["command"] = shown + " " + portable_cmd(cmd[:-2])
     result["wall_seconds"] = elapsed
     print(f"[bench] {label}: done in {elapsed:.0f}s", file=log, flush=True)
     return result
@@ -194,29 +258,16 @@ def median(xs: Sequence[float]) -> float:
     return statistics.median(xs)
 
 
-def netns_config() -> Dict[str, str]:
-    """The running emulated cluster's settings (HX_N, HX_RATE, HX_DELAY, ...), from its state file."""
-    state = os.environ.get("HX_STATE_DIR", "/run/" + os.environ.get("HX_PREFIX", "hxnet"))
-    cfg: Dict[str, str] = {}
-    try:
-        with open(os.path.join(state, "config")) as f:
-            for line in f:
-                line = line.strip()
-                if line.startswith("export "):
-                    line = line[len("export "):]
-                if "=" in line and not line.startswith("#"):
-                    k, v = line.split("=", 1)
-                    cfg[k.strip()] = v.strip().strip("'\"")
-    except OSError:
-        pass
-    return cfg
+def netns_config(cluster: Optional[Cluster]) -> Optional[Dict[str, object]]:
+    """The emulated cluster's settings (hosts, rate, delay, ...) for the JSON record."""
+    if cluster is None:
+        return None
+    return {k: v for k, v in (read_state(cluster.name) or cluster.state).items()
+            if k not in ("daemons", "owner_pid")}
 
 
-def netns_desc() -> str:
-    c = netns_config()
-    if not c:
-        return "emulated network (no netns config found)"
-    return f"emulated network: netns, {c.get('HX_N', '?')} hosts, {c.get('HX_RATE', '?')} per NIC, delay {c.get('HX_DELAY', '?')}"
+def netns_desc(cluster: Optional[Cluster]) -> str:
+    return cluster.describe() if cluster is not None else "shared memory (one machine)"
 
 
 def write_doc_section(path: str, begin: str, end: str, section_body: str) -> None:

@@ -5,8 +5,9 @@ throughput measurement of one system on one model, in one process group.
 
 runs under `mpiexec -n N` (gradflow systems, and DDP in shared-memory mode:
 rank/size from the PMI_* environment, MASTER_ADDR/MASTER_PORT from the driver),
-under `run-on-netns.sh N -- ...` (gradflow over the emulated network) or
-`run-on-netns.sh N --raw -- ...` (DDP: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+on the emulated cluster of benchmarks/cluster (`Cluster.command(..., raw=False)`:
+gradflow over the emulated network) or in its raw mode (`python -m
+benchmarks.cluster run N --raw -- ...`; DDP: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 
 Systems (one name each; the driver sets GRADFLOW_* in the environment):
   torch           one process, plain torch, no library (the speedup baseline)
@@ -121,9 +122,13 @@ def n_params(model_name: str) -> int:
 # ---------------------------------------------------------------- helpers
 
 def _nic_tx_bytes():
-    """tx_bytes of the emulated host's NIC (hxeth0), None outside the namespaces."""
+    """tx_bytes of the emulated host's NIC (GFCLUSTER_IFACE, set by
+    benchmarks/cluster), None outside the emulated cluster."""
+    iface = os.environ.get("GFCLUSTER_IFACE")
+    if not iface:
+        return None
     try:
-        with open("/sys/class/net/hxeth0/statistics/tx_bytes") as f:
+        with open(f"/sys/class/net/{iface}/statistics/tx_bytes") as f:
             return int(f.read())
     except OSError:
         return None

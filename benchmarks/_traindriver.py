@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import socket
 import subprocess
@@ -16,6 +15,7 @@ from typing import Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _benchutil as bu  # noqa: E402
+from cluster import Cluster  # noqa: E402
 
 WORKER = os.path.join(bu.HERE, "_trainbench.py")
 
@@ -26,34 +26,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def netns_pids(prefix: str) -> List[int]:
-    """pids of processes inside our own emulated hosts (namespaces <prefix>-h*)."""
-    pids: List[int] = []
-    try:
-        out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return pids
-    for line in out.splitlines():
-        ns = line.split()[0] if line.split() else ""
-        if ns.startswith(prefix + "-h"):
-            r = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=10)
-            pids += [int(x) for x in r.stdout.split()]
-    return pids
-
-
 def run_group(systems: List[str], model: str, nranks: int, mode: str, worker_args: List[str],
-              extra_env: Dict[str, str], timeout: float, netns_prefix: Optional[str] = None,
+              extra_env: Dict[str, str], timeout: float, cluster: Optional[Cluster] = None,
               log=sys.stdout) -> Dict[str, Dict[str, object]]:
     """Run `systems` (one family) one after another in one process group; return
     {system: result}. If the group crashes or times out, the system that was
     running gets an error record and the rest are started again in a new group.
     mode: 'local' (mpiexec -n N here, shared memory; plain python for 'torch'),
-    'netns' (run-on-netns.sh N, MPI mode) or 'netns-raw' (run-on-netns.sh N --raw)."""
+    'netns' (N MPI ranks, one per host of `cluster`) or 'netns-raw' (one process per
+    host with torch's env:// variables: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
     results: Dict[str, Dict[str, object]] = {}
     pending = list(systems)
     while pending:
         out = _launch(pending, model, nranks, mode, worker_args, extra_env,
-                      timeout * len(pending), netns_prefix, log)
+                      timeout * len(pending), cluster, log)
         done = out.get("results", {})
         for s in pending:
             if s in done:
@@ -82,13 +68,15 @@ def run_group(systems: List[str], model: str, nranks: int, mode: str, worker_arg
     return results
 
 
-def _launch(systems, model, nranks, mode, worker_args, extra_env, timeout, netns_prefix, log):
+def _launch(systems, model, nranks, mode, worker_args, extra_env, timeout, cluster, log):
     fd, out_json = tempfile.mkstemp(prefix="gftrain-", suffix=".json")
     os.close(fd)
     os.unlink(out_json)
     py = [sys.executable, WORKER, "--systems", ",".join(systems), "--model", model] + list(worker_args) + [
         "--json-out", out_json]
-    env = bu.base_env(nranks, mode != "local")
+    if mode != "local" and cluster is None:
+        raise ValueError(f"mode {mode} needs the emulated cluster")
+    env = bu.base_env(nranks, cluster if mode != "local" else None)
     env["PYTHONPATH"] = bu.ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["OMP_NUM_THREADS"] = "1"
     if mode == "local":
@@ -99,12 +87,10 @@ def _launch(systems, model, nranks, mode, worker_args, extra_env, timeout, netns
         if systems[0].startswith("ddp") or systems[0] == "nocomm":
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), GLOO_SOCKET_IFNAME="lo")
     else:
-        run = os.path.join(bu.NETNS_DIR, "run-on-netns.sh")
-        cmd = [run, str(nranks)] + (["--raw"] if mode == "netns-raw" else []) + ["--"] + py
-        env["HX_TIMEOUT"] = str(int(timeout) + 30)
+        cmd = cluster.command(py, nranks, raw=mode == "netns-raw")
     env.update(extra_env)
     shown = " ".join(f"{k}={v}" for k, v in extra_env.items())
-    cmd_str = (shown + " " if shown else "") + " ".join(shlex.quote(c) for c in cmd[:-2])
+    cmd_str = (shown + " " if shown else "") + bu.portable_cmd(cmd[:-2])
     print(f"    $ {cmd_str}", file=log, flush=True)
     t0 = time.time()
     rc: object
@@ -125,10 +111,10 @@ def _launch(systems, model, nranks, mode, worker_args, extra_env, timeout, netns
             p.wait(timeout=timeout)
             rc = p.returncode
         except subprocess.TimeoutExpired:
-            _kill_tree(p, netns_prefix)
+            _kill_tree(p, cluster)
             rc = "timeout"
         except BaseException:
-            _kill_tree(p, netns_prefix)
+            _kill_tree(p, cluster)
             raise
         th.join(5)
         out = "".join(lines)
@@ -149,20 +135,17 @@ def _launch(systems, model, nranks, mode, worker_args, extra_env, timeout, netns
     return result
 
 
-def _kill_tree(p: subprocess.Popen, netns_prefix: Optional[str]) -> None:
+def _kill_tree(p: subprocess.Popen, cluster: Optional[Cluster]) -> None:
     """End the process group we started and, over the emulated network, the
-    processes we started inside our own namespaces (hydra proxies are session leaders)."""
+    processes it started inside the cluster (hydra proxies are session leaders)."""
+    if cluster is not None:
+        cluster.kill_jobs(p)
+        return
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(p.pid, sig)
         except ProcessLookupError:
             pass
-        if netns_prefix:
-            for pid in netns_pids(netns_prefix):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
         time.sleep(1.5)
     try:
         p.wait(timeout=10)

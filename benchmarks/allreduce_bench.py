@@ -4,12 +4,14 @@ MPI_Allreduce (mpi4py) and torch.distributed gloo, in one command.
 
     python benchmarks/allreduce_bench.py -np 2                  # shared memory, 2 ranks
     python benchmarks/allreduce_bench.py -np 4 --output t.md    # 4 ranks (oversubscribed on 2 cores)
-    python benchmarks/allreduce_bench.py -np 2 --netns --sizes 1MiB,4MiB,16MiB,64MiB
-        # over the emulated cluster of ../shared/tools/netns (netns-up.sh first)
+    sudo python benchmarks/allreduce_bench.py -np 2 --netns --sizes 1MiB,4MiB,16MiB,64MiB
+        # on an emulated 1 Gbit/s cluster (benchmarks/cluster/), built for the run
+        # and removed after; --rate/--delay change the link, --cluster NAME uses
+        # one already up (python -m benchmarks.cluster up 2 --name NAME)
 
 The driver starts one process group per system (GRADFLOW_ALLREDUCE_ALGO is
 read at gradflow.init(), so each algorithm needs its own processes), each
-under `mpiexec -n NP` (or run-on-netns.sh NP with --netns) and a timeout,
+under `mpiexec -n NP` (with --netns: one rank per emulated host) and a timeout,
 merges their JSON results and prints a markdown table: per size and system
 the median time of one allreduce (slowest rank, barrier before each
 iteration) and the bus bandwidth 2(N-1)/N * bytes / time; plus the ratios
@@ -80,7 +82,7 @@ def worker(args) -> None:
 
     results = []
     meta = {"system": system, "nranks": nranks, "env": {k: v for k, v in os.environ.items()
-                                                         if k.startswith(("GRADFLOW_", "MPIR_CVAR", "FI_", "HX_"))}}
+                                                         if k.startswith(("GRADFLOW_", "MPIR_CVAR", "FI_"))}}
 
     def dump():
         if rank == 0:
@@ -200,6 +202,11 @@ def make_table(merged: dict, systems, nranks: int) -> str:
 
 
 def driver(args) -> None:
+    with bu.open_cluster(args, args.np) as cluster:  # None on shared memory
+        run_driver(args, cluster)
+
+
+def run_driver(args, cluster) -> None:
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     info = bu.machine_info()
     cmdline = "python " + " ".join([os.path.relpath(sys.argv[0], bu.ROOT)] + sys.argv[1:])
@@ -217,11 +224,11 @@ def driver(args) -> None:
                      "--iters", str(args.iters), "--min-iters", str(args.min_iters),
                      "--warmup", str(args.warmup), "--budget", args.budget]
             runs[s].append(bu.run_group(f"{s} (repetition {rep + 1}/{args.repeat})", args.np,
-                                        args.netns, wargs, extra, args.timeout))
+                                        cluster, wargs, extra, args.timeout))
     merged = {s: merge_runs(runs[s]) for s in systems}
     info["loadavg_end"] = list(os.getloadavg())
     table = make_table(merged, systems, args.np)
-    where = bu.netns_desc() if args.netns else "shared memory (one machine)"
+    where = bu.netns_desc(cluster)
     header = (f"allreduce(sum) float32, {args.np} ranks, {where}; {info['date']}, "
               f"{info['cpus']} cores, load avg at start {info['loadavg'][0]:.2f} "
               f"/ end {info['loadavg_end'][0]:.2f}\n`{cmdline}`\n")
@@ -256,7 +263,7 @@ def driver(args) -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"meta": info | {"nranks": args.np, "netns": args.netns, "command": cmdline,
-                                        "network": bu.netns_config() if args.netns else None},
+                                        "network": bu.netns_config(cluster)},
                        "systems": merged, "table": table}, f, indent=1)
 
 
@@ -271,7 +278,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeat", type=int, default=1,
                    help="process groups per system, interleaved; table = median of their medians")
-    p.add_argument("--netns", action="store_true", help="run each group with ../shared/tools/netns/run-on-netns.sh")
+    bu.add_cluster_args(p)
     p.add_argument("--timeout", type=float, default=1200, help="seconds per process group")
     p.add_argument("--output", help="also write the markdown table here")
     p.add_argument("--json", help="write all measurements here (for plot_allreduce.py)")

@@ -4,7 +4,7 @@ gradient-sized buffer (default 21 M float32 = 84 MB, the gradient of a
 21 M-parameter MLP), in one command.
 
     python benchmarks/compression_bench.py -np 2
-    python benchmarks/compression_bench.py -np 4 --netns --output t.md   # emulated 1 Gbit/s cluster
+    sudo python benchmarks/compression_bench.py -np 4 --netns --output t.md   # emulated 1 Gbit/s cluster
 
 Modes (each in its own process group: the settings are read at init()):
   fp32, fp16, bf16      GRADFLOW_WIRE_DTYPE, dense
@@ -149,6 +149,11 @@ def worker(args) -> None:
 # ====================================================================== driver
 
 def driver(args) -> None:
+    with bu.open_cluster(args, args.np) as cluster:  # None on shared memory
+        run_driver(args, cluster)
+
+
+def run_driver(args, cluster) -> None:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     info = bu.machine_info()
     cmdline = "python " + " ".join([os.path.relpath(sys.argv[0], bu.ROOT)] + sys.argv[1:])
@@ -158,7 +163,7 @@ def driver(args) -> None:
         for m in order:
             wargs = [os.path.abspath(__file__), "--worker", "--mode", m, "--elements", str(args.elements),
                      "--iters", str(args.iters), "--warmup", str(args.warmup)]
-            runs[m].append(bu.run_group(f"{m} (repetition {rep + 1}/{args.repeat})", args.np, args.netns,
+            runs[m].append(bu.run_group(f"{m} (repetition {rep + 1}/{args.repeat})", args.np, cluster,
                                         wargs, mode_env(m, args.algo, args.chunk), args.timeout))
     info["loadavg_end"] = list(os.getloadavg())
     res = {}
@@ -209,7 +214,7 @@ def driver(args) -> None:
                  f"{base['bytes_sent_per_op'] / r['bytes_sent_per_op']:.1f}x fewer" if m != "fp32" else "1x" if base and r["bytes_sent_per_op"] else "—",
                  chunks, "ok" if all(c.get("all_ranks_ok") for c in r["checks"]) else "WRONG"]
         lines.append("| " + " | ".join(cells) + " |")
-    where = bu.netns_desc() if args.netns else "shared memory (one machine)"
+    where = bu.netns_desc(cluster)
     text = (f"allreduce(sum) of {args.elements} float32 ({args.elements * 4 / 1e6:.0f} MB), {args.np} ranks, "
             f"{where}, algo {args.algo}, chunk {args.chunk}; {info['date']}, {info['cpus']} cores, "
             f"load avg at start {info['loadavg'][0]:.2f} / end {info['loadavg_end'][0]:.2f}; "
@@ -229,7 +234,7 @@ def driver(args) -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"meta": info | {"nranks": args.np, "netns": args.netns, "command": cmdline,
-                                        "network": bu.netns_config() if args.netns else None},
+                                        "network": bu.netns_config(cluster)},
                        "modes": res, "runs": runs, "table": "\n".join(lines)}, f, indent=1)
 
 
@@ -243,7 +248,7 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=7)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeat", type=int, default=1, help="process groups per mode, interleaved")
-    p.add_argument("--netns", action="store_true", help="run each group with ../shared/tools/netns/run-on-netns.sh")
+    bu.add_cluster_args(p)
     p.add_argument("--timeout", type=float, default=1200)
     p.add_argument("--output")
     p.add_argument("--json")

@@ -59,10 +59,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         for g in range(a.groups):
             for t in trees:
-                env = bu.base_env(2, netns=False)
+                env = bu.base_env(2)
                 env["PYTHONPATH"] = t
                 out = os.path.join(d, f"{g}-{len(res[t])}.json")
-                cmd = bu.launcher_prefix(2, netns=False) + [
+                cmd = bu.launcher_prefix(2) + [
                     sys.executable, os.path.abspath(__file__), "--worker", str(a.elems), str(a.ratio),
                     str(a.iters), out]
                 subprocess.run(cmd, env=env, check=True, timeout=900, cwd=d)

@@ -25,7 +25,8 @@ def title_of(meta: dict) -> str:
     where = "shared memory"
     if meta.get("netns"):
         net = meta.get("network") or {}
-        where = f"emulated {net.get('HX_RATE', '?')} link"
+        rate = net.get("rate", net.get("HX_RATE", "?"))  # HX_RATE: results of the earlier harness
+        where = f"emulated {rate} link"
     return f"{meta['nranks']} ranks, {where}\n{meta['date'][:16]}, load {meta['loadavg'][0]:.1f}"
 
 

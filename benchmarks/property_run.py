@@ -32,12 +32,12 @@ def main() -> int:
     a = p.parse_args()
     runs, log, worst = [], [], 0
     for n in a.ranks:
-        cmd = bu.launcher_prefix(n, netns=False) + [sys.executable, SCRIPT, "--examples",
+        cmd = bu.launcher_prefix(n) + [sys.executable, SCRIPT, "--examples",
                                                    str(a.examples), "--seed", str(a.seed + n)]
-        print("$ " + " ".join(cmd), flush=True)
+        print("$ " + bu.portable_cmd(cmd), flush=True)
         t0 = time.monotonic()
         try:
-            out = subprocess.run(cmd, env=bu.base_env(n, netns=False), capture_output=True,
+            out = subprocess.run(cmd, env=bu.base_env(n), capture_output=True,
                                  text=True, timeout=a.timeout)
             rc, text = out.returncode, out.stdout + out.stderr
         except subprocess.TimeoutExpired as e:
@@ -46,7 +46,7 @@ def main() -> int:
         runs.append({"ranks": n, "exit_code": rc, "seconds": round(time.monotonic() - t0, 1),
                      "summary": ok_lines})
         print(f"  exit {rc}: {ok_lines[0] if ok_lines else text[-2000:]}", flush=True)
-        log.append(f"$ {' '.join(cmd)}\n{text}\n")
+        log.append(f"$ {bu.portable_cmd(cmd)}\n{text}\n")
         worst = worst or rc
     bu.record_result("property", {"examples": a.examples, "seed": a.seed, "runs": runs}, "".join(log))
     return worst

@@ -2,21 +2,23 @@
 # benchmarks/run_all.sh [OUTDIR]  -- every table of docs/performance.md, in one go (about 30-40 min on 2 cores).
 #   Stages (env STAGES, default "local2 local4 net2 net4"):
 #     local2/local4  shared memory, 2 / 4 ranks (4 = oversubscribed on 2 cores, MPIR_CVAR_POLLS_BEFORE_YIELD=10)
-#     net2/net4      emulated 1 Gbit/s cluster (../shared/tools/netns), 2 / 4 hosts, no added latency
-#   The emulated cluster is always removed at exit (also on failure or Ctrl-C).
-#   It uses its own namespace prefix (HX_PREFIX=gfbench, 10.97.0.0/24) so it never touches another hxnet.
+#     net2/net4      emulated 1 Gbit/s cluster (benchmarks/cluster/, needs root), 2 / 4 hosts, no added latency
+#   The emulated cluster is always removed at exit (also on failure or Ctrl-C). It is named
+#   runall<pid> (namespaces gradflow-runall<pid>-*), so it never touches another cluster.
+#   PY: the Python with gradflow's dependencies (default: the project's .venv, else python3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-/work/venv/bin/python}
+if [ -z "${PY:-}" ]; then
+  if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+fi
 OUT=${1:-benchmarks/results}
 STAGES=${STAGES:-"local2 local4 net2 net4"}
 REPEAT_LOCAL=${REPEAT_LOCAL:-3}
 REPEAT_NET=${REPEAT_NET:-2}
 NET_SIZES=${NET_SIZES:-1MiB,4MiB,16MiB,64MiB}
-T=$(cd ../shared/tools/netns && pwd)
-export HX_PREFIX=${HX_PREFIX:-gfbench} HX_SUBNET=${HX_SUBNET:-10.97.0} HX_VENV=${HX_VENV:-$(dirname "$(dirname "$PY")")}
+CL=runall$$
 mkdir -p "$OUT"
-cleanup() { "$T/netns-down.sh" >/dev/null 2>&1; }
+cleanup() { "$PY" -m benchmarks.cluster down --name "$CL" >/dev/null 2>&1; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 SYSTEMS=gradflow-ring,gradflow-two-sync,gradflow-mpi,gradflow-ring-numpy,mpi4py,gloo
@@ -34,12 +36,12 @@ for st in $STAGES; do
       unset MPIR_CVAR_POLLS_BEFORE_YIELD ;;
     net2|net4)
       np=${st#net}
-      "$T/netns-up.sh" "$np" 1gbit 0 || { echo "netns-up failed"; exit 1; }
-      $PY benchmarks/allreduce_bench.py -np "$np" --netns --sizes "$NET_SIZES" --systems $SYSTEMS \
+      "$PY" -m benchmarks.cluster up "$np" --rate 1gbit --delay 0 --name "$CL" || { echo "cluster up failed"; exit 1; }
+      $PY benchmarks/allreduce_bench.py -np "$np" --netns --cluster "$CL" --sizes "$NET_SIZES" --systems $SYSTEMS \
           --repeat "$REPEAT_NET" --min-iters 5 --output "$OUT/allreduce_net1g_np$np.md" --json "$OUT/allreduce_net1g_np$np.json"
-      $PY benchmarks/compression_bench.py -np "$np" --netns --modes $MODES --repeat "$REPEAT_NET" --iters 5 \
+      $PY benchmarks/compression_bench.py -np "$np" --netns --cluster "$CL" --modes $MODES --repeat "$REPEAT_NET" --iters 5 \
           --output "$OUT/compression_net1g_np$np.md" --json "$OUT/compression_net1g_np$np.json"
-      "$T/netns-down.sh" ;;
+      "$PY" -m benchmarks.cluster down --name "$CL" ;;
     *) echo "unknown stage $st"; exit 1 ;;
   esac
 done

@@ -6,15 +6,16 @@ PyTorch DDP, speedup ratio and scaling efficiency, table + plots (issue 7).
     sudo python benchmarks/scaling.py                  # full: published numbers, ~25-40 min
     python benchmarks/scaling.py --systems gf-fp32,ddp --models mlp --ranks 2,4
 
-Needs root (network namespaces, ../shared/tools/netns). The script builds its
-own emulated cluster (`netns-up.sh MAXN RATE DELAY` with HX_PREFIX=gfscale,
-HX_SUBNET=10.96.0, so it never touches another cluster on the machine), runs
-every configuration with a timeout, and removes the cluster at the end, also
-on error and on Ctrl-C / SIGTERM (`netns-down.sh`).
+Needs root (network namespaces). The script builds its own emulated cluster
+with the project's harness (benchmarks/cluster/: MAXN hosts, RATE per NIC,
+DELAY one way, namespaces gradflow-scale<pid>-*, so it never touches another
+cluster on the machine), runs every configuration with a timeout, and removes
+the cluster at the end, also on error and on Ctrl-C / SIGTERM / SIGHUP.
+--cluster NAME runs on a cluster that is already up instead (and leaves it).
 
 For N in --ranks, each rank is its own emulated host with its own RATE NIC:
-  gradflow systems: run-on-netns.sh N -- python _trainbench.py ...  (MPI over TCP)
-  DDP systems     : run-on-netns.sh N --raw -- python _trainbench.py ...  (gloo, env://)
+  gradflow systems: N MPI ranks, one per host (MPICH over TCP)
+  DDP systems     : one process per host, gloo, env:// (the harness's raw mode)
 Systems (--systems; further rows = further names in _trainbench.py):
   gf-fp32     (a) DistributedOptimizer defaults: pool + overlap, dense, fp32 wire
   gf-fp16     (b) same with Compression.fp16 (16-bit wire, fp32 sums)
@@ -50,16 +51,16 @@ import os
 import shlex
 import signal
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _benchutil as bu  # noqa: E402
 import _traindriver as td  # noqa: E402
+from cluster import Cluster, ClusterError  # noqa: E402
 
 GF = ["gf-fp32", "gf-fp16", "gf-csc0.1", "gf-csc0.01", "gf-all"]
-DDP = ["ddp", "ddp-fp16", "nocomm"]  # torch.distributed family (run-on-netns.sh --raw)
+DDP = ["ddp", "ddp-fp16", "nocomm"]  # torch.distributed family (the cluster's raw mode)
 LABELS = {
     "torch": "plain torch, 1 process (baseline)",
     "gf-fp32": "(a) gradflow dense fp32",
@@ -75,38 +76,10 @@ LABELS = {
 MODEL_DESC = {"mlp": "WideMLP 1024-4096-4096-1024-10, 25.2 M parameters (communication-heavy)",
               "resnet": "small ResNet-style CNN on 32x32x3, 0.31 M parameters (compute-heavy)"}
 BEGIN, END = "<!-- scaling.py:begin -->", "<!-- scaling.py:end -->"
-PREFIX, SUBNET = "gfscale", "10.96.0"
 
 
-# ------------------------------------------------------------------ cluster
-
-class Cluster:
-    """Our own emulated cluster; removed on exit, error, SIGINT, SIGTERM, SIGHUP."""
-
-    def __init__(self, n, rate, delay, prefix, subnet, manage):
-        self.n, self.rate, self.delay, self.manage = n, rate, delay, manage
-        self.env = dict(os.environ, HX_PREFIX=prefix, HX_SUBNET=subnet)
-        os.environ.update(HX_PREFIX=prefix, HX_SUBNET=subnet)
-        self.prefix = prefix
-
-    def up(self):
-        if not self.manage:
-            return
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, self._on_signal)
-        cmd = [os.path.join(bu.NETNS_DIR, "netns-up.sh"), str(self.n), self.rate, self.delay]
-        print(f"[scaling] {' '.join(cmd)}  (HX_PREFIX={self.prefix})", flush=True)
-        subprocess.run(cmd, env=self.env, check=True, timeout=300)
-
-    def down(self):
-        if not self.manage:
-            return
-        print("[scaling] netns-down.sh", flush=True)
-        subprocess.run([os.path.join(bu.NETNS_DIR, "netns-down.sh")], env=self.env, timeout=120,
-                       stdout=subprocess.DEVNULL)
-
-    def _on_signal(self, signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
+def _on_signal(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 # ------------------------------------------------------------------ main
@@ -126,8 +99,9 @@ def parse_args():
     p.add_argument("--batch-mlp", type=int, default=32)
     p.add_argument("--batch-resnet", type=int, default=16)
     p.add_argument("--timeout", type=float, default=900, help="seconds per system in a process group")
-    p.add_argument("--no-netns-setup", action="store_true",
-                   help="use an already running cluster (HX_PREFIX from the environment) and leave it up")
+    p.add_argument("--cluster", default=None, metavar="NAME",
+                   help="run on this emulated cluster, already up with >= max(--ranks) hosts "
+                        "(python -m benchmarks.cluster up N --name NAME), and leave it up")
     p.add_argument("--pool-bucket-mb", type=float, default=None,
                    help="GRADFLOW_POOL_BUCKET_BYTES for the gradflow systems (default: gradflow's)")
     p.add_argument("--json-out", default=None)
@@ -171,15 +145,25 @@ def main() -> None:
                 groups.append((m, n, ddp, "netns-raw"))
         groups.append((m, 1, ["torch"], "netns-raw-after"))
     total = sum(len(g[2]) for g in groups)
-    prefix = os.environ.get("HX_PREFIX", PREFIX) if a.no_netns_setup else PREFIX
-    cluster = Cluster(max(a.ranks), a.rate, a.delay, prefix, os.environ.get("HX_SUBNET", SUBNET)
-                      if a.no_netns_setup else SUBNET, not a.no_netns_setup)
     results = []
     t_start = time.time()
     status = "complete"
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
     try:
-        cluster.up()
-        info["network"] = bu.netns_desc()
+        if a.cluster:
+            cluster = Cluster.attach(a.cluster)
+            if cluster.hosts < max(a.ranks):
+                raise ClusterError(f"cluster {a.cluster!r} has {cluster.hosts} hosts, {max(a.ranks)} needed")
+        else:
+            cluster = Cluster(max(a.ranks), a.rate, a.delay, name=f"scale{os.getpid()}")
+            print(f"[scaling] building the emulated cluster: {max(a.ranks)} hosts, {a.rate}, delay {a.delay}",
+                  flush=True)
+            cluster.up()
+    except ClusterError as e:
+        sys.exit(f"[scaling] {e}")
+    try:
+        info["network"] = bu.netns_desc(cluster)
         done = 0
         for m, n, systems, mode in groups:
             batch = a.batch_mlp if m == "mlp" else a.batch_resnet
@@ -193,7 +177,7 @@ def main() -> None:
                   f"{total - done} configuration(s) left)", flush=True)
             after = mode.endswith("-after")
             res = td.run_group(systems, m, n, mode[:-len("-after")] if after else mode, wargs, env,
-                               a.timeout, netns_prefix=cluster.prefix)
+                               a.timeout, cluster=cluster)
             for s in systems:
                 r = res[s]
                 if after:
@@ -208,7 +192,7 @@ def main() -> None:
         status = f"interrupted ({e})"
         print(f"[scaling] {status}; cleaning up", flush=True)
     finally:
-        cluster.down()
+        cluster.down()  # only what we built (not a --cluster one)
     info["wall_seconds"] = time.time() - t_start
     _save(a, info, cmdline, results, status)
     md = report(a, info, cmdline, results, status)

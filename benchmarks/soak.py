@@ -45,7 +45,7 @@ def main() -> int:
     cmd = [mpiexec(), "-n", str(args.np), sys.executable,
            os.path.join(ROOT, "tests", "parallel", "soak_script.py"), "--ops", str(args.ops),
            "--seed", str(args.seed), "--rss-bound-mb", str(args.rss_bound_mb)]
-    print("$ " + " ".join(cmd), flush=True)
+    print("$ " + bu.portable_cmd(cmd), flush=True)
     t0 = time.monotonic()
     lines = []
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -60,11 +60,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         for g in range(a.groups):
             for mode in ("off", "on"):
-                env = bu.base_env(a.np, netns=False)
+                env = bu.base_env(a.np)
                 if mode == "on":
                     env["GRADFLOW_TIMELINE"] = os.path.join(d, f"tl{g}.json")
                 out = os.path.join(d, f"{mode}{g}.json")
-                cmd = bu.launcher_prefix(a.np, netns=False) + [sys.executable, os.path.abspath(__file__),
+                cmd = bu.launcher_prefix(a.np) + [sys.executable, os.path.abspath(__file__),
                        "--worker", f"{a.count},{a.iters}", out]
                 subprocess.run(cmd, env=env, check=True, timeout=600)
                 with open(out) as f:

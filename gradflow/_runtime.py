@@ -52,8 +52,15 @@ def init(comm: Optional[MPI.Comm] = None) -> None:
     if not _hooks_installed:  # before init: a timed-out init must skip MPI_Finalize too
         _install_hooks()
         _hooks_installed = True
-    _native.init(int(comm.handle), {})
+    from . import horovod_compat  # noqa: PLC0415 - reads HOROVOD_* only in compat mode
+    mapped = horovod_compat.before_init()
+    try:
+        _native.init(int(comm.handle), {})
+    except Exception as e:
+        horovod_compat.reraise_with_origin(e, mapped)
+        raise
     _comm = comm
+    horovod_compat.after_init(_native.rank())
     with _lock:
         _counters.clear()
 

@@ -1,6 +1,7 @@
 // api.cc — Runtime: start-up checks, early validation of submissions,
 // gradient-pool submission. No communication logic beyond start-up.
 #include "api.h"
+#include "log.h"
 
 #include <unistd.h>
 
@@ -19,8 +20,11 @@ constexpr int kPoolIndexBits = 32;
 
 Runtime::Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>& overrides)
     : cfg_(load_config(overrides)), generation_(++g_generations), pid_(::getpid()) {
+  set_log_level(parse_log_level(cfg_.log_level));
   comm_ = std::make_unique<MpiComm>(comm_handle, cfg_.timeout_seconds);
   check_config_matches_everywhere();
+  GF_LOG(kInfo, comm_->rank(), "started: rank " << comm_->rank() << " of " << comm_->size()
+                                                << ", log level " << cfg_.log_level);
   // Rank 0 writes the timeline (as in Horovod): negotiation spans there
   // show when the *last* rank submitted each tensor.
   if (comm_->rank() == 0) timeline_.open(cfg_.timeline, comm_->rank());

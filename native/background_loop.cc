@@ -1,5 +1,6 @@
 // background_loop.cc — the communication thread's cycle.
 #include "background_loop.h"
+#include "log.h"
 
 #include <chrono>
 #include <cctype>
@@ -67,7 +68,7 @@ void BackgroundLoop::run() {
     while (cycle()) {
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "[gradflow rank %d] ERROR: %s\n", comm_.rank(), e.what());
+    GF_LOG(kError, comm_.rank(), e.what());
     fatal_ = true;
     fail_all(std::string(e.what()));
   }
@@ -103,7 +104,20 @@ bool BackgroundLoop::cycle() {
   if (res.used_slow_path) stats_.add("negotiation.slow_path_cycles", 1);
   if (res.fast_responses) stats_.add("negotiation.fast_responses", static_cast<double>(res.fast_responses));
   if (res.cache_evictions) stats_.add("negotiation.cache_evictions", static_cast<double>(res.cache_evictions));
-  if (!res.responses.empty()) stats_.add("negotiation.cycles_with_work", 1);
+  if (!res.responses.empty()) {
+    stats_.add("negotiation.cycles_with_work", 1);
+    ++cycles_with_work_;
+    if (cfg_.timeline_mark_cycles) timeline_.mark("CYCLE_START", "cycles");
+    GF_LOG(kDebug, comm_.rank(),
+           "cycle " << cycles_with_work_ << ": " << res.responses.size() << " response(s), "
+                    << fresh.size() << " new submission(s), "
+                    << (res.used_slow_path ? "slow path (rank 0)" : "bit vector only") << ", "
+                    << res.fast_responses << " from the cache, negotiation "
+                    << res.negotiation_seconds * 1e3 << " ms");
+    for (const Response& r : res.responses)
+      GF_LOG(kTrace, comm_.rank(), "  " << op_kind_name(r.kind) << " '" << r.name << "'"
+                                        << (r.error.empty() ? "" : " error: " + r.error));
+  }
 
   // Execute the agreed list front to back (Note [Execution order]).
   std::vector<size_t> groups = executor_.plan(res.responses);

@@ -82,6 +82,7 @@ class BackgroundLoop {
   std::string failure_;
   std::thread thread_;
   std::chrono::steady_clock::time_point agreed_at_;  // end of this cycle's negotiation
+  int64_t cycles_with_work_ = 0;  // numbers the cycles in debug log lines
 };
 
 }  // namespace gradflow

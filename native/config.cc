@@ -3,6 +3,7 @@
 // parser, the launcher (via config_keys()) and the docs all derive from it.
 #include "config.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -20,6 +21,11 @@ struct KeySpec {
 [[noreturn]] void reject(const ConfigKey& key, const std::string& value, const std::string& why) {
   throw GradflowError("gradflow: invalid value '" + value + "' for " + key.env + " (" + key.flag +
                       "): " + why + ". Accepted: " + key.help);
+}
+
+std::string lower(std::string s) {
+  for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
 }
 
 double parse_number(const KeySpec& spec, const std::string& value, bool integer) {
@@ -52,9 +58,11 @@ std::vector<KeySpec> make_specs() {
                         std::vector<std::string> choices, const char* help,
                         std::function<void(Config&, const std::string&)> set) {
     KeySpec k{{env, flag, "choice", def, help, 1.0, choices}, 0, 0, nullptr};
+    // Choices are lower case and matched in any case (HOROVOD_LOG_LEVEL and
+    // horovodrun's --log-level are upper case).
     k.apply = [set, k](Config& c, const std::string& v) {
       for (const auto& ch : k.key.choices)
-        if (ch == v) return set(c, v);
+        if (ch == lower(v)) return set(c, ch);
       reject(k.key, v, "not one of the choices");
     };
     s.push_back(k);
@@ -108,13 +116,29 @@ std::vector<KeySpec> make_specs() {
   add_float("GRADFLOW_SPARSE_MOMENTUM", "--sparse-momentum", "0", 0.0, 0.999999,
             "momentum correction factor for sparse communication, 0 = off; 0 <= value < 1",
             [](Config& c, double v) { c.sparse_momentum = v; });
+  auto add_bool = [&](const char* env, const char* flag, bool def, const char* help,
+                      std::function<void(Config&, bool)> set) {
+    KeySpec k{{env, flag, "bool", def ? "1" : "0", help, 1.0, {}}, 0, 0, nullptr};
+    k.apply = [set, k](Config& c, const std::string& v) {
+      const std::string l = lower(v);
+      if (l == "1" || l == "true" || l == "yes" || l == "on") return set(c, true);
+      if (l == "0" || l == "false" || l == "no" || l == "off") return set(c, false);
+      reject(k.key, v, "not a boolean");
+    };
+    s.push_back(k);
+  };
   KeySpec timeline{{"GRADFLOW_TIMELINE", "--timeline-filename", "string", "",
                     "path of a Chrome-trace JSON file written by rank 0; empty = off", 1.0, {}},
                    0, 0, [](Config& c, const std::string& v) { c.timeline = v; }};
   s.push_back(timeline);
+  add_bool("GRADFLOW_TIMELINE_MARK_CYCLES", "--timeline-mark-cycles", false,
+           "1 | 0: an instant event on the timeline's cycles row for each coordination cycle "
+           "that runs collectives",
+           [](Config& c, bool v) { c.timeline_mark_cycles = v; });
   add_choice("GRADFLOW_LOG_LEVEL", "--log-level", "warning",
              {"trace", "debug", "info", "warning", "error", "fatal"},
-             "trace | debug | info | warning | error | fatal",
+             "trace | debug | info | warning | error | fatal (any case); debug logs each "
+             "cycle that runs collectives, trace each response",
              [](Config& c, const std::string& v) { c.log_level = v; });
   return s;
 }

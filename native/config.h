@@ -28,6 +28,7 @@ struct Config {
   int64_t sparse_warmup_steps = 0;              // GRADFLOW_SPARSE_WARMUP_STEPS
   double sparse_momentum = 0.0;                 // GRADFLOW_SPARSE_MOMENTUM (0 = off)
   std::string timeline;                         // GRADFLOW_TIMELINE
+  bool timeline_mark_cycles = false;            // GRADFLOW_TIMELINE_MARK_CYCLES
   std::string log_level = "warning";            // GRADFLOW_LOG_LEVEL
 };
 
@@ -35,7 +36,7 @@ struct Config {
 struct ConfigKey {
   std::string env;       // GRADFLOW_FUSION_THRESHOLD
   std::string flag;      // --fusion-threshold-mb
-  std::string type;      // "int", "float", "choice", "string"
+  std::string type;      // "int", "float", "choice", "string", "bool" (a flag without value)
   std::string default_value;  // in the env variable's unit
   std::string help;      // one line, including the accepted range
   double flag_to_env_scale;   // env value = flag value * scale (MiB -> bytes: 1048576)

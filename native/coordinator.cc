@@ -1,6 +1,7 @@
 // coordinator.cc — readiness agreement (see the protocol in coordinator.h):
 // bit-vector fast path, rank-0 slow path with validation, stall inspection.
 #include "coordinator.h"
+#include "log.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -341,8 +342,7 @@ void Coordinator::check_stalls(ResponseMessage* out, bool deadlock) {
     if (cfg_.stall_check_seconds > 0 && age > cfg_.stall_check_seconds && !p.warned) {
       p.warned = true;
       stall_warnings_.push_back(msg);
-      std::fprintf(stderr, "[gradflow rank 0] WARNING: %s (GRADFLOW_STALL_CHECK_TIME)\n",
-                   msg.c_str());
+      GF_LOG(kWarning, 0, msg << " (GRADFLOW_STALL_CHECK_TIME)");
     }
     const bool stalled = cfg_.stall_shutdown_seconds > 0 && age > cfg_.stall_shutdown_seconds;
     if (stalled || deadlock) {

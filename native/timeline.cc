@@ -115,7 +115,7 @@ void Timeline::span(const std::string& tensor, const char* name, Clock::time_poi
               ", \"tid\": " + std::to_string(row_of(tensor)) + ", \"args\": {" + args_json + "}}");
 }
 
-void Timeline::mark(const std::string& name) {
+void Timeline::mark(const std::string& name, const std::string& row) {
   if (!file_) return;
   std::lock_guard<std::mutex> lock(mu_);
   if (!file_) return;
@@ -123,7 +123,7 @@ void Timeline::mark(const std::string& name) {
   std::snprintf(ts, sizeof(ts), "%.3f", micros(Clock::now()));
   write_event("{\"name\": \"" + json_escape(name) + "\", \"ph\": \"i\", \"s\": \"t\", \"ts\": " +
               ts + ", \"pid\": " + std::to_string(rank_) + ", \"tid\": " +
-              std::to_string(row_of("steps")) + "}");
+              std::to_string(row_of(row)) + "}");
 }
 
 }  // namespace gradflow

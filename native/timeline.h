@@ -27,8 +27,9 @@ class Timeline {
   // (e.g. "\"algo\": \"ring\"") or empty.
   void span(const std::string& tensor, const char* name, Clock::time_point start,
             Clock::time_point end, const std::string& args_json);
-  // An instant event on the "steps" row (e.g. optimizer step boundaries).
-  void mark(const std::string& name);
+  // An instant event on `row` ("steps": optimizer step boundaries;
+  // "cycles": GRADFLOW_TIMELINE_MARK_CYCLES).
+  void mark(const std::string& name, const std::string& row = "steps");
 
  private:
   int row_of(const std::string& tensor);  // caller holds mu_

@@ -8,5 +8,5 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q ".[torch,examples]"
+.venv/bin/python -m pip install -q -c scripts/ci-constraints.txt ".[torch,examples]"
 exec .venv/bin/gradflowrun -np 2 .venv/bin/python examples/pytorch_digits.py "$@"

@@ -16,11 +16,13 @@ import tempfile
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 try:
+    from . import horovod_flags as _hvd
     from . import hosts as _hosts
     from . import rank_wrapper as _wrapper
     from .check_build import check_build
     from .supervise import run_job
 except ImportError:  # run as a script: python gradflow/runner/launch.py
+    import horovod_flags as _hvd  # type: ignore[no-redef]
     import hosts as _hosts  # type: ignore[no-redef]
     from check_build import check_build  # type: ignore[no-redef]
     import rank_wrapper as _wrapper  # type: ignore[no-redef]
@@ -99,9 +101,11 @@ def build_parser(config_keys: Sequence[Any], native_note: str = "") -> argparse.
     group = p.add_mutually_exclusive_group()
     group.add_argument("-H", "--hosts", dest="hosts", help="host1:slots,host2:slots,... "
                        "(default: all ranks on this machine)")
-    group.add_argument("--hostfile", help="file with one 'host slots=N' or 'host:N' per line")
+    # "-hostfile" (horovodrun's spelling) must not be read as -h + "ostfile".
+    group.add_argument("-hostfile", "--hostfile", dest="hostfile",
+                       help="file with one 'host slots=N' or 'host:N' per line")
     p.add_argument("--verbose", action="store_true", help="print the mpiexec command line")
-    p.add_argument("--check-build", action="store_true",
+    p.add_argument("-cb", "--check-build", action="store_true",
                    help="print gradflow's version, frameworks, MPI and features, then exit")
     p.add_argument("--start-timeout", type=float, default=30.0, metavar="S",
                    help="seconds for every local rank to start (default 30)")
@@ -122,12 +126,17 @@ def build_parser(config_keys: Sequence[Any], native_note: str = "") -> argparse.
                    help="ssh port of the other hosts (multi-host mpiexec / openmpi launches)")
     p.add_argument("-i", "--ssh-identity-file", metavar="FILE",
                    help="ssh private key for the other hosts (multi-host mpiexec / openmpi)")
+    _hvd.add_horovod_flags(p)
     settings = p.add_argument_group("gradflow settings (each sets a GRADFLOW_* variable)")
     for key in normalize_config_keys(config_keys):
         kwargs: Dict[str, Any] = {"dest": key["env"], "default": None,
                                   "type": _flag_value_type(key)}
         if key["type"] == "choice":
             kwargs["choices"] = key["choices"]
+            kwargs["type"] = str.lower  # choices are lower case; accept any case
+        elif key["type"] == "bool":
+            del kwargs["type"]
+            kwargs.update(action="store_const", const=True)
         else:
             kwargs["metavar"] = {"int": "N", "float": "X"}.get(key["type"], "VALUE")
         kwargs["help"] = (f"{key['help']} [{key['env']}; default: {_default_in_flag_unit(key)}]"
@@ -137,6 +146,7 @@ def build_parser(config_keys: Sequence[Any], native_note: str = "") -> argparse.
         except argparse.ArgumentError as e:
             raise ValueError(f"config key {key['env']}: flag {key['flag']} clashes with a "
                              f"gradflowrun option ({e})") from None
+    _hvd.add_setting_aliases(settings, [k["env"] for k in normalize_config_keys(config_keys)])
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     p.note = native_note
     return p
@@ -150,7 +160,9 @@ def settings_env(args: argparse.Namespace, config_keys: Sequence[Any]) -> Dict[s
         value = getattr(args, key["env"], None)
         if value is None:
             continue
-        if key["type"] == "int":
+        if key["type"] == "bool":
+            env[key["env"]] = "1" if value else "0"
+        elif key["type"] == "int":
             env[key["env"]] = str(int(round(value * key["scale"])))
         elif key["type"] == "float":
             env[key["env"]] = repr(float(value * key["scale"]))
@@ -182,6 +194,7 @@ def validate(args: argparse.Namespace) -> List[str]:
             not args.network_interface or any(c.isspace() or c == "," for c in args.network_interface)):
         raise ValueError(f"--network-interface expects one interface name, got "
                          f"{args.network_interface!r}")
+    _hvd.interfaces(args)  # raises for a bad --network-interfaces list
     host_list = _host_list(args)
     return _hosts.rank_to_host(host_list, args.np) if host_list else ["localhost"] * args.np
 
@@ -232,9 +245,18 @@ def build_launch(args: argparse.Namespace, config_keys: Sequence[Any], *,
         runner_env[_wrapper.STATUS_DIR_ENV] = status_dir
     if args.output_filename:
         runner_env[_wrapper.OUTPUT_DIR_ENV] = os.path.abspath(args.output_filename)
-    iface = args.network_interface
-    if iface:
+    ifaces = _hvd.interfaces(args)
+    iface = ",".join(ifaces)
+    if len(ifaces) > 1 and flavor != "openmpi":
+        raise ValueError(f"{len(ifaces)} network interfaces given ({iface}): mpiexec (hydra) "
+                         "and srun pin exactly one; give one, or use --launcher openmpi")
+    if len(ifaces) == 1:
         runner_env.update({name: iface for name in IFACE_ENV_VARS})
+    elif ifaces:
+        # libfabric's FI_*_IFACE take one name; UCX takes a list.
+        runner_env["UCX_NET_DEVICES"] = iface
+    env = dict(os.environ if base_env is None else base_env)
+    runner_env.update(_hvd.compat_env(args, env))
     ssh = ssh_command(args)
     host_list = _host_list(args)
     argv = [mpiexec]
@@ -279,7 +301,6 @@ def build_launch(args: argparse.Namespace, config_keys: Sequence[Any], *,
             argv += ["-genv", name, value]
     argv += shlex.split(args.mpi_args or "")
     argv += [python, os.path.abspath(_wrapper.__file__), "--"] + list(args.command)
-    env = dict(os.environ if base_env is None else base_env)
     env.update(settings)
     env.update(runner_env)
     return argv, env
@@ -351,6 +372,11 @@ def main(argv: Optional[Sequence[str]] = None, config_keys: Optional[Sequence[An
         config_keys = native.config_keys() if native is not None else []
     parser = build_parser(config_keys, native_note=note)
     args = parser.parse_args(argv)
+    try:
+        _hvd.warn(_hvd.apply_config_file(args, normalize_config_keys(config_keys)))
+    except ValueError as e:
+        print(f"gradflowrun: error: {e}", file=sys.stderr)
+        return 2
     if args.check_build:
         if native is None and not note:
             native, note = load_native()

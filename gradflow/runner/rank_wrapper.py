@@ -1,5 +1,6 @@
 """Per-rank wrapper started by gradflowrun under mpiexec: runs the user's
-command, prefixes each output line with the rank (``[1]<stdout>: ...``),
+command, prefixes each output line with the rank (``[1]<stdout>: ...``,
+carriage-return updates included: output_pump.py),
 tees it to per-rank log files and records start and exit status for the
 launcher. Standard library only; run by path so it never imports gradflow.
 """
@@ -18,8 +19,10 @@ from typing import BinaryIO, Dict, List, Mapping, Optional
 
 try:
     from . import notice as _notice
+    from .output_pump import pump as _pump, write_all as _write_all
 except ImportError:  # run by path (as gradflowrun does): this folder is on sys.path
     import notice as _notice  # type: ignore[no-redef]
+    from output_pump import pump as _pump, write_all as _write_all  # type: ignore[no-redef]
 
 # Set by the launcher (see launch.py); not GRADFLOW_* so config.cc ignores them.
 STATUS_DIR_ENV = "GRADFLOWRUN_STATUS_DIR"
@@ -27,7 +30,9 @@ OUTPUT_DIR_ENV = "GRADFLOWRUN_OUTPUT_DIR"
 RANK_ENV_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 NOTICE_FILE = "notice"  # in the status dir: gradflowrun's word that a rank failed
 NOTICE_POLL_SECONDS = 0.1
-_MAX_LINE = 1 << 16  # longer lines are split, never held back indefinitely
+# Set by the launcher when its stdout / stderr is a terminal: the pump then
+# shows an unfinished line (a progress bar's latest state) after a pause.
+TTY_ENV = {"stdout": "GRADFLOWRUN_STDOUT_TTY", "stderr": "GRADFLOWRUN_STDERR_TTY"}
 
 
 def detect_rank(environ: Mapping[str, str]) -> str:
@@ -52,16 +57,6 @@ def write_status(status_dir: Optional[str], rank: str, kind: str, text: str) -> 
         pass
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            n = os.write(fd, view)
-        except BrokenPipeError:
-            return
-        view = view[n:]
-
-
 def open_log_dir(output_dir: str, rank: str) -> int:
     """A descriptor of ``output_dir/rank.<rank>`` (created if needed) that is
     not a symbolic link, for open_log(); raises OSError otherwise."""
@@ -82,25 +77,6 @@ def open_log(dir_fd: int, name: str) -> BinaryIO:
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o644, dir_fd=dir_fd)
     return os.fdopen(fd, "wb")
-
-
-def _pump(src: BinaryIO, fd: int, prefix: bytes, log: Optional[BinaryIO]) -> None:
-    """Copy ``src`` to ``fd`` line by line, one write per prefixed line, so
-    mpiexec keeps lines from different ranks intact; also to ``log``."""
-    try:
-        while True:
-            line = src.readline(_MAX_LINE)
-            if not line:
-                break
-            if log:
-                log.write(line)
-                log.flush()
-            if not line.endswith(b"\n"):
-                line += b"\n"
-            _write_all(fd, prefix + line)
-    finally:
-        if log:
-            log.close()
 
 
 def failed_peers(status_dir: Optional[str], rank: str) -> List[str]:
@@ -259,10 +235,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         signal.signal(sig, forward)
 
     pumps = [
-        threading.Thread(target=_pump, args=(child.stdout, 1, f"[{rank}]<stdout>: ".encode(),
-                                             logs["stdout"]), daemon=True),
-        threading.Thread(target=_pump, args=(child.stderr, 2, f"[{rank}]<stderr>: ".encode(),
-                                             logs["stderr"]), daemon=True),
+        threading.Thread(target=_pump, daemon=True,
+                         args=(pipe.fileno(), fd, f"[{rank}]<{name}>: ".encode(), logs[name],
+                               os.environ.get(TTY_ENV[name]) == "1"))
+        for name, pipe, fd in (("stdout", child.stdout, 1), ("stderr", child.stderr, 2))
     ]
     for t in pumps:
         t.start()

@@ -87,6 +87,10 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         stdin = subprocess.DEVNULL if sys.stdin is None or sys.stdin.isatty() else None
+        env = dict(env)
+        for stream, var in ((sys.stdout, "GRADFLOWRUN_STDOUT_TTY"),
+                            (sys.stderr, "GRADFLOWRUN_STDERR_TTY")):
+            env[var] = "1" if stream is not None and stream.isatty() else "0"
         proc = subprocess.Popen(argv, env=env, stdin=stdin, start_new_session=True)
         stopper = _Stopper(proc)
         started, failed_at = time.monotonic(), None

@@ -10,7 +10,7 @@ import numpy as np
 
 import gradflow as gf
 
-IFACE = os.environ.get("GRADFLOW_TEST_IFACE", "hxeth0")
+IFACE = os.environ.get("GRADFLOW_TEST_IFACE", "gfnet0")  # the emulated cluster's NIC
 ALGO = os.environ.get("GRADFLOW_ALLREDUCE_ALGO", "ring")
 
 gf.init()

@@ -190,3 +190,54 @@ def _alive(pid):
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_carriage_return_updates_reach_a_terminal_live(tmp_path):
+    """A progress bar (\\r updates, no newline) on rank 0 must show on the
+    launcher's terminal while the job runs, rank-prefixed: the script waits
+    for a file the test creates only after it saw the bar's first states on
+    the pseudo-terminal, so output held back until a newline fails here."""
+    import pty
+    import select
+    go = tmp_path / "go"
+    body = script(f"""
+        if r == 0:
+            for i in range(3):
+                sys.stderr.write('\\r' + f'step {{i}}/3')
+                sys.stderr.flush()
+                time.sleep(0.3)
+            deadline = time.time() + 60
+            while not os.path.exists({str(go)!r}) and time.time() < deadline:
+                time.sleep(0.05)
+            sys.stderr.write('\\rdone\\n')
+        """)
+    pid, fd = pty.fork()
+    if pid == 0:  # child: the launcher, with the pty as its terminal
+        os.chdir(CWD)
+        os.execve(sys.executable, [sys.executable, "-m", "gradflow.runner.launch", "-np", "2",
+                                   sys.executable, "-c", body], _env())
+    seen, created = b"", False
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 1.0)
+            if not ready:
+                continue
+            try:
+                data = os.read(fd, 65536)
+            except OSError:  # EIO: the launcher closed the terminal (it ended)
+                break
+            if not data:
+                break
+            seen += data
+            if not created and b"[0]<stderr>: step 1/3" in seen:
+                assert not go.exists()
+                go.touch()
+                created = True
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    assert created, f"no live progress update on the terminal; got {seen!r}"
+    assert os.waitstatus_to_exitcode(status) == 0, seen
+    # Each update is prefixed and ends in \r so the next one overwrites it.
+    assert b"[0]<stderr>: step 0/3\r" in seen and b"[0]<stderr>: done\r\n" in seen, seen

@@ -1,15 +1,15 @@
-"""gradflowrun across 2 "hosts" on this machine: network namespaces from
-../shared/tools/netns joined by a bridge, 2 ranks per host, MPICH over TCP
-(libfabric tcp on the hosts' hxeth0, selected with --network-interface).
-Checks placement (-H), local/cross ranks and that data crosses the link.
+"""gradflowrun across 2 "hosts" on this machine: the project's emulated
+cluster (benchmarks/cluster: one network namespace per host joined by a
+bridge), 2 ranks per host, MPICH over TCP (libfabric tcp on the hosts' NIC,
+selected with --network-interface). Checks placement (-H), local/cross
+ranks and that data crosses the link.
 
-Skipped, with the reason, when namespaces cannot be created (not root, no
-iproute2, a container without CAP_SYS_ADMIN, or the tools are missing). Uses
-its own namespace prefix (gfmh-*) so it never touches another user's set,
-and always removes what it created.
+Skipped, with the reason, when the cluster cannot be built here (not root,
+no iproute2/unshare, a container without CAP_SYS_ADMIN). Uses a cluster of
+its own (named after this process), so it never touches another user's,
+and always removes it.
 """
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -18,69 +18,58 @@ import pytest
 
 from _launch import HERE, ROOT, in_place_build, run_cwd
 
-# The tools live beside the project (../shared); a clean clone elsewhere (CI)
-# finds them at the development machine's fixed location.
-_CANDIDATES = [os.path.normpath(os.path.join(ROOT, "..", "shared", "tools", "netns")),
-               "/work/shared/tools/netns"]
-TOOLS = os.environ.get("GRADFLOW_NETNS_TOOLS") or next(
-    (d for d in _CANDIDATES if os.path.isfile(os.path.join(d, "netns-up.sh"))), _CANDIDATES[0])
-NS_ENV = {"HX_PREFIX": "gfmh", "HX_SUBNET": "10.97.3", "HX_STATE_DIR": "/run/gfmh"}
-HOST_IP = [f"{NS_ENV['HX_SUBNET']}.{k + 1}" for k in range(2)]
+
+def _cluster_module():
+    # benchmarks/ is not an installed package: import it from the source tree
+    # without leaving the tree on sys.path (the installed gradflow is tested).
+    sys.path.insert(0, ROOT)
+    try:
+        import benchmarks.cluster as cluster
+    finally:
+        sys.path.remove(ROOT)
+    return cluster
 
 
-def _why_not():
-    if not sys.platform.startswith("linux"):
-        return "network namespaces need Linux"
-    if os.geteuid() != 0:
-        return "creating network namespaces needs root"
-    if not os.path.isfile(os.path.join(TOOLS, "netns-up.sh")):
-        return f"netns tools not found at {TOOLS} (set GRADFLOW_NETNS_TOOLS)"
-    for tool in ("ip", "tc", "unshare"):
-        if not shutil.which(tool):
-            return f"{tool} not found (apt-get install -y iproute2 util-linux)"
-    return None
-
-
-def _tools_env():
-    return dict(os.environ, **NS_ENV)
+cl = _cluster_module()
 
 
 @pytest.fixture(scope="module")
 def two_hosts():
-    why = _why_not()
+    why = cl.unavailable_reason()
     if why:
         pytest.skip(why)
-    up = subprocess.run([os.path.join(TOOLS, "netns-up.sh"), "2", "none", "0"], env=_tools_env(),
-                        capture_output=True, text=True, timeout=120)
+    c = cl.Cluster(2, rate="none", delay="0", name=f"mh{os.getpid()}")
     try:
-        if up.returncode != 0:
-            pytest.skip("cannot create network namespaces here: "
-                        + (up.stderr.strip().splitlines() or ["netns-up.sh failed"])[-1])
-        yield
+        c.up()
+    except cl.ClusterError as e:
+        pytest.skip(f"cannot build the emulated cluster here: {e}")
+    try:
+        yield c
     finally:
-        subprocess.run([os.path.join(TOOLS, "netns-down.sh")], env=_tools_env(),
-                       capture_output=True, text=True, timeout=120)
+        c.down()
 
 
-def _run_across_hosts(script, *flags, env=None):
-    """gradflowrun -np 4 on the 2 hosts (2 ranks each) running `script`."""
-    full = _tools_env()
-    full.update({"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_MAX_INJECT": "65536",
-                 "MPIR_CVAR_POLLS_BEFORE_YIELD": "10", "OMP_NUM_THREADS": "1",
-                 "GRADFLOW_TIMEOUT": "30"})
+def _run_across_hosts(c, script, *flags, env=None):
+    """gradflowrun -np 4 on the 2 hosts of cluster c (2 ranks each) running `script`."""
+    full = c.env(2, ranks=4)  # MPICH on ofi/tcp, no shared memory, big inject size
+    full.update({"MPIR_CVAR_POLLS_BEFORE_YIELD": "10", "GRADFLOW_TIMEOUT": "30",
+                 "GRADFLOW_TEST_IFACE": cl.IFACE})
     full.update(env or {})
     if in_place_build():
         full["PYTHONPATH"] = ROOT + os.pathsep + full.get("PYTHONPATH", "")
     # gradflowrun runs on host 0 (like a cluster's first node); hydra reaches
     # the hosts through the harness's rsh-style launcher.
-    cmd = ["ip", "netns", "exec", "gfmh-h0", sys.executable, "-m", "gradflow.runner.launch",
-           "-np", "4", "-H", f"{HOST_IP[0]}:2,{HOST_IP[1]}:2", "--network-interface", "hxeth0",
-           "--verbose", *flags, "--mpi-args",
-           f"-launcher rsh -launcher-exec {os.path.join(TOOLS, 'hx-launch.sh')} "
-           f"-localhost {HOST_IP[0]}",
-           sys.executable, os.path.join(HERE, script)]
+    h0, h1 = c.host_ip(0), c.host_ip(1)
+    cmd = c.host_command(0, [sys.executable, "-m", "gradflow.runner.launch",
+                             "-np", "4", "-H", f"{h0}:2,{h1}:2", "--network-interface", cl.IFACE,
+                             "--verbose", *flags, "--mpi-args",
+                             f"-launcher rsh -launcher-exec {cl.RSH} -localhost {h0}",
+                             sys.executable, os.path.join(HERE, script)])
     t0 = time.monotonic()
-    r = subprocess.run(cmd, cwd=run_cwd(), env=full, capture_output=True, text=True, timeout=180)
+    try:
+        r = c.run_command(cmd, cwd=run_cwd(), env=full, timeout=180)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"timed out after 180 s: {e}")
     report = f"stdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}"
     assert r.returncode == 0, report
     assert time.monotonic() - t0 < 120, report
@@ -89,8 +78,8 @@ def _run_across_hosts(script, *flags, env=None):
 
 @pytest.mark.parametrize("algo", ["ring", "two-sync"])  # two-sync: MPI_Get across hosts
 def test_gradflowrun_across_two_hosts(two_hosts, algo):
-    r, report = _run_across_hosts("multihost_script.py", "--allreduce-algo", algo)
-    assert "-iface hxeth0" in r.stderr and "-genv FI_TCP_IFACE hxeth0" in r.stderr, report
+    r, report = _run_across_hosts(two_hosts, "multihost_script.py", "--allreduce-algo", algo)
+    assert f"-iface {cl.IFACE}" in r.stderr and f"-genv FI_TCP_IFACE {cl.IFACE}" in r.stderr, report
     assert f"[0]<stdout>: multihost OK: 4 ranks with {algo}" in r.stdout, report
     for rank in range(4):
         assert f"[{rank}]<stdout>: multihost rank {rank}: host " in r.stdout, report
@@ -99,11 +88,12 @@ def test_gradflowrun_across_two_hosts(two_hosts, algo):
 
 def test_two_sync_wire_rounding_across_hosts(two_hosts):
     # The RMA path without shared memory: MPI_Get of 16-bit shards, same model.
-    r, report = _run_across_hosts("wire_rounding_script.py", "--allreduce-algo", "two-sync")
+    r, report = _run_across_hosts(two_hosts, "wire_rounding_script.py",
+                                  "--allreduce-algo", "two-sync")
     assert "[0]<stdout>: wire rounding OK on 4 ranks with two-sync" in r.stdout, report
 
 
 def test_auto_takes_the_ring_across_hosts(two_hosts):
-    r, report = _run_across_hosts("algo_choice_script.py", "--allreduce-algo", "auto",
+    r, report = _run_across_hosts(two_hosts, "algo_choice_script.py", "--allreduce-algo", "auto",
                                   env={"EXPECT_ONE_NODE": "0"})
     assert "[0]<stdout>: algo choice OK on 4 ranks with auto" in r.stdout, report

@@ -17,7 +17,8 @@ def test_keys_have_flags_help_and_defaults():
     assert {"GRADFLOW_FUSION_THRESHOLD", "GRADFLOW_CYCLE_TIME", "GRADFLOW_WIRE_DTYPE",
             "GRADFLOW_ALLREDUCE_ALGO", "GRADFLOW_SPARSE_RATIO", "GRADFLOW_TIMEOUT"} <= set(KEYS)
     for k in KEYS.values():
-        assert k["flag"].startswith("--") and k["help"] and k["type"] in ("int", "float", "choice", "string")
+        assert k["flag"].startswith("--") and k["help"] and k["type"] in ("int", "float", "choice", "string",
+                                                                        "bool")
         if k["type"] != "string":
             _native.validate_config({k["env"]: k["default"]})  # defaults are valid
     assert KEYS["GRADFLOW_FUSION_THRESHOLD"]["scale"] == 1048576.0
@@ -32,12 +33,22 @@ def test_keys_have_flags_help_and_defaults():
     ("GRADFLOW_SPARSE_RATIO", "0", "out of range"),
     ("GRADFLOW_SPARSE_RATIO", "1.5", "out of range"),
     ("GRADFLOW_TIMEOUT", "0", "out of range"),
+    ("GRADFLOW_TIMELINE_MARK_CYCLES", "2", "not a boolean"),
+    ("GRADFLOW_LOG_LEVEL", "verbose", "not one of"),
 ])
 def test_bad_values_rejected_with_range(env, value, fragment):
     with pytest.raises(_native.GradflowError) as e:
         _native.validate_config({env: value})
     msg = str(e.value)
     assert env in msg and fragment in msg and "Accepted" in msg and KEYS[env]["flag"] in msg
+
+
+@pytest.mark.parametrize("env,value", [
+    ("GRADFLOW_LOG_LEVEL", "DEBUG"), ("GRADFLOW_LOG_LEVEL", "Trace"), ("GRADFLOW_WIRE_DTYPE", "FP16"),
+    ("GRADFLOW_TIMELINE_MARK_CYCLES", "1"), ("GRADFLOW_TIMELINE_MARK_CYCLES", "False"),
+])
+def test_choices_and_booleans_in_any_case(env, value):
+    _native.validate_config({env: value})  # Horovod spells log levels in upper case
 
 
 def test_unknown_override_rejected():
