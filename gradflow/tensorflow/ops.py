@@ -168,7 +168,8 @@ def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: ReduceOp, name: str,
     # As Horovod: gather every rank's values and indices; the optimizer sums
     # duplicate indices. Average divides the values by the number of ranks.
     if op not in (Sum, Average):
-        raise NotImplementedError(f"gradflow: allreduce of tf.IndexedSlices supports Sum and Average, not {op!r}")
+        raise NotImplementedError("gradflow: allreduce of tf.IndexedSlices supports Sum and "
+                                  f"Average, not {op!r}")
     values = allgather(slices.values, name=f"{name}.values", process_set=process_set)
     indices = allgather(slices.indices, name=f"{name}.indices", process_set=process_set)
     if op == Average:

@@ -107,7 +107,8 @@ def check_gradients(mode):
     # every rank's upstream block, times pre * post (/ N for Average).
     rows = 2 * N
     up = tf.constant(np.full((2, 2), R + 1.0, np.float32))
-    want = np.repeat(np.arange(1, N + 1, dtype=np.float32), 2)[:, None] * np.ones((1, 2), np.float32)
+    want = np.repeat(np.arange(1, N + 1, dtype=np.float32), 2)[:, None] * np.ones((1, 2),
+                                                                                np.float32)
     g, = grad_of(mode, lambda x: gtf.reducescatter(x, op=gtf.Sum, prescale_factor=2.0,
                                                     postscale_factor=3.0),
                  [np.ones((rows, 2), np.float32)], up)
@@ -161,7 +162,8 @@ def check_broadcast_inplace():
     else:
         raise AssertionError("broadcast_ of a tensor did not raise")
     vs = [tf.Variable(x_of(R, (3,)))]
-    assert gtf.broadcast_variables(vs, 0, None, True) is None  # Horovod's (…, process_set, inplace)
+    # Horovod's positional (variables, root_rank, process_set, inplace)
+    assert gtf.broadcast_variables(vs, 0, None, True) is None
     close(vs[0].numpy(), x_of(0, (3,)), "broadcast_variables inplace=True")
 
 
@@ -256,7 +258,8 @@ def check_tape_split_and_errors():
     close(shared[0][1].numpy(), np.full(2, (N + 1) / 2.0), "get_local_and_global shared")
     close(local[0][1].numpy(), np.full(3, (R + 1.0) / N), "get_local_and_global local")
     for bad, exc, text in [
-            (lambda: gtf.DistributedGradientTape(tf.GradientTape(), groups=2), ValueError, "groups"),
+            (lambda: gtf.DistributedGradientTape(tf.GradientTape(), groups=2), ValueError,
+             "groups"),
             (lambda: gtf.PartialDistributedGradientTape(tf.GradientTape(), local_layers=[v]),
              ValueError, "keras.layers.Layer"),
             (lambda: gtf.reducescatter(tf.ones((N, 2)), gtf.Sum), TypeError, "device_dense"),
