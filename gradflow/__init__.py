@@ -1,8 +1,10 @@
 """gradflow: data-parallel training with GradientFlow communication.
 
 Framework-free API (numpy): `init`, `rank`, `size`, the collectives and
-their `_async` forms. `gradflow.torch`, `gradflow.tensorflow` and
-`gradflow.keras` build on this; all share one native runtime.
+their `_async` forms, and Horovod's process sets (`ProcessSet`,
+`add_process_set`, `remove_process_set`, `process_set=` on every
+collective). `gradflow.torch`, `gradflow.tensorflow` and `gradflow.keras`
+build on this; all share one native runtime.
 """
 import importlib.util as _importlib_util
 import os as _os
@@ -39,6 +41,11 @@ from .collectives import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, all
                           barrier, broadcast, broadcast_async, join, poll, reducescatter,
                           reducescatter_async, synchronize)
 from .compression import Compression
+from ._basics import (HorovodInternalError, HostsUpdatedInterrupt, ccl_built, cuda_built,
+                      ddl_built, gloo_built, gloo_enabled, is_homogeneous, mpi_built, mpi_enabled,
+                      mpi_threads_supported, nccl_built, rocm_built, start_timeline,
+                      stop_timeline)
+from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from ._handles import Handle
 from . import _native
 from .runner import notice as _notice
@@ -55,4 +62,8 @@ __all__ = [
     "allgather_async", "broadcast", "broadcast_async", "reducescatter", "reducescatter_async",
     "alltoall", "alltoall_async", "barrier", "join", "synchronize", "poll", "ReduceOp", "Sum",
     "Average", "Adasum", "Min", "Max", "Product", "Compression", "Handle", "GradflowError",
+    "HorovodInternalError", "HostsUpdatedInterrupt", "is_homogeneous", "mpi_threads_supported",
+    "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built",
+    "ccl_built", "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
 ]

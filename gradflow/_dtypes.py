@@ -8,10 +8,13 @@ from __future__ import annotations
 import numpy as np
 
 # Must match enum class DataType in native/common.h.
-UINT8, INT32, INT64, FLOAT16, BFLOAT16, FLOAT32, FLOAT64, BOOL = range(8)
+UINT8, INT32, INT64, FLOAT16, BFLOAT16, FLOAT32, FLOAT64, BOOL, INT8, INT16, UINT16 = range(11)
 
 _BY_NAME = {
     "uint8": UINT8,
+    "int8": INT8,
+    "int16": INT16,
+    "uint16": UINT16,
     "int32": INT32,
     "int64": INT64,
     "float16": FLOAT16,

@@ -15,7 +15,8 @@ from typing import Any, Callable, Dict, Optional
 
 from . import _native
 
-# Buffers of dropped handles still in flight: native handle id -> keep-alive.
+# Buffers of dropped handles still in flight: native handle id -> keep-alive
+# (handle ids are unique in the process, across process sets).
 _orphans: Dict[int, Any] = {}
 
 
@@ -26,11 +27,12 @@ def sweep() -> None:
             _orphans.pop(h, None)
 
 
-def release(native: int, keep_alive: Any) -> None:
-    """The caller dropped native handle `native`: the core forgets its result,
-    and `keep_alive` stays referenced until the core is done with it."""
+def release(native: int, keep_alive: Any, process_set: int = 0) -> None:
+    """The caller dropped native handle `native` (of process set
+    `process_set`): the core forgets its result, and `keep_alive` stays
+    referenced until the core is done with it."""
     _orphans[native] = keep_alive  # first: a sweep may see it completed at once
-    if _native.release(native):
+    if _native.release(native, process_set):
         _orphans.pop(native, None)
 
 
@@ -44,10 +46,12 @@ class Handle:
     Any number of threads may wait on it; each gets the result (or the error)."""
 
     __slots__ = ("native", "keep_alive", "finish", "_done", "_value", "_error", "name",
-                 "wire_overflow", "_lock")
+                 "wire_overflow", "_lock", "process_set")
 
-    def __init__(self, native: int, keep_alive: tuple, finish: Optional[Callable[[dict], Any]], name: str):
+    def __init__(self, native: int, keep_alive: tuple, finish: Optional[Callable[[dict], Any]],
+                 name: str, process_set: int = 0):
         self.native = native
+        self.process_set = process_set  # the core's id of the set whose engine runs it
         self.keep_alive = keep_alive
         self.finish = finish
         self.name = name
@@ -61,7 +65,7 @@ class Handle:
 
     def poll(self) -> bool:
         """True once the collective has completed (successfully or not)."""
-        return self._done or _native.poll(self.native)
+        return self._done or _native.poll(self.native, self.process_set)
 
     def wait(self) -> Any:
         """Block until done and return the result; raises GradflowError on failure."""
@@ -69,7 +73,7 @@ class Handle:
             with self._lock:
                 if not self._done:
                     try:
-                        result = _native.wait(self.native)
+                        result = _native.wait(self.native, self.process_set)
                         self.wire_overflow = bool(result.get("wire_overflow", False))
                         self._value = self.finish(result) if self.finish else result
                     except BaseException as e:  # remembered so a second wait raises too
@@ -85,7 +89,7 @@ class Handle:
         # Dropped without wait(): the core may still be writing the buffers.
         if not getattr(self, "_done", True):
             try:
-                release(self.native, self.keep_alive)
+                release(self.native, self.keep_alive, self.process_set)
             except Exception:  # interpreter exit: the module may be half torn down
                 pass
 

@@ -9,7 +9,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import mpi4py
 
@@ -18,6 +18,7 @@ from mpi4py import MPI  # noqa: E402  (initializes MPI and loads libmpi before _
 
 from . import _native  # noqa: E402
 from . import _handles  # noqa: E402
+from . import process_sets as _process_sets  # noqa: E402
 from ._handles import Handle  # noqa: E402
 from .runner import notice as _notice  # noqa: E402
 
@@ -34,15 +35,29 @@ _uncaught_exception = False
 _comm: Optional[MPI.Comm] = None
 
 
-def init(comm: Optional[MPI.Comm] = None) -> None:
+def init(comm: Optional[Union[MPI.Comm, Sequence[int]]] = None,
+         process_sets: Optional[Sequence["_process_sets.ProcessSet"]] = None) -> None:
     """Start gradflow on `comm` (default: MPI.COMM_WORLD; any mpi4py
-    intracommunicator, sub-communicators included). Reads GRADFLOW_* settings
-    and rejects invalid ones. Calling it again while initialized does nothing."""
+    intracommunicator, sub-communicators included; or, as in Horovod, a list
+    of MPI.COMM_WORLD ranks, which must include this rank). Reads GRADFLOW_*
+    settings and rejects invalid ones. `process_sets` (a list of ProcessSet,
+    the same on every rank) are registered in order, as by add_process_set;
+    Horovod's "dynamic" is accepted (sets can always be added later).
+    Calling it again while initialized does nothing."""
     global _comm, _hooks_installed
     if _native.is_initialized():
         return
+    if isinstance(process_sets, str) and process_sets.lower() == "dynamic":
+        process_sets = []
+    process_sets = list(process_sets or [])
+    for ps in process_sets:
+        if not isinstance(ps, _process_sets.ProcessSet):
+            raise ValueError(f"gradflow.init: process_sets must hold ProcessSet objects, "
+                             f"got {ps!r}")
     if comm is None:
         comm = MPI.COMM_WORLD
+    elif not isinstance(comm, MPI.Comm):
+        comm = _comm_of_ranks(comm)
     if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
         raise ValueError(f"gradflow.init: comm must be an mpi4py communicator, got {comm!r}")
     if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
@@ -63,6 +78,31 @@ def init(comm: Optional[MPI.Comm] = None) -> None:
     horovod_compat.after_init(_native.rank())
     with _lock:
         _counters.clear()
+    _process_sets._after_init()
+    for ps in process_sets:
+        _process_sets.add_process_set(ps)
+
+
+def _comm_of_ranks(ranks) -> MPI.Comm:
+    """init(comm=[ranks]): a communicator of those MPI.COMM_WORLD ranks
+    (only they call this: MPI_Comm_create_group)."""
+    try:
+        ranks = sorted(int(r) for r in ranks)
+    except (TypeError, ValueError):
+        raise ValueError(f"gradflow.init: comm must be an mpi4py communicator or a list of "
+                         f"ranks, got {ranks!r}") from None
+    world = MPI.COMM_WORLD
+    if not ranks or len(set(ranks)) != len(ranks) or ranks[0] < 0 or ranks[-1] >= world.size:
+        raise ValueError(f"gradflow.init: comm={ranks} must list distinct ranks of "
+                         f"MPI.COMM_WORLD (size {world.size})")
+    if world.rank not in ranks:
+        raise ValueError(f"gradflow.init: this rank ({world.rank}) is not in comm={ranks}; only "
+                         "the listed ranks may call init(comm=...)")
+    group = world.Get_group().Incl(ranks)
+    try:
+        return world.Create_group(group)
+    finally:
+        group.Free()
 
 
 def shutdown() -> None:
@@ -114,18 +154,22 @@ def mpi_comm() -> MPI.Comm:
     return _comm
 
 
-def stats() -> Dict[str, float]:
+def stats(process_set: Any = None) -> Dict[str, float]:
     """Counters since start or the last reset_stats(): bytes_sent, bytes_received,
     allreduce.count[.algo.wire], seconds_negotiation / seconds_codec /
     seconds_transfer, seconds_sparse (CPU time of CSC's passes over the
     buffer: absorb, select, pack, unpack), fusion.bytes_copied,
-    sparse.chunks_sent, ..."""
-    return dict(_native.stats())
+    sparse.chunks_sent, allreduce.bytes_input (bytes submitted to allreduce,
+    before CSC and the 16-bit wire), wire_overflow (collectives whose 16-bit
+    wire overflowed), stall_warnings (rank 0), ... gradflow.stats_scalars
+    turns them into per-step TensorBoard scalars. Each process set's engine counts its own
+    collectives: `process_set=` selects which (default: the global set)."""
+    return dict(_native.stats(_process_sets.process_set_id(process_set, "stats")))
 
 
-def reset_stats() -> None:
-    """Zero every counter."""
-    _native.reset_stats()
+def reset_stats(process_set: Any = None) -> None:
+    """Zero every counter (of the global set, or of `process_set`)."""
+    _native.reset_stats(_process_sets.process_set_id(process_set, "reset_stats"))
 
 
 def timeline_mark(name: str) -> None:
@@ -133,14 +177,17 @@ def timeline_mark(name: str) -> None:
     _native.timeline_mark(str(name))
 
 
-def auto_name(kind: int, name: Optional[str]) -> str:
+def auto_name(kind: int, name: Optional[str], process_set: Any = None) -> str:
     """The given name, or `<kind>.noname.<n>` counting per kind (as Horovod
-    does); ranks that issue unnamed collectives in the same order agree."""
+    does); ranks that issue unnamed collectives in the same order agree. A
+    process set counts on its own (`<kind>.set<id>.noname.<n>`): a member's
+    unnamed collectives in a set must not shift its global names."""
+    ps = _process_sets.process_set_id(process_set, _KIND_NAMES[kind])
     if name is not None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"gradflow: name must be a non-empty string, got {name!r}")
         return name
-    key = _KIND_NAMES[kind]
+    key = _KIND_NAMES[kind] if ps == 0 else f"{_KIND_NAMES[kind]}.set{ps}"
     with _lock:
         n = _counters.get(key, 0)
         _counters[key] = n + 1
@@ -165,15 +212,19 @@ def advance_auto_names(counts: Sequence[int]) -> None:
 def submit(kind: int, name: str, in_ptr: int, out_ptr: int, dtype: int, shape: Sequence[int],
            keep_alive: tuple, finish: Optional[Callable[[dict], Any]] = None, *, op: int = 0,
            root: int = 0, wire: int = -1, prescale: float = 1.0, postscale: float = 1.0,
-           splits: Sequence[int] = (), sparse_ratio: float = -1.0) -> Handle:
-    """Queue one collective on raw buffers; `keep_alive` holds them until done."""
+           splits: Sequence[int] = (), sparse_ratio: float = -1.0,
+           process_set: Any = None) -> Handle:
+    """Queue one collective on raw buffers; `keep_alive` holds them until done.
+    `process_set` is what the caller passed as `process_set=` (None: all
+    ranks); this is where every binding's value is translated."""
     if "\x00" in name:  # C strings would cut it short in every error message
         raise ValueError(f"gradflow: collective name {name!r} contains a NUL character")
+    ps = _process_sets.process_set_id(process_set, _KIND_NAMES[kind])
     _handles.sweep()
     h = _native.submit(kind, name, in_ptr, out_ptr, dtype, [int(d) for d in shape], op, root,
                        wire, float(prescale), float(postscale), [int(s) for s in splits],
-                       float(sparse_ratio))
-    return Handle(h, keep_alive, finish, name)
+                       float(sparse_ratio), ps)
+    return Handle(h, keep_alive, finish, name, ps)
 
 
 def _install_hooks() -> None:

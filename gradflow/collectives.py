@@ -1,8 +1,10 @@
 """numpy collectives with Horovod's grammar: `allreduce`, `allreduce_async`,
 `allgather`, `broadcast`, `reducescatter`, `alltoall`, `barrier`, `join`,
-`synchronize`, `poll`. Arrays are made C-contiguous and passed to the core
-by address (no copy for contiguous native-order input; non-native byte
-order is swapped first); results are new arrays in native byte order.
+`synchronize`, `poll`. Every collective takes Horovod's `process_set=`
+(None: all ranks), translated once in `_runtime.submit`. Arrays are made
+C-contiguous and passed to the core by address (no copy for contiguous
+native-order input; non-native byte order is swapped first); results are
+new arrays in native byte order.
 """
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ import numpy as np
 from . import _dtypes
 from ._handles import Handle
 from ._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, JOIN, REDUCESCATTER,
-                       advance_auto_names, auto_name, auto_name_counts, size, submit)
+                       advance_auto_names, auto_name, auto_name_counts, submit)
 from .compression import wire_code
+from .process_sets import ProcessSet
 
 
 class ReduceOp(enum.IntEnum):
@@ -25,7 +28,7 @@ class ReduceOp(enum.IntEnum):
 
     Average = 0
     Sum = 1
-    Adasum = 2  # Horovod's name; not implemented in gradflow (raises on use)
+    Adasum = 2  # scale-invariant pairwise combination (native/adasum_allreduce.h); allreduce only
     Min = 3
     Max = 4
     Product = 5
@@ -34,25 +37,25 @@ class ReduceOp(enum.IntEnum):
 Average, Sum, Adasum, Min, Max, Product = (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Adasum,
                                            ReduceOp.Min, ReduceOp.Max, ReduceOp.Product)
 
-# ReduceOp -> native/common.h ReduceOp code (kSum=0, kAverage=1, kMin=2, kMax=3, kProduct=4).
-_NATIVE_CODES = {Sum: 0, Average: 1, Min: 2, Max: 3, Product: 4}
+# ReduceOp -> native/common.h ReduceOp code (kSum=0, kAverage=1, kMin=2, kMax=3, kProduct=4,
+# kAdasum=5).
+_NATIVE_CODES = {Sum: 0, Average: 1, Min: 2, Max: 3, Product: 4, Adasum: 5}
 
 
 def reduce_op(op) -> ReduceOp:
     """`op` (a ReduceOp or a raw int with Horovod's meaning) as a ReduceOp.
-    ValueError for an unknown value; NotImplementedError for Adasum, which
-    gradflow does not implement (never a silent fallback to another op)."""
+    ValueError for an unknown value. Adasum is accepted here; the core
+    refuses it at submit where it cannot run (a collective other than
+    allreduce, a non-floating dtype, a rank count that is not a power of two,
+    a 16-bit wire, sparse_ratio < 1), on every rank."""
     if isinstance(op, bool) or not isinstance(op, (int, np.integer)):
-        raise ValueError(f"gradflow: unknown reduce op {op!r}; use Average, Sum, Min, Max or Product")
+        raise ValueError(f"gradflow: unknown reduce op {op!r}; use Average, Sum, Adasum, Min, Max "
+                         "or Product")
     try:
-        op = ReduceOp(int(op))
+        return ReduceOp(int(op))
     except ValueError:
-        raise ValueError(f"gradflow: unknown reduce op {op!r}; use Average(0), Sum(1), Min(3), "
-                         "Max(4) or Product(5)") from None
-    if op == Adasum:
-        raise NotImplementedError("gradflow: op=Adasum is not implemented in gradflow; use "
-                                  "Average or Sum")
-    return op
+        raise ValueError(f"gradflow: unknown reduce op {op!r}; use Average(0), Sum(1), Adasum(2), "
+                         "Min(3), Max(4) or Product(5)") from None
 
 
 def native_reduce_op(op) -> int:
@@ -60,18 +63,18 @@ def native_reduce_op(op) -> int:
     return _NATIVE_CODES[reduce_op(op)]
 
 
-def check_global_process_set(process_set, what: str) -> None:
-    """Process sets are not implemented yet: accept only the default (None)
-    or an object standing for Horovod's global set (process_set_id 0, or
-    `ranks` listing every rank); anything else raises ValueError naming
-    `what`, on every rank that passes it — never silently the global set."""
-    if process_set is None or getattr(process_set, "process_set_id", None) == 0:
+def check_adasum_options(op, wire: int, sparse_ratio: Optional[float], what: str) -> None:
+    """For op=Adasum, refuse at construction what the core would refuse at
+    the first allreduce: a 16-bit wire (`wire`: the native wire code of the
+    caller's compression, -1 = setting default) or sparse_ratio < 1 (Adasum's
+    dot products need every value as it is). No-op for other ops."""
+    if reduce_op(op) != Adasum:
         return
-    ranks = getattr(process_set, "ranks", None)
-    if ranks is not None and sorted(int(r) for r in ranks) == list(range(size())):
-        return
-    raise ValueError(f"gradflow: {what}: process_set={process_set!r} is not supported; only the "
-                     "global process set (all ranks, the default) is")
+    if wire > 0:
+        raise ValueError(f"gradflow: {what}(op=Adasum) needs compression=Compression.none "
+                         "(Adasum's dot products need the values as they are)")
+    if sparse_ratio is not None and sparse_ratio < 1:
+        raise ValueError(f"gradflow: {what}(op=Adasum) does not support sparse_ratio < 1")
 
 
 def op_from_average(average: Optional[bool], op) -> ReduceOp:
@@ -109,103 +112,121 @@ def _result_array(result: dict, dtype: np.dtype) -> np.ndarray:
 
 def allreduce_async(array, op: ReduceOp = Average, name: Optional[str] = None,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                    compression=None, sparse_ratio: Optional[float] = None) -> Handle:
-    """Start an allreduce of `array`; `synchronize(handle)` returns the reduced copy."""
+                    compression=None, sparse_ratio: Optional[float] = None,
+                    process_set: Optional[ProcessSet] = None) -> Handle:
+    """Start an allreduce of `array` over `process_set` (default: all ranks);
+    `synchronize(handle)` returns the reduced copy."""
     code = native_reduce_op(op)  # before naming: a bad op leaves the name counters alone
     a = _prepare(array)
     out = np.empty_like(a)
-    name = auto_name(ALLREDUCE, name)
+    name = auto_name(ALLREDUCE, name, process_set)
     return submit(ALLREDUCE, name, a.ctypes.data, out.ctypes.data, _dtypes.code_of_numpy(a.dtype),
                   a.shape, (a, out), lambda r: out, op=code, wire=wire_code(compression),
                   prescale=prescale_factor, postscale=postscale_factor,
-                  sparse_ratio=-1.0 if sparse_ratio is None else sparse_ratio)
+                  sparse_ratio=-1.0 if sparse_ratio is None else sparse_ratio,
+                  process_set=process_set)
 
 
 def allreduce(array, op: ReduceOp = Average, name: Optional[str] = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-              compression=None, sparse_ratio: Optional[float] = None) -> np.ndarray:
-    """Reduce `array` across ranks (default: average); every rank gets the
-    same, bitwise-identical result."""
+              compression=None, sparse_ratio: Optional[float] = None,
+              process_set: Optional[ProcessSet] = None) -> np.ndarray:
+    """Reduce `array` across the ranks of `process_set` (default: all ranks;
+    Average divides by the set's size); every member gets the same,
+    bitwise-identical result."""
     return allreduce_async(array, op, name, prescale_factor, postscale_factor, compression,
-                           sparse_ratio).wait()
+                           sparse_ratio, process_set).wait()
 
 
-def allgather_async(array, name: Optional[str] = None) -> Handle:
+def allgather_async(array, name: Optional[str] = None,
+                    process_set: Optional[ProcessSet] = None) -> Handle:
     """Start an allgather; the first dimension may differ between ranks."""
     a = _prepare(array)
     if a.ndim == 0:
         a = a.reshape(1)
-    name = auto_name(ALLGATHER, name)
+    name = auto_name(ALLGATHER, name, process_set)
     return submit(ALLGATHER, name, a.ctypes.data, 0, _dtypes.code_of_numpy(a.dtype), a.shape, (a,),
-                  lambda r: _result_array(r, a.dtype))
+                  lambda r: _result_array(r, a.dtype), process_set=process_set)
 
 
-def allgather(array, name: Optional[str] = None) -> np.ndarray:
-    """Concatenate every rank's `array` along the first dimension, in rank order."""
-    return allgather_async(array, name).wait()
+def allgather(array, name: Optional[str] = None,
+              process_set: Optional[ProcessSet] = None) -> np.ndarray:
+    """Concatenate every member's `array` along the first dimension, in rank order."""
+    return allgather_async(array, name, process_set).wait()
 
 
-def broadcast_async(array, root_rank: int, name: Optional[str] = None) -> Handle:
-    """Start a broadcast of root's `array`; the result is a new array."""
+def broadcast_async(array, root_rank: int, name: Optional[str] = None,
+                    process_set: Optional[ProcessSet] = None) -> Handle:
+    """Start a broadcast of root's `array`; the result is a new array.
+    `root_rank` is a global rank (a member of `process_set`), as in Horovod."""
     a = _prepare(array)
     out = np.empty_like(a)
-    name = auto_name(BROADCAST, name)
+    name = auto_name(BROADCAST, name, process_set)
     return submit(BROADCAST, name, a.ctypes.data, out.ctypes.data, _dtypes.code_of_numpy(a.dtype),
-                  a.shape, (a, out), lambda r: out, root=int(root_rank))
+                  a.shape, (a, out), lambda r: out, root=int(root_rank), process_set=process_set)
 
 
-def broadcast(array, root_rank: int, name: Optional[str] = None) -> np.ndarray:
-    """Root's `array` on every rank (shapes and dtypes must match)."""
-    return broadcast_async(array, root_rank, name).wait()
+def broadcast(array, root_rank: int, name: Optional[str] = None,
+              process_set: Optional[ProcessSet] = None) -> np.ndarray:
+    """Root's `array` on every member (shapes and dtypes must match)."""
+    return broadcast_async(array, root_rank, name, process_set).wait()
 
 
 def reducescatter_async(array, op: ReduceOp = Average, name: Optional[str] = None,
+                        process_set: Optional[ProcessSet] = None,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
-    """Start a reducescatter: reduce `prescale_factor * array` across ranks,
-    rank r keeps block r of the first dimension, times `postscale_factor`
-    (the core scales, as for allreduce)."""
+    """Start a reducescatter: reduce `prescale_factor * array` across the
+    members, rank r keeps block r of the first dimension, times
+    `postscale_factor` (the core scales, as for allreduce). Parameter order
+    as Horovod's reducescatter (process_set before the scale factors)."""
     code = native_reduce_op(op)
     a = _prepare(array)
     if a.ndim == 0:
         raise ValueError("gradflow: reducescatter needs an array with at least one dimension")
-    name = auto_name(REDUCESCATTER, name)
+    name = auto_name(REDUCESCATTER, name, process_set)
     return submit(REDUCESCATTER, name, a.ctypes.data, 0, _dtypes.code_of_numpy(a.dtype), a.shape,
                   (a,), lambda r: _result_array(r, a.dtype), op=code,
-                  prescale=prescale_factor, postscale=postscale_factor)
+                  prescale=prescale_factor, postscale=postscale_factor, process_set=process_set)
 
 
 def reducescatter(array, op: ReduceOp = Average, name: Optional[str] = None,
+                  process_set: Optional[ProcessSet] = None,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
-    """Reduce `prescale_factor * array` across ranks and return this rank's
-    block of rows (rows split as evenly as possible, earlier ranks get the
-    remainder), times `postscale_factor`."""
-    return reducescatter_async(array, op, name, prescale_factor, postscale_factor).wait()
+    """Reduce `prescale_factor * array` across the members and return this
+    rank's block of rows (one block per member in set order, rows split as
+    evenly as possible, earlier ranks get the remainder), times
+    `postscale_factor`."""
+    return reducescatter_async(array, op, name, process_set, prescale_factor,
+                               postscale_factor).wait()
 
 
-def alltoall_async(array, splits: Optional[Sequence[int]] = None, name: Optional[str] = None) -> Handle:
+def alltoall_async(array, splits: Optional[Sequence[int]] = None, name: Optional[str] = None,
+                   process_set: Optional[ProcessSet] = None) -> Handle:
     """Start an alltoall; the result is (array, received_splits)."""
     a = _prepare(array)
     if a.ndim == 0:
         a = a.reshape(1)
-    name = auto_name(ALLTOALL, name)
+    name = auto_name(ALLTOALL, name, process_set)
     sp = [] if splits is None else [int(s) for s in splits]
     if any(s < 0 for s in sp):
         raise ValueError(f"gradflow: alltoall splits must be >= 0, got {sp}")
     return submit(ALLTOALL, name, a.ctypes.data, 0, _dtypes.code_of_numpy(a.dtype), a.shape, (a,),
                   lambda r: (_result_array(r, a.dtype), np.asarray(r["recv_splits"], np.int64)),
-                  splits=sp)
+                  splits=sp, process_set=process_set)
 
 
-def alltoall(array, splits: Optional[Sequence[int]] = None,
-             name: Optional[str] = None) -> Tuple[np.ndarray, np.ndarray]:
-    """Send `splits[p]` rows to rank p (default: even split); returns the rows
-    received from every rank in rank order, and how many came from each."""
-    return alltoall_async(array, splits, name).wait()
+def alltoall(array, splits: Optional[Sequence[int]] = None, name: Optional[str] = None,
+             process_set: Optional[ProcessSet] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """Send `splits[p]` rows to member p (default: even split; one split per
+    member of `process_set`, in set order); returns the rows received from
+    every member in set order, and how many came from each."""
+    return alltoall_async(array, splits, name, process_set).wait()
 
 
-def barrier() -> None:
-    """Block until every rank reaches the barrier."""
-    submit(BARRIER, auto_name(BARRIER, None), 0, 0, _dtypes.UINT8, [0], ()).wait()
+def barrier(process_set: Optional[ProcessSet] = None) -> None:
+    """Block until every member of `process_set` (default: all ranks) reaches the barrier."""
+    submit(BARRIER, auto_name(BARRIER, None, process_set), 0, 0, _dtypes.UINT8, [0], (),
+           process_set=process_set).wait()
 
 
 def join() -> int:

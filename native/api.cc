@@ -9,6 +9,7 @@
 #include <functional>
 #include <sstream>
 
+#include "adasum_allreduce.h"
 #include "reduce_kernels.h"
 
 namespace gradflow {
@@ -18,21 +19,68 @@ std::atomic<int64_t> g_generations{0};
 constexpr int kPoolIndexBits = 32;
 }  // namespace
 
-Runtime::Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>& overrides)
-    : cfg_(load_config(overrides)), generation_(++g_generations), pid_(::getpid()) {
+Runtime::Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>& overrides,
+                 int process_set_id, std::vector<int> set_ranks,
+                 std::function<void(const std::string&)> on_fatal)
+    : cfg_(load_config(overrides)),
+      generation_(++g_generations),
+      pid_(::getpid()),
+      set_id_(process_set_id),
+      set_ranks_(std::move(set_ranks)) {
   set_log_level(parse_log_level(cfg_.log_level));
   comm_ = std::make_unique<MpiComm>(comm_handle, cfg_.timeout_seconds);
   check_config_matches_everywhere();
-  GF_LOG(kInfo, comm_->rank(), "started: rank " << comm_->rank() << " of " << comm_->size()
-                                                << ", log level " << cfg_.log_level);
-  // Rank 0 writes the timeline (as in Horovod): negotiation spans there
-  // show when the *last* rank submitted each tensor.
-  if (comm_->rank() == 0) timeline_.open(cfg_.timeline, comm_->rank());
+  if (set_id_ == 0) {
+    for (int r = 0; r < comm_->size(); ++r) set_ranks_.push_back(r);
+    sets_ = std::make_unique<ProcessSetTable>(*this, comm_handle, overrides);
+    // A dead global engine (dead peer, abort) fails every set's collectives.
+    on_fatal = [this](const std::string& why) { sets_->abort_sets(why); };
+    // Rank 0 writes the timeline (as in Horovod): negotiation spans there
+    // show when the *last* rank submitted each tensor. Set engines write none.
+    if (comm_->rank() == 0) timeline_.open(cfg_.timeline, comm_->rank());
+    timeline_.set_mark_cycles(cfg_.timeline_mark_cycles);  // GRADFLOW_TIMELINE_MARK_CYCLES
+    GF_LOG(kInfo, comm_->rank(), "started: rank " << comm_->rank() << " of " << comm_->size()
+                                                  << ", log level " << cfg_.log_level);
+  }
+  GF_CHECK(static_cast<int>(set_ranks_.size()) == comm_->size(),
+           "gradflow: process set " << set_id_ << " has " << set_ranks_.size()
+                                    << " ranks but its communicator " << comm_->size());
   loop_ = std::make_unique<BackgroundLoop>(*comm_, cfg_, queue_, stats_, timeline_);
+  loop_->set_fatal_listener(std::move(on_fatal));
   loop_->start();
 }
 
 Runtime::~Runtime() { shutdown(); }
+
+std::string Runtime::in_set(const std::string& message, bool set_relative) const {
+  if (set_id_ == 0) return message;
+  const std::string prefix = "gradflow: ";
+  std::string rest = message.compare(0, prefix.size(), prefix) == 0 ? message.substr(prefix.size())
+                                                                     : message;
+  // The engine's coordinator numbers ranks within its communicator.
+  return prefix + "process set " + std::to_string(set_id_) + " (ranks " +
+         rank_list_string(set_ranks_) + (set_relative ? "; 'rank i' below is its i-th rank" : "") +
+         "): " + rest;
+}
+
+ProcessSetTable& Runtime::process_sets() {
+  GF_CHECK(sets_, "gradflow: process sets are registered on the global engine only");
+  return *sets_;
+}
+
+int Runtime::set_rank_of(int global_rank) const {
+  for (size_t i = 0; i < set_ranks_.size(); ++i)
+    if (set_ranks_[i] == global_rank) return static_cast<int>(i);
+  return -1;
+}
+
+bool Runtime::failed_fatally() {
+  if (loop_ && loop_->failed_fatally()) return true;
+  if (sets_)
+    for (auto& e : sets_->set_engines())
+      if (e->failed_fatally()) return true;
+  return false;
+}
 
 void Runtime::check_config_matches_everywhere() {
   // Settings that change what ranks send (fusion, cache size, wire, ...) must
@@ -58,6 +106,27 @@ void Runtime::check_config_matches_everywhere() {
 }
 
 int64_t Runtime::submit(const SubmitArgs& a) {
+  if (set_id_ == 0) return submit_checked(a);
+  // A set's engine: broadcast's root is a global rank (as in Horovod), the
+  // engine's communicator counts set ranks; every error names the set.
+  try {
+    SubmitArgs b = a;
+    if (a.kind == OpKind::kBroadcast) {
+      b.root = set_rank_of(a.root);
+      GF_CHECK_ARG(b.root >= 0, "broadcast '" << a.name << "': root rank " << a.root
+                                              << " is not a member of this process set");
+    }
+    return submit_checked(b);
+  } catch (const InvalidArgumentError& e) {
+    throw InvalidArgumentError(in_set(e.what()));
+  } catch (const TransportError&) {
+    throw;
+  } catch (const GradflowError& e) {
+    throw GradflowError(in_set(e.what()));
+  }
+}
+
+int64_t Runtime::submit_checked(const SubmitArgs& a) {
   validate_submit(a);
   TensorEntry e;
   Request& r = e.request;
@@ -73,6 +142,12 @@ int64_t Runtime::submit(const SubmitArgs& a) {
   r.postscale = a.postscale;
   r.splits = a.splits;
   r.sparse_ratio = a.sparse_ratio < 0 ? cfg_.sparse_ratio : a.sparse_ratio;
+  if (a.op == ReduceOp::kAdasum && a.kind == OpKind::kAllreduce) {
+    // Adasum is always dense and native: the GRADFLOW_WIRE_DTYPE /
+    // GRADFLOW_SPARSE_RATIO defaults do not apply (explicit ones are refused).
+    r.wire = WireDtype::kNative;
+    r.sparse_ratio = 1.0;
+  }
   r.in_pool = a.in_pool;
   if (a.kind == OpKind::kAlltoall && r.splits.empty()) {
     // Default: the first dimension split as evenly as possible.
@@ -102,7 +177,19 @@ void Runtime::validate_submit(const SubmitArgs& a) const {
     GF_CHECK_ARG(d >= 0, "gradflow: " << what << " '" << a.name << "': negative dimension in shape "
                                       << shape_string(a.shape));
   std::string why;
-  if (a.kind == OpKind::kAllreduce || a.kind == OpKind::kReducescatter) {
+  if (a.kind == OpKind::kAllreduce && a.op == ReduceOp::kAdasum) {
+    // Same size on every rank, so a refused size raises on every rank.
+    GF_CHECK_ARG(adasum_supported(a.dtype, comm_->size(), &why),
+                 "gradflow: allreduce '" << a.name << "': " << why);
+    GF_CHECK_ARG(a.wire <= 0, "gradflow: allreduce '" << a.name << "': op=Adasum with a 16-bit "
+                              "wire (compression=fp16/bf16) is not supported; Adasum's dot "
+                              "products need the values as they are: use Compression.none");
+    GF_CHECK_ARG(a.sparse_ratio < 0 || a.sparse_ratio >= 1,
+                 "gradflow: allreduce '" << a.name << "': op=Adasum with sparse_ratio "
+                                         << a.sparse_ratio << " is not supported (sparse chunks "
+                                            "would change every dot product); use 1 or None");
+    GF_CHECK_ARG(!a.in_pool, "gradflow: gradient pools do not support op=Adasum");
+  } else if (a.kind == OpKind::kAllreduce || a.kind == OpKind::kReducescatter) {
     GF_CHECK_ARG(reduce_supported(a.dtype, a.op, &why), "gradflow: " << what << " '" << a.name << "': " << why);
     // Scaling multiplies in the tensor's own dtype: only floating types can.
     for (double f : {a.prescale, a.postscale})
@@ -134,10 +221,15 @@ void Runtime::validate_submit(const SubmitArgs& a) const {
 
 bool Runtime::poll(int64_t handle) { return queue_.poll(handle); }
 
-HandleResult Runtime::wait(int64_t handle) { return queue_.wait(handle); }
+HandleResult Runtime::wait(int64_t handle) {
+  HandleResult r = queue_.wait(handle);
+  if (!r.error.empty()) r.error = in_set(r.error, true);
+  return r;
+}
 
 void Runtime::shutdown() {
   std::lock_guard<std::mutex> lock(shutdown_mu_);
+  if (sets_) sets_->shutdown_sets();  // Note [Process sets]: every engine stops
   if (loop_) loop_->shutdown();  // joins: the loop thread was the only MPI user
   timeline_.close();
   comm_->release_communicator();
@@ -147,12 +239,16 @@ bool Runtime::owned_by_this_process() const { return pid_ == ::getpid(); }
 
 void Runtime::abort(const std::string& message) {
   if (loop_) loop_->abort(message);
+  if (sets_) sets_->abort_sets(message);
 }
 
 int64_t Runtime::pool_create(uintptr_t data, DataType dt, const std::vector<int64_t>& range_elems,
                              int64_t bucket_bytes, ReduceOp op, int wire, double prescale,
                              double postscale, double sparse_ratio) {
   std::string why;
+  GF_CHECK_ARG(op != ReduceOp::kAdasum,
+               "gradflow: gradient pools do not support op=Adasum (a bucket holds several "
+               "gradients, each needing its own dot products); submit the gradients one by one");
   GF_CHECK(reduce_supported(dt, op, &why), "gradflow: gradient pool: " << why);
   std::lock_guard<std::mutex> lock(pools_mu_);
   int index = next_pool_++;
@@ -186,8 +282,8 @@ int64_t Runtime::pool_create(uintptr_t data, DataType dt, const std::vector<int6
 Runtime::PoolState& Runtime::find_pool(int64_t id) {
   GF_CHECK((id >> kPoolIndexBits) == generation_,
            "gradflow: gradient pool " << id << " belongs to a gradflow runtime that has been shut "
-           "down (shutdown() and init() were called since it was created); create the "
-           "DistributedOptimizer (or model wrapper) again after init()");
+           "down (shutdown() and init() were called since it was created, or its process set "
+           "was removed); create the DistributedOptimizer (or model wrapper) again after init()");
   auto it = pools_.find(id);
   GF_CHECK(it != pools_.end(), "gradflow: unknown gradient pool " << id);
   return it->second;

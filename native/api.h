@@ -1,9 +1,12 @@
-// api.h — the framework-agnostic C++ API. Runtime is the one object that
-// init() creates: it owns the communicator, configuration, submit queue,
-// background loop, gradient pools and stats. Bindings call only this.
+// api.h — the framework-agnostic C++ API. Runtime is the engine of one
+// communicator: it owns the communicator, configuration, submit queue,
+// background loop, gradient pools and stats. init() creates the global one,
+// which also owns the process-set table (process_sets.h); each process set
+// this rank belongs to has a Runtime of its own. Bindings call only this.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -14,6 +17,7 @@
 #include "config.h"
 #include "grad_pool.h"
 #include "mpi_comm.h"
+#include "process_sets.h"
 #include "sparse_chunks.h"
 #include "stats.h"
 #include "tensor_queue.h"
@@ -42,10 +46,24 @@ struct SubmitArgs {
   std::shared_ptr<SparseResidual> sparse_residual;  // a sparse pool bucket's (owned by the pool)
 };
 
-class Runtime {
+class Runtime : public std::enable_shared_from_this<Runtime> {
  public:
-  Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>& overrides);
+  // The global engine (process_set_id 0) on the user's communicator; or a
+  // process set's engine (Note [Process sets]) on a communicator of
+  // `set_ranks` (global ranks), told through `on_fatal` when it dies.
+  Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>& overrides,
+          int process_set_id = 0, std::vector<int> set_ranks = {},
+          std::function<void(const std::string&)> on_fatal = nullptr);
   ~Runtime();
+
+  int process_set_id() const { return set_id_; }
+  const std::vector<int>& set_ranks() const { return set_ranks_; }  // global ranks
+  int64_t generation() const { return generation_; }
+  // `message` as this engine reports it: a set's engine names the set (and,
+  // for `set_relative` messages of its coordinator, how it numbers ranks).
+  std::string in_set(const std::string& message, bool set_relative = false) const;
+  // The process-set registry (the global engine only).
+  ProcessSetTable& process_sets();
 
   const MpiComm& comm() const { return *comm_; }
   const Config& config() const { return cfg_; }
@@ -62,8 +80,10 @@ class Runtime {
   // the communicator. Waiters may still hold the object: only the queue is
   // used after this (submit then raises).
   void shutdown();
+  // The global engine's abort reaches every set engine too.
   void abort(const std::string& message);
-  bool failed_fatally() const { return loop_ && loop_->failed_fatally(); }
+  // The global engine's answer covers its set engines.
+  bool failed_fatally();
   // False in a fork() child: the loop thread and the MPI state belong to the
   // parent, so the child must not use (or destroy) this runtime.
   bool owned_by_this_process() const;
@@ -97,6 +117,8 @@ class Runtime {
   PoolState& find_pool(int64_t id);  // caller holds pools_mu_
   void check_config_matches_everywhere();
   void validate_submit(const SubmitArgs& args) const;  // throws InvalidArgumentError
+  int64_t submit_checked(const SubmitArgs& args);
+  int set_rank_of(int global_rank) const;  // -1 if not a member
 
   Config cfg_;
   std::unique_ptr<MpiComm> comm_;
@@ -110,6 +132,9 @@ class Runtime {
   int64_t generation_ = 0;  // this runtime's number in the process (from 1)
   int64_t pid_ = 0;         // the process that created it
   std::mutex shutdown_mu_;
+  int set_id_ = 0;
+  std::vector<int> set_ranks_;
+  std::unique_ptr<ProcessSetTable> sets_;  // global engine only
 };
 
 }  // namespace gradflow

@@ -78,6 +78,7 @@ void BackgroundLoop::run() {
   // after a failure a peer may be gone, so nothing collective is freed.
   if (fatal_) {
     comm_.mark_broken();
+    if (on_fatal_) on_fatal_(failure());
   } else {
     executor_.release_windows();
   }
@@ -107,7 +108,7 @@ bool BackgroundLoop::cycle() {
   if (!res.responses.empty()) {
     stats_.add("negotiation.cycles_with_work", 1);
     ++cycles_with_work_;
-    if (cfg_.timeline_mark_cycles) timeline_.mark("CYCLE_START", "cycles");
+    timeline_.cycle();  // a CYCLE_START mark when mark_cycles is on
     GF_LOG(kDebug, comm_.rank(),
            "cycle " << cycles_with_work_ << ": " << res.responses.size() << " response(s), "
                     << fresh.size() << " new submission(s), "
@@ -117,6 +118,12 @@ bool BackgroundLoop::cycle() {
     for (const Response& r : res.responses)
       GF_LOG(kTrace, comm_.rank(), "  " << op_kind_name(r.kind) << " '" << r.name << "'"
                                         << (r.error.empty() ? "" : " error: " + r.error));
+  }
+  // Stall warnings are raised on rank 0 only (its coordinator sees every rank).
+  const size_t stalls = coordinator_.stall_warnings().size();
+  if (stalls > stall_warnings_counted_) {
+    stats_.add("stall_warnings", static_cast<double>(stalls - stall_warnings_counted_));
+    stall_warnings_counted_ = stalls;
   }
 
   // Execute the agreed list front to back (Note [Execution order]).
@@ -188,7 +195,8 @@ void BackgroundLoop::trace_group(const std::vector<const Response*>& group,
                        ", \"bytes_sent\": " + std::to_string(run.transfer.bytes_sent) +
                        ", \"codec_us\": " + std::to_string(run.transfer.codec_seconds * 1e6);
     if (r.kind == OpKind::kAllreduce)
-      args += std::string(", \"algo\": \"") + allreduce_algo_name(run.algo) +
+      args += std::string(", \"algo\": \"") +
+              (r.op == ReduceOp::kAdasum ? "adasum" : allreduce_algo_name(run.algo)) +
               "\", \"wire\": \"" + wire_dtype_name(run.wire) +
               "\", \"sparse\": " + (run.sparse ? "true" : "false");
     if (!r.error.empty()) args += ", \"error\": \"" + json_escape(r.error) + "\"";

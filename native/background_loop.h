@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <vector>
 #include <map>
 #include <mutex>
@@ -47,6 +48,11 @@ class BackgroundLoop {
                  Timeline& timeline);
   ~BackgroundLoop();
 
+  // Called once on the loop thread when it dies of a communication failure
+  // or an abort (with the reason), after its handles failed: the runtime
+  // uses it to fail the process's other process-set engines too
+  // (Note [Process sets], process_sets.h). Set before start().
+  void set_fatal_listener(std::function<void(const std::string&)> f) { on_fatal_ = std::move(f); }
   void start();
   // Asks every rank to stop at the next cycle and waits for the thread.
   void shutdown();
@@ -73,6 +79,7 @@ class BackgroundLoop {
   Stats& stats_;
   Timeline& timeline_;
   Coordinator coordinator_;
+  size_t stall_warnings_counted_ = 0;  // coordinator_.stall_warnings() already in stats_
   ResponseExecutor executor_;
   std::map<std::string, TensorEntry> pending_;  // this rank's submitted, not yet run
   std::atomic<bool> shutdown_requested_{false};
@@ -81,6 +88,7 @@ class BackgroundLoop {
   std::string abort_message_;
   std::string failure_;
   std::thread thread_;
+  std::function<void(const std::string&)> on_fatal_;
   std::chrono::steady_clock::time_point agreed_at_;  // end of this cycle's negotiation
   int64_t cycles_with_work_ = 0;  // numbers the cycles in debug log lines
 };

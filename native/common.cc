@@ -7,6 +7,9 @@ size_t dtype_size(DataType dt) {
   switch (dt) {
     case DataType::kUInt8: return 1;
     case DataType::kBool: return 1;
+    case DataType::kInt8: return 1;
+    case DataType::kInt16: return 2;
+    case DataType::kUInt16: return 2;
     case DataType::kInt32: return 4;
     case DataType::kInt64: return 8;
     case DataType::kFloat16: return 2;
@@ -21,6 +24,9 @@ const char* dtype_name(DataType dt) {
   switch (dt) {
     case DataType::kUInt8: return "uint8";
     case DataType::kBool: return "bool";
+    case DataType::kInt8: return "int8";
+    case DataType::kInt16: return "int16";
+    case DataType::kUInt16: return "uint16";
     case DataType::kInt32: return "int32";
     case DataType::kInt64: return "int64";
     case DataType::kFloat16: return "float16";
@@ -43,6 +49,7 @@ const char* reduce_op_name(ReduceOp op) {
     case ReduceOp::kMin: return "min";
     case ReduceOp::kMax: return "max";
     case ReduceOp::kProduct: return "product";
+    case ReduceOp::kAdasum: return "adasum";
   }
   return "unknown";
 }

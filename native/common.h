@@ -31,6 +31,9 @@ enum class DataType : int32_t {
   kFloat32 = 5,
   kFloat64 = 6,
   kBool = 7,
+  kInt8 = 8,
+  kInt16 = 9,
+  kUInt16 = 10,
 };
 
 enum class ReduceOp : int32_t {
@@ -39,6 +42,9 @@ enum class ReduceOp : int32_t {
   kMin = 2,
   kMax = 3,
   kProduct = 4,
+  // Not element-wise: the scale-invariant pairwise combination of
+  // adasum_allreduce.h. Allreduce only; reduce_into refuses it.
+  kAdasum = 5,
 };
 
 enum class OpKind : int32_t {

@@ -40,6 +40,15 @@ C comm_from_handle(uintptr_t h) {
   }
 }
 
+template <typename C>
+uintptr_t handle_from_comm(C c) {
+  if constexpr (std::is_integral<C>::value) {
+    return static_cast<uintptr_t>(c);
+  } else {
+    return reinterpret_cast<uintptr_t>(c);
+  }
+}
+
 // Polls `done` until it returns true or the deadline passes. MPICH moves data
 // only inside MPI calls, so a wait first tests back to back (yielding the core
 // between tests so oversubscribed ranks still run), then sleeps between tests
@@ -95,6 +104,9 @@ MPI_Datatype mpi_type(DataType dt) {
     case DataType::kUInt8: return MPI_UINT8_T;
     case DataType::kBool: return MPI_UINT8_T;  // 0/1 bytes; min = and, max = or
     case DataType::kInt32: return MPI_INT32_T;
+    case DataType::kInt8: return MPI_INT8_T;
+    case DataType::kInt16: return MPI_INT16_T;
+    case DataType::kUInt16: return MPI_UINT16_T;
     case DataType::kInt64: return MPI_INT64_T;
     case DataType::kFloat32: return MPI_FLOAT;
     case DataType::kFloat64: return MPI_DOUBLE;
@@ -113,6 +125,7 @@ MPI_Op mpi_op(ReduceOp op, DataType dt) {
     case ReduceOp::kMin: return MPI_MIN;
     case ReduceOp::kMax: return MPI_MAX;
     case ReduceOp::kProduct: return MPI_PROD;
+    case ReduceOp::kAdasum: break;  // not element-wise (adasum_allreduce.h)
   }
   throw GradflowError("gradflow: unknown reduce op");
 }
@@ -211,9 +224,34 @@ MpiComm::MpiComm(uintptr_t comm_handle, double timeout_seconds)
   MPI_Comm_size(cross, &cross_size_);
   MPI_Comm_free(&local);
   MPI_Comm_free(&cross);
+  // min and max of local_size over all ranks (max as min of the negation).
+  int sizes[2] = {local_size_, -local_size_};
+  mpi_check(MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MIN, c), "MPI_Allreduce",
+            "MpiComm() (node sizes)");
+  homogeneous_ = sizes[0] == -sizes[1];
 }
 
 MpiComm::~MpiComm() { release_communicator(); }
+
+uintptr_t create_group_communicator(uintptr_t parent_handle, const std::vector<int>& ranks,
+                                    int tag) {
+  MPI_Comm parent = parent_handle == 0 ? MPI_COMM_WORLD : comm_from_handle<MPI_Comm>(parent_handle);
+  MPI_Group all = MPI_GROUP_NULL, sub = MPI_GROUP_NULL;
+  mpi_check(MPI_Comm_group(parent, &all), "MPI_Comm_group", "add_process_set");
+  mpi_check(MPI_Group_incl(all, static_cast<int>(ranks.size()), ranks.data(), &sub),
+            "MPI_Group_incl", "add_process_set");
+  MPI_Comm out = MPI_COMM_NULL;
+  int rc = MPI_Comm_create_group(parent, sub, tag, &out);
+  MPI_Group_free(&sub);
+  MPI_Group_free(&all);
+  mpi_check(rc, "MPI_Comm_create_group", "add_process_set");
+  return handle_from_comm(out);
+}
+
+void free_communicator_handle(uintptr_t handle) {
+  MPI_Comm c = comm_from_handle<MPI_Comm>(handle);
+  if (c != MPI_COMM_NULL && !mpi_finalized()) MPI_Comm_free(&c);
+}
 
 void MpiComm::release_communicator() {
   // Note [Collective destruction] in mpi_comm.h.

@@ -93,6 +93,9 @@ class MpiComm {
   int cross_rank() const { return cross_rank_; }
   int cross_size() const { return cross_size_; }
   bool all_on_one_node() const { return local_size_ == size_; }
+  // Every node runs the same number of ranks (Horovod's is_homogeneous);
+  // agreed by all ranks at construction.
+  bool homogeneous() const { return homogeneous_; }
   double timeout_seconds() const { return timeout_s_; }
 
   // ---- point to point (bytes <= INT_MAX per call) ----
@@ -140,6 +143,7 @@ class MpiComm {
   std::unique_ptr<Impl> impl_;
   int rank_ = 0, size_ = 1;
   int local_rank_ = 0, local_size_ = 1, cross_rank_ = 0, cross_size_ = 1;
+  bool homogeneous_ = true;
   double timeout_s_ = 60.0;
   std::atomic<bool> broken_{false};
 };
@@ -151,7 +155,18 @@ enum CommTag : int {
   kTagGather = 3,
   kTagTwoSync = 4,
   kTagCollective = 5,
+  kTagAdasum = 6,
 };
+
+// A new communicator of `ranks` (ranks of the communicator `parent_handle`,
+// 0 = MPI_COMM_WORLD), for a process set's engine (process_sets.cc). Only
+// the listed ranks call it (MPI_Comm_create_group, told apart by `tag`); it
+// blocks without a deadline, so callers first agree that every listed rank
+// is here. Returns the handle in mpi4py's form, for MpiComm's constructor
+// (which duplicates it); free it with free_communicator_handle.
+uintptr_t create_group_communicator(uintptr_t parent_handle, const std::vector<int>& ranks,
+                                    int tag);
+void free_communicator_handle(uintptr_t handle);
 
 // Process-wide: every deadline-polled wait (now and later, in any runtime)
 // ends at once with GradflowError naming `why`. For news that a peer is gone

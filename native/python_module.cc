@@ -63,11 +63,23 @@ std::shared_ptr<Runtime> runtime() {
     std::lock_guard<std::mutex> lock(process().mu);
     rt = process().runtime;
   }
+  // InvalidArgumentError: a ValueError too, which Horovod raises before init().
   if (!rt)
-    throw GradflowError(
+    throw InvalidArgumentError(
         "gradflow has not been initialized: call gradflow.init() (or hvd.init()) first");
   if (!rt->owned_by_this_process()) throw GradflowError(fork_message());
   return rt;
+}
+
+// The engine of process set `ps` (0: the global one; Note [Process sets]).
+std::shared_ptr<Runtime> engine(int ps) {
+  std::shared_ptr<Runtime> rt = runtime();
+  return ps == 0 ? rt : rt->process_sets().engine(ps);
+}
+
+// The engine that owns gradient pool `pool` (a set's optimizer has its pool there).
+std::shared_ptr<Runtime> pool_engine(int64_t pool) {
+  return runtime()->process_sets().pool_engine(pool);
 }
 
 py::object result_to_python(HandleResult r) {
@@ -98,7 +110,14 @@ py::array_t<T> contiguous(py::array_t<T, py::array::c_style | py::array::forceca
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "gradflow native core (framework-agnostic). Use the gradflow package, not this.";
-  auto& base = py::register_exception<GradflowError>(m, "GradflowError", PyExc_RuntimeError);
+  // Horovod's HorovodInternalError (a RuntimeError) is what a Horovod user
+  // catches around failed collectives: every GradflowError is one.
+  py::object horovod_internal = py::reinterpret_steal<py::object>(PyErr_NewExceptionWithDoc(
+      "gradflow.HorovodInternalError",
+      "A collective (or the runtime) failed; Horovod's name. Every GradflowError is one.",
+      PyExc_RuntimeError, nullptr));
+  m.attr("HorovodInternalError") = horovod_internal;
+  auto& base = py::register_exception<GradflowError>(m, "GradflowError", horovod_internal);
   // Registered after GradflowError so pybind11 tries it first: bad arguments
   // refused at submit are both a GradflowError and a ValueError.
   py::register_exception<InvalidArgumentError>(
@@ -154,7 +173,7 @@ PYBIND11_MODULE(_native, m) {
   m.def("submit",
         [](int kind, const std::string& name, uintptr_t input, uintptr_t output, int dtype,
            std::vector<int64_t> shape, int op, int root, int wire, double prescale,
-           double postscale, std::vector<int64_t> splits, double sparse_ratio) {
+           double postscale, std::vector<int64_t> splits, double sparse_ratio, int process_set) {
           SubmitArgs a;
           a.kind = static_cast<OpKind>(kind);
           a.name = name;
@@ -169,13 +188,19 @@ PYBIND11_MODULE(_native, m) {
           a.postscale = postscale;
           a.splits = std::move(splits);
           a.sparse_ratio = sparse_ratio;
-          return runtime()->submit(a);
+          return engine(process_set)->submit(a);
         },
-        "Queue one collective on caller-owned buffers (raw addresses); returns a handle.");
-  m.def("poll", [](int64_t h) { return runtime()->poll(h); }, "True once the handle is done.");
+        py::arg("kind"), py::arg("name"), py::arg("input"), py::arg("output"), py::arg("dtype"),
+        py::arg("shape"), py::arg("op"), py::arg("root"), py::arg("wire"), py::arg("prescale"),
+        py::arg("postscale"), py::arg("splits"), py::arg("sparse_ratio"),
+        py::arg("process_set") = 0,
+        "Queue one collective on caller-owned buffers (raw addresses) in process set "
+        "`process_set` (0: all ranks); returns a handle.");
+  m.def("poll", [](int64_t h, int ps) { return engine(ps)->poll(h); }, py::arg("handle"),
+        py::arg("process_set") = 0, "True once the handle (of that process set) is done.");
   m.def("wait",
-        [](int64_t h) {
-          std::shared_ptr<Runtime> rt = runtime();
+        [](int64_t h, int ps) {
+          std::shared_ptr<Runtime> rt = engine(ps);
           HandleResult r;
           struct Count {  // decremented only once the GIL is held again
             Count() { ++process().waiting; }
@@ -187,21 +212,35 @@ PYBIND11_MODULE(_native, m) {
           }
           return result_to_python(std::move(r));
         },
+        py::arg("handle"), py::arg("process_set") = 0,
         "Block until the handle is done; raise GradflowError if it failed; return a dict "
         "(data, shape, recv_splits, wire_overflow).");
   m.def("threads_waiting", [] { return process().waiting.load(); },
         "Number of threads inside wait() (Note [Runtime ownership]).");
   m.def("release",
-        [](int64_t h) {
+        [](int64_t h, int ps) {
           std::shared_ptr<Runtime> rt = current_or_null();
-          return rt ? rt->release(h) : true;
+          if (!rt) return true;
+          if (ps == 0) return rt->release(h);
+          try {
+            return rt->process_sets().engine(ps)->release(h);
+          } catch (const InvalidArgumentError&) {
+            return true;  // the set was removed: its engine stopped, every handle completed
+          }
         },
+        py::arg("handle"), py::arg("process_set") = 0,
         "The caller dropped handle `h` (Note [Handle lifetime]): forget its result. True if the "
         "core no longer touches its buffers; False if in flight (take_reaped() reports it later).");
   m.def("take_reaped",
         [] {
           std::shared_ptr<Runtime> rt = current_or_null();
-          return rt ? rt->take_reaped() : std::vector<int64_t>{};
+          if (!rt) return std::vector<int64_t>{};
+          std::vector<int64_t> out = rt->take_reaped();
+          for (auto& e : rt->process_sets().set_engines()) {
+            std::vector<int64_t> more = e->take_reaped();
+            out.insert(out.end(), more.begin(), more.end());
+          }
+          return out;
         },
         "Released handles that completed since the last call (their buffers are free to go).");
   m.def("abort",
@@ -229,35 +268,73 @@ PYBIND11_MODULE(_native, m) {
           return rt && !rt->owned_by_this_process();
         },
         "True in a fork() child of an initialized process (it must not use gradflow).");
+  m.def("is_homogeneous", [] { return runtime()->comm().homogeneous(); },
+        "True if every node runs the same number of ranks (agreed at init).");
+  m.def("timeline_start",
+        [](const std::string& path, bool mark_cycles) {
+          auto rt = runtime();
+          GF_CHECK_ARG(!path.empty(), "gradflow: start_timeline: file_path must not be empty");
+          // Rank 0 writes, as with GRADFLOW_TIMELINE; every rank calls it.
+          if (rt->comm().rank() == 0) rt->timeline().open(path, 0);
+          rt->timeline().set_mark_cycles(mark_cycles);
+        },
+        py::arg("path"), py::arg("mark_cycles"),
+        "Start writing the timeline to `path` (rank 0; replaces a file being written).");
+  m.def("timeline_stop",
+        [] {
+          auto rt = runtime();
+          rt->timeline().close();
+          rt->timeline().set_mark_cycles(false);
+        },
+        "Stop the timeline and close its file (no-op if none is being written).");
   m.def("timeline_mark", [](const std::string& name) { runtime()->timeline().mark(name); },
         "Add an instant event (e.g. a step boundary) to the timeline, if one is being written.");
-  m.def("stats", [] { return runtime()->stats().snapshot(); }, "Counters since the last reset.");
-  m.def("reset_stats", [] { runtime()->stats().reset(); });
+  m.def("stats", [](int ps) { return engine(ps)->stats().snapshot(); },
+        py::arg("process_set") = 0, "Counters of one process set's engine since the last reset.");
+  m.def("reset_stats", [](int ps) { engine(ps)->stats().reset(); }, py::arg("process_set") = 0);
+
+  m.def("add_process_set",
+        [](std::vector<int> ranks) { return runtime()->process_sets().add(ranks); },
+        py::arg("ranks"),
+        "Collective over all ranks: register a process set of these global ranks and return its "
+        "id (ValueError on every rank if the ranks disagree or the list is bad).",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("remove_process_set", [](int id) { return runtime()->process_sets().remove(id); },
+        py::arg("process_set"),
+        "Collective over all ranks: remove a process set (its pending collectives fail). False "
+        "if it is not registered or is the global set.",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("process_sets", [] { return runtime()->process_sets().ranks_by_id(); },
+        "id -> global ranks of every registered process set, the global set (0) included.");
 
   m.def("pool_create",
         [](uintptr_t data, int dtype, std::vector<int64_t> ranges, int64_t bucket_bytes, int op,
-           int wire, double prescale, double postscale, double sparse_ratio) {
-          return runtime()->pool_create(data, static_cast<DataType>(dtype), ranges, bucket_bytes,
+           int wire, double prescale, double postscale, double sparse_ratio, int process_set) {
+          return engine(process_set)->pool_create(data, static_cast<DataType>(dtype), ranges, bucket_bytes,
                                        static_cast<ReduceOp>(op), wire, prescale, postscale,
                                        sparse_ratio);
         },
-        "Register a contiguous gradient pool; ranges are element counts in layout order.");
-  m.def("pool_mark_ready", [](int64_t pool, int64_t r) { return runtime()->pool_mark_ready(pool, r); },
+        py::arg("data"), py::arg("dtype"), py::arg("ranges"), py::arg("bucket_bytes"),
+        py::arg("op"), py::arg("wire"), py::arg("prescale"), py::arg("postscale"),
+        py::arg("sparse_ratio"), py::arg("process_set") = 0,
+        "Register a contiguous gradient pool (reduced over process set `process_set`); ranges "
+        "are element counts in layout order.");
+  m.def("pool_mark_ready", [](int64_t pool, int64_t r) { return pool_engine(pool)->pool_mark_ready(pool, r); },
         "Mark a range ready; returns a handle if a bucket was submitted, else -1.");
-  m.def("pool_flush", [](int64_t pool) { return runtime()->pool_flush(pool); },
+  m.def("pool_flush", [](int64_t pool) { return pool_engine(pool)->pool_flush(pool); },
         "Submit every bucket not yet submitted this step; returns their handles.");
-  m.def("pool_reset", [](int64_t pool) { runtime()->pool_reset(pool); });
+  m.def("pool_reset", [](int64_t pool) { pool_engine(pool)->pool_reset(pool); });
   m.def("pool_set_scale",
         [](int64_t pool, double prescale, double postscale) {
-          runtime()->pool_set_scale(pool, prescale, postscale);
+          pool_engine(pool)->pool_set_scale(pool, prescale, postscale);
         },
         "Pre/postscale factors for the pool's buckets submitted from now on.");
   m.def("pool_destroy",
         [](int64_t pool) {
-          if (auto rt = current_or_null()) rt->pool_destroy(pool);
+          if (auto rt = current_or_null()) rt->process_sets().pool_engine(pool)->pool_destroy(pool);
         },
         "Forget a pool (an id of an earlier runtime is ignored).");
-  m.def("pool_bucket_offsets", [](int64_t pool) { return runtime()->pool_bucket_offsets(pool); });
+  m.def("pool_bucket_offsets", [](int64_t pool) { return pool_engine(pool)->pool_bucket_offsets(pool); });
 
   m.def("config_keys", [] {
           py::list out;

@@ -50,6 +50,7 @@ void reduce_floating(T* d, const T* s, size_t n, ReduceOp op) {
     case ReduceOp::kProduct: combine(d, s, n, [](T a, T b) { return a * b; }); return;
     case ReduceOp::kMin: combine(d, s, n, fmin_nan<T>); return;
     case ReduceOp::kMax: combine(d, s, n, fmax_nan<T>); return;
+    case ReduceOp::kAdasum: return;  // refused by reduce_supported
   }
 }
 
@@ -66,7 +67,8 @@ void reduce_integer(T* d, const T* s, size_t n, ReduceOp op) {
       return;
     case ReduceOp::kMin: combine(d, s, n, [](T a, T b) { return b < a ? b : a; }); return;
     case ReduceOp::kMax: combine(d, s, n, [](T a, T b) { return b > a ? b : a; }); return;
-    case ReduceOp::kAverage: return;  // refused by reduce_supported
+    case ReduceOp::kAverage:
+    case ReduceOp::kAdasum: return;  // refused by reduce_supported
   }
 }
 
@@ -107,11 +109,12 @@ void scale_16bit(uint16_t* buf, size_t n, WireDtype w, float factor) {
 }
 
 bool known_dtype(DataType dt) {
-  return static_cast<int32_t>(dt) >= 0 && static_cast<int32_t>(dt) <= static_cast<int32_t>(DataType::kBool);
+  return static_cast<int32_t>(dt) >= 0 && static_cast<int32_t>(dt) <= static_cast<int32_t>(DataType::kUInt16);
 }
 
 bool known_op(ReduceOp op) {
-  return static_cast<int32_t>(op) >= 0 && static_cast<int32_t>(op) <= static_cast<int32_t>(ReduceOp::kProduct);
+  return static_cast<int32_t>(op) >= 0 &&
+         static_cast<int32_t>(op) <= static_cast<int32_t>(ReduceOp::kAdasum);
 }
 
 }  // namespace
@@ -122,6 +125,9 @@ bool reduce_supported(DataType dt, ReduceOp op, std::string* why) {
     reason = "unknown dtype code " + std::to_string(static_cast<int32_t>(dt));
   } else if (!known_op(op)) {
     reason = "unknown reduce op code " + std::to_string(static_cast<int32_t>(op));
+  } else if (op == ReduceOp::kAdasum) {
+    // Not element-wise; allreduce runs it through adasum_allreduce.h.
+    reason = "Adasum is not an element-wise reduction: only allreduce supports op=Adasum";
   } else if (dt == DataType::kBool && op != ReduceOp::kMin && op != ReduceOp::kMax) {
     reason = std::string(reduce_op_name(op)) +
              " of bool tensors is not supported; use Min (logical and) or Max (logical or)";
@@ -163,6 +169,19 @@ void reduce_into(void* dst, const void* src, size_t count, DataType dt, ReduceOp
       return;
     case DataType::kFloat64:
       reduce_floating(static_cast<double*>(dst), static_cast<const double*>(src), count, op);
+      return;
+    case DataType::kInt8:
+      reduce_integer<int8_t, uint8_t>(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src),
+                                      count, op);
+      return;
+    case DataType::kInt16:
+      reduce_integer<int16_t, uint16_t>(static_cast<int16_t*>(dst),
+                                        static_cast<const int16_t*>(src), count, op);
+      return;
+    case DataType::kUInt16:
+      // U = uint32: uint16 * uint16 promotes to (signed) int and can overflow it.
+      reduce_integer<uint16_t, uint32_t>(static_cast<uint16_t*>(dst),
+                                         static_cast<const uint16_t*>(src), count, op);
       return;
     case DataType::kBool:
       reduce_bool(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), count, op);

@@ -35,7 +35,7 @@ WireDtype effective_wire(WireDtype w, DataType dt, ReduceOp op) {
 }  // namespace
 
 ResponseExecutor::ResponseExecutor(MpiComm& comm, const Config& cfg, Stats& stats)
-    : comm_(comm), cfg_(cfg), stats_(stats) {}
+    : comm_(comm), cfg_(cfg), stats_(stats), adasum_(comm) {}
 
 ResponseExecutor::~ResponseExecutor() = default;
 
@@ -86,6 +86,7 @@ void ResponseExecutor::record(const char* kind, AllreduceAlgo algo, WireDtype wi
   stats_.add("seconds_codec", ts.codec_seconds);
   stats_.add("seconds_transfer", ts.transfer_seconds);
   stats_.add("seconds_transfer" + suffix, ts.transfer_seconds);
+  if (ts.wire_overflow) stats_.add("wire_overflow", 1);  // collectives whose 16-bit wire overflowed
 }
 
 void ResponseExecutor::allreduce_dense(void* buf, size_t count, DataType dt, ReduceOp op,
@@ -222,6 +223,12 @@ void ResponseExecutor::run_group(const std::vector<const Response*>& group,
   for (const Response* r : group) {
     std::string why;
     if (r->kind != OpKind::kAllreduce && r->kind != OpKind::kReducescatter) continue;
+    if (r->kind == OpKind::kAllreduce && r->op == ReduceOp::kAdasum) {
+      GF_CHECK(adasum_supported(r->dtype, comm_.size(), &why), "gradflow: " << why);
+      GF_CHECK(r->wire == WireDtype::kNative && r->sparse_ratio >= 1.0 && !r->in_pool,
+               "gradflow: op=Adasum runs dense, unpooled and with the native wire only");
+      continue;
+    }
     GF_CHECK(reduce_supported(r->dtype, r->op, &why), "gradflow: " << why);
     GF_CHECK(is_floating(r->dtype) || (r->prescale == 1.0 && r->postscale == 1.0),
              "gradflow: cannot scale " << dtype_name(r->dtype) << " tensors");
@@ -245,6 +252,9 @@ void ResponseExecutor::run_allreduces(const std::vector<const Response*>& group,
   void* work = nullptr;
   size_t total = 0;
   for (const Response* r : group) total += elements_of(r->shape);
+  // What the caller asked to reduce, before CSC or the 16-bit wire shrink it:
+  // bytes_sent / allreduce.bytes_input is the effective compression.
+  stats_.add("allreduce.bytes_input", static_cast<double>(total * esize));
   const bool single = group.size() == 1;
   const uint64_t copied_before = fusion_.bytes_copied();
   if (single) {
@@ -284,7 +294,25 @@ void ResponseExecutor::run_allreduces(const std::vector<const Response*>& group,
     for (auto& r : *results) r.error = sparse_error;
     return;
   }
-  if (sparse && !sparse_warmup(first)) {
+  if (first.op == ReduceOp::kAdasum) {
+    // Tensor boundaries go down with the buffer: each fused tensor gets its
+    // own dot products (run_group refused sparse/wire/pool Adasum).
+    std::vector<size_t> counts;
+    for (const Response* r : group) counts.push_back(elements_of(r->shape));
+    TransferStats local;
+    double t0 = now_seconds();
+    adasum_.allreduce(work, counts, dt, &local);
+    local.transfer_seconds = now_seconds() - t0;
+    stats_.add("allreduce.count", 1);
+    stats_.add("allreduce.count.adasum", 1);
+    stats_.add("bytes_sent", static_cast<double>(local.bytes_sent));
+    stats_.add("bytes_received", static_cast<double>(local.bytes_received));
+    stats_.add("seconds_transfer", local.transfer_seconds);
+    ts.bytes_sent += local.bytes_sent;
+    ts.bytes_received += local.bytes_received;
+    ts.transfer_seconds += local.transfer_seconds;
+    scale_buffer(work, total, dt, post);
+  } else if (sparse && !sparse_warmup(first)) {
     allreduce_sparse(res, static_cast<float*>(work), first.op, first.wire, first.sparse_ratio,
                      post, &ts);
   } else {

@@ -1,5 +1,6 @@
 // response_executor.h — runs agreed responses on this rank: fuses
-// allreduces (fusion_buffer), picks the algorithm (ring / two-sync / MPI),
+// allreduces (fusion_buffer), picks the algorithm (ring / two-sync / MPI;
+// Adasum for op=Adasum),
 // applies coarse-grained sparse communication and scaling, and runs the
 // other collectives. Owns per-communicator algorithm state (RMA windows,
 // sparse residuals, scratch). Called only from the background thread.
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "adasum_allreduce.h"
 #include "collectives.h"
 #include "config.h"
 #include "fusion_buffer.h"
@@ -89,6 +91,7 @@ class ResponseExecutor {
   std::vector<uint8_t> scratch_;
   std::vector<uint8_t> zeros_;  // a joined rank's stand-in input
   std::unique_ptr<TwoSyncAllreduce> two_sync_;
+  AdasumAllreduce adasum_;
   std::map<std::string, SparseState> sparse_;
   LastRun last_;
 };

@@ -15,7 +15,8 @@ std::atomic<int64_t> g_next_handle{1};
 int64_t TensorQueue::submit(TensorEntry entry) {
   std::unique_lock<std::mutex> lock(mu_);
   GF_CHECK(!closed_, close_reason_);
-  GF_CHECK(!in_flight_names_.count(entry.request.name),
+  // An invalid argument (ValueError), as in Horovod.
+  GF_CHECK_ARG(!in_flight_names_.count(entry.request.name),
            "gradflow: " << op_kind_name(entry.request.kind) << " '" << entry.request.name
                         << "' was submitted twice on rank " << entry.request.rank
                         << " before the first one completed; use distinct names or wait "

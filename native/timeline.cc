@@ -37,21 +37,21 @@ std::FILE* open_for_writing(const std::string& path) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0644);
   int err = errno;
   GF_CHECK(fd >= 0, "gradflow: cannot open timeline file '"
-                        << path << "' (GRADFLOW_TIMELINE): "
+                        << path << "' (GRADFLOW_TIMELINE or start_timeline): "
                         << (err == ELOOP ? "it is a symbolic link, which gradflow does not follow"
                                          : std::strerror(err)));
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
     throw GradflowError("gradflow: timeline file '" + path +
-                        "' (GRADFLOW_TIMELINE) is not a regular file");
+                        "' (GRADFLOW_TIMELINE or start_timeline) is not a regular file");
   }
   // Truncate only now that it is known to be a regular file; back to blocking writes.
   if (::ftruncate(fd, 0) != 0 || ::fcntl(fd, F_SETFL, 0) != 0) {
     err = errno;
     ::close(fd);
     throw GradflowError("gradflow: cannot truncate timeline file '" + path +
-                        "' (GRADFLOW_TIMELINE): " + std::strerror(err));
+                        "' (GRADFLOW_TIMELINE or start_timeline): " + std::strerror(err));
   }
   FILE* f = ::fdopen(fd, "w");
   if (!f) ::close(fd);
@@ -62,12 +62,15 @@ std::FILE* open_for_writing(const std::string& path) {
 }  // namespace
 
 void Timeline::open(const std::string& path, int rank) {
+  if (path.empty()) return;
+  std::FILE* f = open_for_writing(path);  // before closing the current one: a bad path keeps it
   std::lock_guard<std::mutex> lock(mu_);
-  if (path.empty() || file_) return;
-  file_ = open_for_writing(path);
+  close_locked();
+  file_ = f;
   rank_ = rank;
   origin_ = Clock::now();
-  std::fputs("[\n", file_);
+  rows_.clear();  // a new file needs its row names again
+  std::fputs("[\n", f);
   first_event_ = true;
   write_event("{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": " + std::to_string(rank_) +
               ", \"args\": {\"name\": \"gradflow rank " + std::to_string(rank_) + "\"}}");
@@ -76,10 +79,25 @@ void Timeline::open(const std::string& path, int rank) {
 
 void Timeline::close() {
   std::lock_guard<std::mutex> lock(mu_);
+  close_locked();
+}
+
+void Timeline::close_locked() {
+  std::FILE* f = file_.exchange(nullptr);
+  if (!f) return;
+  std::fputs("\n]\n", f);
+  std::fclose(f);
+}
+
+void Timeline::cycle() {
+  if (!mark_cycles_.load() || !enabled()) return;
+  std::lock_guard<std::mutex> lock(mu_);
   if (!file_) return;
-  std::fputs("\n]\n", file_);
-  std::fclose(file_);
-  file_ = nullptr;
+  char ts[64];
+  std::snprintf(ts, sizeof(ts), "%.3f", micros(Clock::now()));
+  write_event(std::string("{\"name\": \"CYCLE_START\", \"ph\": \"i\", \"s\": \"t\", \"ts\": ") +
+              ts + ", \"pid\": " + std::to_string(rank_) + ", \"tid\": " +
+              std::to_string(row_of("cycles")) + "}");
 }
 
 double Timeline::micros(Clock::time_point t) const {
@@ -87,9 +105,10 @@ double Timeline::micros(Clock::time_point t) const {
 }
 
 void Timeline::write_event(const std::string& json) {
-  if (!first_event_) std::fputs(",\n", file_);
+  std::FILE* f = file_.load();
+  if (!first_event_) std::fputs(",\n", f);
   first_event_ = false;
-  std::fputs(json.c_str(), file_);
+  std::fputs(json.c_str(), f);
 }
 
 int Timeline::row_of(const std::string& tensor) {

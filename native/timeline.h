@@ -5,6 +5,7 @@
 // that opened a file writes; a disabled Timeline costs one branch per event.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -18,10 +19,16 @@ class Timeline {
   using Clock = std::chrono::steady_clock;
 
   // Opens `path` (truncating) if non-empty; otherwise the timeline is off.
+  // Called again while open (start_timeline at run time), it closes the
+  // current file first, as Horovod switches files.
   void open(const std::string& path, int rank);
   void close();
   ~Timeline() { close(); }
-  bool enabled() const { return file_ != nullptr; }
+  bool enabled() const { return file_.load(std::memory_order_acquire) != nullptr; }
+  // Horovod's mark_cycles: an instant event per background-loop cycle that
+  // carried work, on a "cycles" row (idle cycles are not marked).
+  void set_mark_cycles(bool on) { mark_cycles_.store(on); }
+  void cycle();
 
   // A complete span on the tensor's row. `args_json` is a JSON object body
   // (e.g. "\"algo\": \"ring\"") or empty.
@@ -33,11 +40,15 @@ class Timeline {
 
  private:
   int row_of(const std::string& tensor);  // caller holds mu_
+  void close_locked();                    // caller holds mu_
   void write_event(const std::string& json);  // caller holds mu_
   double micros(Clock::time_point t) const;
 
   std::mutex mu_;
-  std::FILE* file_ = nullptr;
+  // Atomic: enabled() reads it without the lock from the loop thread while
+  // start/stop_timeline swap it from a Python thread.
+  std::atomic<std::FILE*> file_{nullptr};
+  std::atomic<bool> mark_cycles_{false};
   bool first_event_ = true;
   int rank_ = 0;
   Clock::time_point origin_;

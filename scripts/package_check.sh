@@ -16,8 +16,8 @@ echo "== python -m build (sdist, then the wheel from the sdist)"
 .venv/bin/python -m build --outdir "$WORK/dist" . > "$WORK/build.log" 2>&1 || {
   tail -40 "$WORK/build.log"; exit 1; }
 ls "$WORK/dist"
-tar tzf "$WORK"/dist/gradflow-*.tar.gz | grep -q "native/api.h" || {
-  echo "sdist lacks the native headers"; exit 1; }
+tar tzf "$WORK"/dist/gradflow-*.tar.gz > "$WORK/sdist.txt"  # (grep -q on a pipe: SIGPIPE)
+grep -q "native/api.h" "$WORK/sdist.txt" || { echo "sdist lacks the native headers"; exit 1; }
 WHEEL=$(ls "$WORK"/dist/gradflow-*.whl)
 echo "== fresh venv from the wheel"
 "$PY" -m venv "$WORK/venv"

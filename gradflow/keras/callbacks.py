@@ -1,6 +1,7 @@
 # gradflow/keras/callbacks.py — Keras 3 callbacks for data-parallel training:
 # variable broadcast, metric averaging, Horovod's learning-rate warmup and
-# schedule, rank-0 best-model checkpoints, sparse-communication warmup.
+# schedule, rank-0 best-model checkpoints, sparse-communication warmup
+# (TensorBoardStatsCallback lives in stats_callback.py, re-exported here).
 # Backend-agnostic: values cross as numpy arrays through gradflow's numpy API.
 """Keras callbacks (Horovod semantics where Horovod has the callback).
 
@@ -22,6 +23,7 @@ import numpy as np
 from .. import collectives as _c
 from .._runtime import GradflowError, rank, size
 from .optimizer import is_distributed
+from .stats_callback import TensorBoardStatsCallback  # noqa: F401  (gradflow.keras.callbacks.*)
 
 
 def _variables_of(model: keras.Model):

@@ -35,9 +35,9 @@ import keras
 import numpy as np
 
 from .. import collectives as _c
-from .._runtime import size
 from ..collectives import Average, ReduceOp, reduce_op
-from ..compression import Compression
+from ..compression import Compression, wire_code
+from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
 
 
 class _DistributedMixin:
@@ -48,9 +48,10 @@ class _DistributedMixin:
     def _gradflow_setup(self, name: str, compression, op: ReduceOp, sparse_ratio: Optional[float],
                         backward_passes_per_step: int, sparse_as_dense: bool,
                         gradient_predivide_factor: float,
-                        average_aggregated_gradients: bool,
+                        average_aggregated_gradients: bool, process_set: Any = None,
                         scale_local_gradients: bool = True) -> None:
         self.gradflow_name = name
+        self.process_set = process_set  # gradients are reduced over its members
         self.compression = compression
         self.op = reduce_op(op)
         self.sparse_ratio = sparse_ratio
@@ -94,7 +95,7 @@ class _DistributedMixin:
         if self.scale_local_gradients:
             for i, is_local in enumerate(local):
                 if is_local and out[i] is not None:
-                    out[i] = _divided(out[i], size())
+                    out[i] = _divided(out[i], process_set_size(self.process_set, "gradient"))
         return out
 
     def _clip_gradients(self, grads):
@@ -117,7 +118,7 @@ class _DistributedMixin:
             from ..tensorflow.gradient_tape import reduce_gradients
             return reduce_gradients(grads, names, self.op, self.compression,
                                     lambda: self.sparse_ratio, self.sparse_as_dense,
-                                    self.gradient_predivide_factor)
+                                    self.gradient_predivide_factor, self.process_set)
         if backend == "torch":
             return _reduce_eager_numpy(grads, names, self)
         raise NotImplementedError(
@@ -143,7 +144,7 @@ def _reduce_eager_numpy(grads: List[Any], names: List[str], opt: _DistributedMix
             continue
         a = np.ascontiguousarray(keras.ops.convert_to_numpy(g))
         handles.append((i, g, _c.allreduce_async(a, opt.op, names[i], 1.0 / f, f, opt.compression,
-                                                 opt.sparse_ratio)))
+                                                 opt.sparse_ratio, opt.process_set)))
     for i, g, h in handles:
         out[i] = keras.ops.convert_to_tensor(h.wait(), dtype=g.dtype)
     return out
@@ -155,7 +156,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
                          gradient_predivide_factor: float = 1.0, op: ReduceOp = Average,
                          backward_passes_per_step: int = 1,
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
-                         groups: Optional[Any] = None, process_set: Optional[Any] = None,
+                         groups: Optional[Any] = None,
+                         process_set: Optional[ProcessSet] = global_process_set,
                          scale_local_gradients: bool = True, *,
                          sparse_ratio: Optional[float] = None) -> keras.optimizers.Optimizer:
     """A copy of `optimizer` (same class and config) whose updates use
@@ -166,9 +168,11 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     and ignored (GPU placement; gradflow reduces on the host).
     `scale_local_gradients` divides the gradients of variables registered as
     local (`register_local_var`, PartialDistributedOptimizer) by the number of
-    ranks.
-    `num_groups` / `groups` (explicit fusion groups) and a `process_set` other
-    than the global one are not supported yet and raise ValueError.
+    members of `process_set`.
+    `num_groups` / `groups` (explicit fusion groups) are not supported and
+    raise ValueError. `process_set`: gradients are reduced over that
+    registered set's members (Average divides by its size); only members
+    may wrap (ValueError otherwise).
 
     `backward_passes_per_step=k`: gradients are aggregated locally over k
     batches and communicated once every k batches; the update uses their sum,
@@ -191,8 +195,9 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
         raise ValueError("gradflow: DistributedOptimizer(num_groups=, groups=) is not supported "
                          "(gradflow fuses gradients by its own bucket size, "
                          "GRADFLOW_FUSION_THRESHOLD); leave them at 0 / None")
-    _c.check_global_process_set(process_set, "DistributedOptimizer")
-    reduce_op(op)  # an unknown op or Adasum raises here, at construction
+    member_id(process_set, "DistributedOptimizer")  # registered, and this rank a member
+    reduce_op(op)  # an unknown op raises here, at construction
+    _c.check_adasum_options(op, wire_code(compression), sparse_ratio, "DistributedOptimizer")
     base = optimizer.__class__
     # Same module and name as the user's class: a saved model reloads with the
     # plain optimizer (wrap it again after loading).
@@ -206,7 +211,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     dist = cls.from_config(config)
     dist._gradflow_setup(name or f"DistributedOptimizer.{optimizer.name}", compression, op,
                          sparse_ratio, backward_passes_per_step, sparse_as_dense,
-                         gradient_predivide_factor, average_aggregated_gradients,
+                         gradient_predivide_factor, average_aggregated_gradients, process_set,
                          scale_local_gradients)
     return dist
 
@@ -215,15 +220,17 @@ def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Opt
                                 device_dense: str = "", device_sparse: str = "",
                                 compression=Compression.none, sparse_as_dense: bool = False,
                                 gradient_predivide_factor: float = 1.0, op: ReduceOp = Average,
-                                groups: Optional[Any] = None, process_set: Optional[Any] = None,
+                                groups: Optional[Any] = None,
+                                process_set: Optional[ProcessSet] = global_process_set,
                                 local_layers: Any = None, scale_local_gradients: bool = True
                                 ) -> keras.optimizers.Optimizer:
     """A DistributedOptimizer that does not reduce the gradients of the
     trainable weights of `local_layers` (a Keras layer or a list of them):
     each rank updates those with its own gradient (divided by the number of
-    ranks with `scale_local_gradients`, as Horovod 0.28), so they may differ
-    between ranks while every other weight stays identical. Other arguments as
-    DistributedOptimizer (Horovod's horovod.keras signature)."""
+    members of `process_set` with `scale_local_gradients`, as Horovod 0.28),
+    so they may differ between ranks while every other weight stays
+    identical. Other arguments as DistributedOptimizer (Horovod's
+    horovod.keras signature)."""
     if local_layers is None:
         local_layers = []
     elif isinstance(local_layers, keras.layers.Layer):

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from .. import collectives as _c
 from .._runtime import rank
-from ..collectives import check_global_process_set
+from ..process_sets import ProcessSet, global_process_set, process_set_id
 from .ops import broadcast_, op_name
 
 try:  # Horovod pickles with cloudpickle (lambdas, local classes); plain pickle otherwise
@@ -30,9 +30,11 @@ except ImportError:  # pragma: no cover - depends on the environment
     import pickle as _pickle
 
 
-def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int, process_set: Any = None,
+def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int,
+                        process_set: Optional[ProcessSet] = global_process_set,
                         inplace: bool = False, *, name: Optional[str] = None) -> Any:
-    """Assign root's values to `variables` on every rank, in one host crossing
+    """Assign root's values to `variables` on every member of `process_set`
+    (default: all ranks; `root_rank` is global), in one host crossing
     (all broadcasts submitted, then waited). Variable i is named `<name>.<i>`;
     a rank with a different variable list gets an error naming that tensor.
     Horovod 0.28's signature; `inplace` changes nothing (gradflow always
@@ -41,6 +43,7 @@ def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int, proces
     del inplace  # both of Horovod's paths end with the same variable values
     variables = list(variables)
     if not variables:
+        process_set_id(process_set, "broadcast_variables")  # an unregistered set still raises
         return None
     values = broadcast_(variables, root_rank, name=name, process_set=process_set)
     return None if tf.executing_eagerly() else tf.group(*values)
@@ -67,32 +70,33 @@ def _from_bytes(data: np.ndarray) -> Any:
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: Optional[str] = None,
-                     process_set: Any = None) -> Any:
-    """Root's `obj` (pickled) on every rank; the other ranks' `obj` is ignored
-    (may be None). Runs immediately in Python, in any TF mode; `session`
+                     process_set: Optional[ProcessSet] = global_process_set) -> Any:
+    """Root's `obj` (pickled) on every member of `process_set` (default: all
+    ranks; `root_rank` is global); the other ranks' `obj` is ignored (may be
+    None). Runs immediately in Python, in any TF mode; `session`
     (TF1) is accepted and unused. `name` defaults to gradflow's counter-based
     name (Horovod uses the object's type name, which breaks when ranks pass
     objects of different types)."""
     del session
-    check_global_process_set(process_set, "broadcast_object")
-    base = op_name("broadcast", name)
+    base = op_name("broadcast", name, process_set)
     root = int(root_rank)
     data = _to_bytes(obj) if rank() == root else np.zeros(0, np.uint8)
-    length = _c.broadcast(np.array([data.size], np.int64), root, f"{base}.sz")
+    length = _c.broadcast(np.array([data.size], np.int64), root, f"{base}.sz", process_set)
     if rank() != root:
         data = np.zeros(int(length[0]), np.uint8)
-    data = _c.broadcast(data, root, f"{base}.t")
+    data = _c.broadcast(data, root, f"{base}.t", process_set)
     return obj if rank() == root else _from_bytes(data)
 
 
 def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: Optional[str] = None,
-                        process_set: Any = None) -> Callable[[Any], Any]:
+                        process_set: Optional[ProcessSet] = global_process_set
+                        ) -> Callable[[Any], Any]:
     """A function `f(obj)` that broadcasts `obj` from `root_rank` like
     `broadcast_object` (Horovod builds its graph once; gradflow needs no graph,
     so `f` calls broadcast_object with these arguments; call number k is named
     `<name>.<k>`)."""
     del session
-    check_global_process_set(process_set, "broadcast_object_fn")
+    process_set_id(process_set, "broadcast_object_fn")  # an unregistered set raises now
     base = name or "broadcast_object_fn"
     calls = iter(range(2 ** 62))
 
@@ -104,15 +108,15 @@ def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: Optional[
 
 
 def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None,
-                     process_set: Any = None) -> List[Any]:
-    """Every rank's `obj` (pickled), as a list in rank order. Runs immediately
+                     process_set: Optional[ProcessSet] = global_process_set) -> List[Any]:
+    """Every member's `obj` (pickled), as a list in rank order (members of
+    `process_set`, default all ranks). Runs immediately
     in Python; `session` (TF1) is accepted and unused; `name` as in
     `broadcast_object`."""
     del session
-    check_global_process_set(process_set, "allgather_object")
-    base = op_name("allgather", name)
+    base = op_name("allgather", name, process_set)
     data = _to_bytes(obj)
-    lengths = _c.allgather(np.array([data.size], np.int64), f"{base}.sz")
-    gathered = _c.allgather(data, f"{base}.t")
+    lengths = _c.allgather(np.array([data.size], np.int64), f"{base}.sz", process_set)
+    gathered = _c.allgather(data, f"{base}.t", process_set)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     return [_from_bytes(gathered[offsets[i]:offsets[i + 1]]) for i in range(lengths.size)]

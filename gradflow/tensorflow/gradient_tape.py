@@ -17,9 +17,9 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from .._runtime import size
-from ..collectives import Average, ReduceOp, Sum, check_global_process_set, reduce_op
-from ..compression import Compression
+from ..collectives import Adasum, Average, ReduceOp, Sum, check_adasum_options, reduce_op
+from ..compression import Compression, wire_code
+from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
 from .ops import SparseRatio, _allreduce_indexed_slices, grouped_allreduce_raw
 
 
@@ -27,17 +27,18 @@ def reduce_gradients(grads: Sequence[Any], names: Sequence[str], op: ReduceOp = 
                      compression=Compression.none, sparse_ratio: SparseRatio = None,
                      sparse_as_dense: bool = False,
                      gradient_predivide_factor: float = 1.0,
-                     process_set: Any = None) -> List[Any]:
-    """Reduce a flat list of gradients (None entries stay None) across ranks.
+                     process_set: Optional[ProcessSet] = None) -> List[Any]:
+    """Reduce a flat list of gradients (None entries stay None) across the
+    ranks of `process_set` (default: all).
 
     Dense gradients go in one grouped crossing; `names[i]` names gradient i on
     every rank, so it must be derived the same way everywhere (e.g. from the
     position in the variable list). `sparse_ratio` may be a callable read on
     every step (the Keras wrapper's mutable setting)."""
-    check_global_process_set(process_set, "gradient reduction")
     op = reduce_op(op)
-    if op not in (Sum, Average):
-        raise ValueError(f"gradflow: gradients can be reduced with Sum or Average, not {op!r}")
+    if op not in (Sum, Average, Adasum):
+        raise ValueError(f"gradflow: gradients can be reduced with Sum, Average or Adasum, not "
+                         f"{op!r}")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradflow: gradient_predivide_factor needs op=Average")
     # Average with predivide f: each rank scales by 1/f before the sum and the
@@ -57,7 +58,7 @@ def reduce_gradients(grads: Sequence[Any], names: Sequence[str], op: ReduceOp = 
         else:
             dense.append(i)
     reduced = grouped_allreduce_raw([out[i] for i in dense], [names[i] for i in dense], op,
-                                    compression, prescale, postscale, sparse_ratio)
+                                    compression, prescale, postscale, sparse_ratio, process_set)
     for i, r in zip(dense, reduced):
         out[i] = r
     return out
@@ -94,9 +95,10 @@ class DistributedGradientTape:
     Horovod 0.28's signature, positional order included. `device_dense` /
     `device_sparse` are accepted and ignored (gradflow reduces on the host);
     `num_groups` / `groups` raise ValueError (gradflow fuses by its own bucket
-    size); `process_set`: the global set only. Sources registered with
-    `register_local_source` are not reduced; with `scale_local_gradients`
-    their gradients are divided by the number of ranks (as Horovod).
+    size); `process_set` (default: all ranks): reduce over its members (this
+    rank must be one). Sources registered with `register_local_source` are
+    not reduced; with `scale_local_gradients` their gradients are divided by
+    the number of members (as Horovod).
     gradflow only (keywords): `sparse_ratio` (coarse-grained sparse
     communication) and `name`: reduced gradient i is named `<name>.<i>` in
     the core; give two tapes that reduce different variable lists different
@@ -106,12 +108,15 @@ class DistributedGradientTape:
     def __init__(self, gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
                  compression=Compression.none, sparse_as_dense: bool = False,
                  op: ReduceOp = Average, gradient_predivide_factor: float = 1.0,
-                 num_groups: int = 0, groups: Any = None, process_set: Any = None,
+                 num_groups: int = 0, groups: Any = None,
+                 process_set: Optional[ProcessSet] = global_process_set,
                  scale_local_gradients: bool = True, *, sparse_ratio: Optional[float] = None,
                  name: str = "DistributedGradientTape"):
         del device_dense, device_sparse  # documented no-ops on CPU
         _check_groups(num_groups, groups, "DistributedGradientTape")
-        check_global_process_set(process_set, "DistributedGradientTape")
+        # Registered, and this rank a member: a non-member's tape could never reduce.
+        member_id(process_set, "DistributedGradientTape")
+        check_adasum_options(op, wire_code(compression), sparse_ratio, "DistributedGradientTape")
         if isinstance(gradtape, DistributedGradientTape):
             gradtape = gradtape._tape
         self._tape = gradtape
@@ -122,7 +127,7 @@ class DistributedGradientTape:
         self.gradient_predivide_factor = float(gradient_predivide_factor)
         if self.gradient_predivide_factor != 1.0 and self.op != Average:
             raise ValueError("gradflow: gradient_predivide_factor needs op=Average")
-        self.process_set = process_set
+        self.process_set = process_set  # reduce over its members (None: all ranks)
         self.scale_local_gradients = bool(scale_local_gradients)
         self.name = name
         self._local_sources: set = set()
@@ -164,7 +169,7 @@ class DistributedGradientTape:
         if self.scale_local_gradients and len(shared) < len(flat):
             for i, is_local in enumerate(local):
                 if is_local and out[i] is not None:
-                    out[i] = _divide(out[i], size())
+                    out[i] = _divide(out[i], process_set_size(self.process_set, "gradient"))
         return tf.nest.pack_sequence_as(grads, out)
 
     def get_local_and_global_gradients(self, target, sources, output_gradients=None,
@@ -190,7 +195,8 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
                                    device_sparse: str = "", compression=Compression.none,
                                    sparse_as_dense: bool = False, op: ReduceOp = Average,
                                    gradient_predivide_factor: float = 1.0, num_groups: int = 0,
-                                   groups: Any = None, process_set: Any = None,
+                                   groups: Any = None,
+                                   process_set: Optional[ProcessSet] = global_process_set,
                                    local_layers: Any = None,
                                    scale_local_gradients: bool = True) -> DistributedGradientTape:
     """A DistributedGradientTape that does not reduce the gradients of the

@@ -30,13 +30,19 @@ same order. A host callback cannot run under XLA: ops raise when traced with
 Names: a name given by the caller is used as is. Otherwise, eagerly, names come
 from gradflow's per-kind counter (`allreduce.noname.<n>`); while tracing, from a
 per-graph counter (`allreduce.tf.<n>`), so every rank tracing the same function
-produces the same names whatever the name scopes or graph uids are.
+produces the same names whatever the name scopes or graph uids are (hence
+Horovod's `ignore_name_scope` is accepted and changes nothing). A process set
+counts on its own (`allreduce.tf.set<id>.<n>`).
+
+Every op takes Horovod's `process_set=` (default: all ranks), translated by
+`gradflow._runtime.submit`; sizes and ranks in shapes and gradients are the
+set's (`root_rank` stays global, as in Horovod).
 """
 from __future__ import annotations
 
 import itertools
 import weakref
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -46,9 +52,11 @@ from .. import collectives as _c
 from .._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCESCATTER, GradflowError,
                         auto_name, cross_rank, cross_size, init, is_initialized, local_rank,
                         local_size, mpi_comm, rank, shutdown, size)
-from ..collectives import (Adasum, Average, Max, Min, Product, ReduceOp, Sum,
-                           check_global_process_set, op_from_average, reduce_op)
+from ..collectives import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, op_from_average,
+                           reduce_op)
 from ..compression import Compression, wire_code
+from ..process_sets import (ProcessSet, global_process_set, process_set_id, process_set_rank,
+                            process_set_size)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
@@ -62,24 +70,26 @@ SparseRatio = Union[None, float, Callable[[], Optional[float]]]
 
 _KIND_CODES = {"allreduce": ALLREDUCE, "allgather": ALLGATHER, "broadcast": BROADCAST,
                "reducescatter": REDUCESCATTER, "alltoall": ALLTOALL}
-_graph_counters: "weakref.WeakKeyDictionary[tf.Graph, itertools.count]" = weakref.WeakKeyDictionary()
+# graph -> process set id -> counter
+_graph_counters: "weakref.WeakKeyDictionary[tf.Graph, dict]" = weakref.WeakKeyDictionary()
 
 
 # ---- helpers: names, XLA guard, the crossing itself ----
 
-def op_name(kind: str, name: Optional[str]) -> str:
+def op_name(kind: str, name: Optional[str], process_set=None) -> str:
     """The collective name for one op: `name`, else a counter-based name that
     every rank derives identically (eager: gradflow's counter; tracing: a
-    counter per graph)."""
+    counter per graph), counted per process set."""
+    ps = process_set_id(process_set, kind)  # an unregistered set raises here, at trace time
     if name is not None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"gradflow: name must be a non-empty string, got {name!r}")
         return name
     if tf.executing_eagerly():
-        return auto_name(_KIND_CODES[kind], None)
+        return auto_name(_KIND_CODES[kind], None, process_set)
     graph = tf.compat.v1.get_default_graph()
-    counter = _graph_counters.setdefault(graph, itertools.count())
-    return f"{kind}.tf.{next(counter)}"
+    counter = _graph_counters.setdefault(graph, {}).setdefault(ps, itertools.count())
+    return f"{kind}.tf.{next(counter)}" if ps == 0 else f"{kind}.tf.set{ps}.{next(counter)}"
 
 
 def _check_not_xla(what: str) -> None:
@@ -140,11 +150,12 @@ def _resolve_ratio(sparse_ratio: SparseRatio) -> Optional[float]:
 
 def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op: ReduceOp = Average,
                           compression=Compression.none, prescale_factor: float = 1.0,
-                          postscale_factor: float = 1.0,
-                          sparse_ratio: SparseRatio = None) -> List[tf.Tensor]:
-    """Allreduce several dense tensors in one crossing (no gradient): every
-    tensor is submitted before any is waited on, so the core can fuse them.
-    `sparse_ratio` may be a callable, read at run time on every call."""
+                          postscale_factor: float = 1.0, sparse_ratio: SparseRatio = None,
+                          process_set: Optional[ProcessSet] = None) -> List[tf.Tensor]:
+    """Allreduce several dense tensors over `process_set` in one crossing
+    (no gradient): every tensor is submitted before any is waited on, so the
+    core can fuse them. `sparse_ratio` may be a callable, read at run time
+    on every call."""
     if not tensors:
         return []
     tensors = [_as_tensor(t) for t in tensors]
@@ -156,7 +167,7 @@ def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op
     def fn(*arrays):
         ratio = _resolve_ratio(sparse_ratio)
         handles = [_c.allreduce_async(a, op, n, prescale_factor, postscale_factor, compression,
-                                      ratio) for a, n in zip(arrays, names)]
+                                      ratio, process_set) for a, n in zip(arrays, names)]
         return [h.wait() for h in handles]
 
     return _cross(fn, tensors, [t.dtype for t in tensors], [t.shape for t in tensors],
@@ -164,16 +175,16 @@ def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op
 
 
 def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: ReduceOp, name: str,
-                              process_set: Any = None) -> tf.IndexedSlices:
-    # As Horovod: gather every rank's values and indices; the optimizer sums
-    # duplicate indices. Average divides the values by the number of ranks.
+                              process_set: Optional[ProcessSet] = None) -> tf.IndexedSlices:
+    # As Horovod: gather every member's values and indices; the optimizer sums
+    # duplicate indices. Average divides the values by the number of members.
     if op not in (Sum, Average):
         raise NotImplementedError("gradflow: allreduce of tf.IndexedSlices supports Sum and "
                                   f"Average, not {op!r}")
     values = allgather(slices.values, name=f"{name}.values", process_set=process_set)
     indices = allgather(slices.indices, name=f"{name}.indices", process_set=process_set)
     if op == Average:
-        values = values / tf.cast(size(), values.dtype)
+        values = values / tf.cast(process_set_size(process_set, "allreduce"), values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
@@ -181,26 +192,27 @@ def allreduce(tensor: Union[TensorLike, tf.IndexedSlices], average: Optional[boo
               device_dense: str = "", device_sparse: str = "", compression=Compression.none,
               op: Optional[ReduceOp] = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, name: Optional[str] = None,
-              process_set: Any = None, ignore_name_scope: bool = False, *,
+              process_set: Optional[ProcessSet] = global_process_set,
+              ignore_name_scope: bool = False, *,
               sparse_ratio: Optional[float] = None) -> Union[tf.Tensor, tf.IndexedSlices]:
-    """Reduce `tensor` across ranks (default: average); same shape and dtype.
+    """Reduce `tensor` across the ranks of `process_set` (default: all;
+    default op: average); same shape and dtype.
     Horovod's signature and positional order: `average` is Horovod's
     deprecated flag (True: Average, False: Sum; not together with `op`);
     `device_dense`/`device_sparse` are accepted and ignored (CPU only);
     `ignore_name_scope` changes nothing (gradflow names never include the name
-    scope); `process_set`: the global set only. tf.IndexedSlices are
-    allgathered (values and indices), as in Horovod.
+    scope). tf.IndexedSlices are allgathered (values and indices), as in
+    Horovod.
     Gradient: the upstream gradient allreduced with the same op and scaling."""
-    check_global_process_set(process_set, "allreduce")
     op = op_from_average(average, op)
-    name = op_name("allreduce", name)
+    name = op_name("allreduce", name, process_set)
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_indexed_slices(tensor, op, name, process_set)
 
     @tf.custom_gradient
     def _allreduce(x):
         y = grouped_allreduce_raw([x], [name], op, compression, prescale_factor, postscale_factor,
-                                  sparse_ratio)[0]
+                                  sparse_ratio, process_set)[0]
 
         def grad(dy):
             if op not in (Sum, Average):
@@ -218,16 +230,15 @@ def grouped_allreduce(tensors: Sequence[TensorLike], average: Optional[bool] = N
                       device_dense: str = "", device_sparse: str = "",
                       compression=Compression.none, op: Optional[ReduceOp] = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                      process_set: Any = None, ignore_name_scope: bool = False,
-                      name: Optional[str] = None, *,
+                      process_set: Optional[ProcessSet] = global_process_set,
+                      ignore_name_scope: bool = False, name: Optional[str] = None, *,
                       sparse_ratio: Optional[float] = None) -> List[tf.Tensor]:
-    """Allreduce a list of tensors in one host crossing, fused by the core.
-    Horovod's signature (`average`, `device_*`, `ignore_name_scope`,
-    `process_set` as in `allreduce`); tensor i is named `<name>.<i>`.
+    """Allreduce a list of tensors over `process_set` in one host crossing,
+    fused by the core. Horovod's signature (`average`, `device_*`,
+    `ignore_name_scope` as in `allreduce`); tensor i is named `<name>.<i>`.
     Gradient: grouped allreduce of the gradients."""
-    check_global_process_set(process_set, "grouped_allreduce")
     op = op_from_average(average, op)
-    base = op_name("allreduce", name)
+    base = op_name("allreduce", name, process_set)
     tensors = [_as_tensor(t) for t in tensors]
     if not tensors:
         return []
@@ -235,13 +246,15 @@ def grouped_allreduce(tensors: Sequence[TensorLike], average: Optional[bool] = N
     @tf.custom_gradient
     def _grouped(*xs):
         ys = grouped_allreduce_raw(list(xs), [f"{base}.{i}" for i in range(len(xs))], op,
-                                   compression, prescale_factor, postscale_factor, sparse_ratio)
+                                   compression, prescale_factor, postscale_factor, sparse_ratio,
+                                   process_set)
 
         def grad(*dys):
             if op not in (Sum, Average):
                 raise NotImplementedError(f"gradflow: no gradient for allreduce with op {op!r}")
             return grouped_allreduce_raw(list(dys), [f"{base}.grad.{i}" for i in range(len(dys))],
-                                         op, compression, prescale_factor, postscale_factor)
+                                         op, compression, prescale_factor, postscale_factor,
+                                         process_set=process_set)
 
         return ys, grad
 
@@ -257,30 +270,30 @@ def gathered_shape(x: tf.Tensor) -> Optional[List[Optional[int]]]:
     return [None] + (list(x.shape[1:]) if x.shape.rank else [])
 
 
-def own_rows(reduced: tf.Tensor, x: tf.Tensor, name: str, process_set: Any = None) -> tf.Tensor:
-    """This rank's rows of `reduced` (an allgather-shaped gradient) for input
-    `x`: the gradient of allgather with respect to `x`."""
+def own_rows(reduced: tf.Tensor, x: tf.Tensor, name: str,
+             process_set: Optional[ProcessSet] = None) -> tf.Tensor:
+    """This rank's rows of `reduced` (an allgather-shaped gradient over
+    `process_set`) for input `x`: the gradient of allgather with respect to `x`."""
     rows = tf.reshape(tf.shape(tf.reshape(x, [-1]) if x.shape.rank == 0 else x)[0], [1])
     counts = allgather(rows, name=f"{name}.rows", process_set=process_set)
-    start = tf.reduce_sum(counts[:rank()])
+    start = tf.reduce_sum(counts[:process_set_rank(process_set, "allgather")])
     return tf.reshape(reduced[start:start + rows[0]], tf.shape(x))
 
 
 def allgather(tensor: TensorLike, name: Optional[str] = None, ignore_name_scope: bool = False,
-              process_set: Any = None) -> tf.Tensor:
-    """Concatenate every rank's `tensor` along dimension 0, in rank order (the
+              process_set: Optional[ProcessSet] = global_process_set) -> tf.Tensor:
+    """Concatenate every member's `tensor` along dimension 0, in rank order (the
     first dimension may differ between ranks; a scalar counts as shape [1]).
     Gradient (as Horovod): this rank's rows of the upstream gradient averaged
-    over ranks."""
-    check_global_process_set(process_set, "allgather")
-    name = op_name("allgather", name)
+    over the members."""
+    name = op_name("allgather", name, process_set)
     x = _as_tensor(tensor)
     _check_dtype(x, "allgather")
 
     @tf.custom_gradient
     def _allgather(x):
-        y = _cross(lambda a: [_c.allgather(a, name)], [x], [x.dtype], [gathered_shape(x)],
-                   f"allgather {name!r}")[0]
+        y = _cross(lambda a: [_c.allgather(a, name, process_set)], [x], [x.dtype],
+                   [gathered_shape(x)], f"allgather {name!r}")[0]
 
         def grad(dy):
             reduced = allreduce(dy, op=Average, name=f"{name}.grad", process_set=process_set)
@@ -292,19 +305,20 @@ def allgather(tensor: TensorLike, name: Optional[str] = None, ignore_name_scope:
 
 
 def broadcast(tensor: TensorLike, root_rank: int, name: Optional[str] = None,
-              ignore_name_scope: bool = False, process_set: Any = None) -> tf.Tensor:
-    """Root's `tensor` on every rank (shapes and dtypes must match).
+              ignore_name_scope: bool = False,
+              process_set: Optional[ProcessSet] = global_process_set) -> tf.Tensor:
+    """Root's `tensor` on every member (shapes and dtypes must match;
+    `root_rank` is a global rank, as in Horovod).
     Gradient (as Horovod): the root gets the upstream gradient averaged over
-    ranks, other ranks zeros."""
-    check_global_process_set(process_set, "broadcast")
-    name = op_name("broadcast", name)
+    the members, other ranks zeros."""
+    name = op_name("broadcast", name, process_set)
     x = _as_tensor(tensor)
     _check_dtype(x, "broadcast")
     root = int(root_rank)
 
     @tf.custom_gradient
     def _broadcast(x):
-        y = _cross(lambda a: [_c.broadcast(a, root, name)], [x], [x.dtype], [x.shape],
+        y = _cross(lambda a: [_c.broadcast(a, root, name, process_set)], [x], [x.dtype], [x.shape],
                    f"broadcast {name!r}")[0]
 
         def grad(dy):
@@ -317,13 +331,14 @@ def broadcast(tensor: TensorLike, root_rank: int, name: Optional[str] = None,
 
 
 def broadcast_(variables: Union[tf.Variable, Sequence[tf.Variable]], root_rank: int,
-               name: Optional[str] = None, process_set: Any = None
+               name: Optional[str] = None,
+               process_set: Optional[ProcessSet] = global_process_set
                ) -> Union[tf.Tensor, List[tf.Tensor]]:
-    """In-place broadcast: assign root's values to `variables` on every rank
-    (one host crossing for the whole list; variable i is named `<name>.<i>`).
-    Returns the variables' new values (a list, or one tensor for a single
-    variable), as Horovod. Not differentiable (an assignment)."""
-    check_global_process_set(process_set, "broadcast_")
+    """In-place broadcast: assign root's values to `variables` on every member
+    of `process_set` (one host crossing for the whole list; variable i is named
+    `<name>.<i>`; `root_rank` is global). Returns the variables' new values (a
+    list, or one tensor for a single variable), as Horovod. Not differentiable
+    (an assignment)."""
     single = isinstance(variables, tf.Variable)
     variables = [variables] if single else list(variables)
     for v in variables:
@@ -331,15 +346,17 @@ def broadcast_(variables: Union[tf.Variable, Sequence[tf.Variable]], root_rank: 
             raise TypeError(f"gradflow: broadcast_ assigns in place and needs tf.Variable objects, "
                             f"got {type(v).__name__}; use broadcast() for tensors")
     if not variables:
+        process_set_id(process_set, "broadcast_")  # an unregistered set still raises
         return []
-    base = op_name("broadcast", name)
+    base = op_name("broadcast", name, process_set)
     values = [tf.convert_to_tensor(v) for v in variables]
     for v in values:
         _check_dtype(v, "broadcast_")
     root = int(root_rank)
 
     def fn(*arrays):
-        handles = [_c.broadcast_async(a, root, f"{base}.{i}") for i, a in enumerate(arrays)]
+        handles = [_c.broadcast_async(a, root, f"{base}.{i}", process_set)
+                   for i, a in enumerate(arrays)]
         return [h.wait() for h in handles]
 
     outs = _cross(fn, values, [v.dtype for v in values], [v.shape for v in values],
@@ -352,25 +369,27 @@ def broadcast_(variables: Union[tf.Variable, Sequence[tf.Variable]], root_rank: 
 
 def alltoall(tensor: TensorLike, splits: Optional[Union[Sequence[int], tf.Tensor]] = None,
              name: Optional[str] = None, ignore_name_scope: bool = False,
-             process_set: Any = None) -> Union[tf.Tensor, Tuple[tf.Tensor, tf.Tensor]]:
-    """Send `splits[p]` rows to rank p (default: even split). Returns the rows
-    received from every rank in rank order; when `splits` is given, also how
-    many rows came from each rank (int32), as Horovod.
+             process_set: Optional[ProcessSet] = global_process_set
+             ) -> Union[tf.Tensor, Tuple[tf.Tensor, tf.Tensor]]:
+    """Send `splits[p]` rows to member p of `process_set` (default: all ranks,
+    even split). Returns the rows received from every member in rank order;
+    when `splits` is given, also how many rows came from each member (int32),
+    as Horovod.
     Gradient: alltoall of the upstream gradient with the received splits."""
-    check_global_process_set(process_set, "alltoall")
-    name = op_name("alltoall", name)
+    name = op_name("alltoall", name, process_set)
     x = _as_tensor(tensor)
     _check_dtype(x, "alltoall")
     sp = tf.zeros([0], tf.int64) if splits is None else tf.cast(_as_tensor(splits), tf.int64)
     out_shape = [None] + list(x.shape[1:]) if x.shape.rank else [None]
 
     def fn(a, s):
-        y, received = _c.alltoall(a, None if s.size == 0 else s.tolist(), name)
+        y, received = _c.alltoall(a, None if s.size == 0 else s.tolist(), name, process_set)
         return [y, received.astype(np.int32)]
 
     @tf.custom_gradient
     def _alltoall(x):
-        y, received = _cross(fn, [x, sp], [x.dtype, tf.int32], [out_shape, [size()]],
+        members = process_set_size(process_set, "alltoall")
+        y, received = _cross(fn, [x, sp], [x.dtype, tf.int32], [out_shape, [members]],
                              f"alltoall {name!r}")
 
         def grad(dy, _unused):

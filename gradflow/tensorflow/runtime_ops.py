@@ -1,7 +1,8 @@
 # gradflow/tensorflow/runtime_ops.py — Horovod's runtime-query ops
 # (rank_op, size_op, ...) and horovod.tensorflow.DistributedOptimizer, which
 # Horovod routes to the Keras wrapper for Keras optimizers. Translation only.
-"""`rank_op`, `local_rank_op`, `size_op`, `local_size_op` return the value as
+"""`rank_op`, `local_rank_op`, `size_op`, `local_size_op`,
+`process_set_included_op` return the value as
 an int32 scalar tensor read when the op runs (inside tf.function too), as
 Horovod's ops do; `DistributedOptimizer` wraps a Keras optimizer like
 `gradflow.keras.DistributedOptimizer` (TF1 `tf.compat.v1.train.Optimizer`s are
@@ -14,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import _runtime
+from .. import process_sets as _process_sets
 from ..collectives import Average, ReduceOp
 from ..compression import Compression
 
@@ -37,13 +39,35 @@ def local_rank_op(name: Optional[str] = None) -> tf.Tensor:
     return _query_op(_runtime.local_rank, name)
 
 
+def _set_ranks(process_set_id: int, what: str) -> list:
+    # The ranks of a registered set, read when the op runs (sets can be added
+    # and removed after tracing); ValueError for an unknown id.
+    if int(process_set_id) == 0:
+        return list(range(_runtime.size()))
+    try:
+        return _process_sets._registered_ranks(int(process_set_id))
+    except ValueError as e:
+        raise ValueError(f"gradflow: {what}(process_set_id={process_set_id}): {e}") from None
+
+
 def size_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
-    """The number of ranks, as an int32 scalar tensor. `process_set_id` must be
-    0 (the global set) until process sets exist."""
-    if int(process_set_id) != 0:
-        raise ValueError(f"gradflow: size_op(process_set_id={process_set_id}): only the global "
-                         "process set (0) is supported")
-    return _query_op(_runtime.size, name)
+    """The number of ranks in process set `process_set_id` (0: all ranks), as
+    an int32 scalar tensor. An id that is not registered raises ValueError
+    (Horovod's op fails too)."""
+    if tf.executing_eagerly():
+        _set_ranks(process_set_id, "size_op")  # raise here, not inside a callback
+    return _query_op(lambda: len(_set_ranks(process_set_id, "size_op")), name)
+
+
+def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
+    """1 if this rank is a member of process set `process_set_id` (0: all
+    ranks), else 0, as an int32 scalar tensor. Where Horovod returns a
+    negative error code (not initialized, unknown set), gradflow raises
+    ValueError."""
+    def included() -> int:
+        return int(_runtime.rank() in _set_ranks(process_set_id, "process_set_included_op"))
+
+    return _query_op(included, name)
 
 
 def local_size_op(name: Optional[str] = None) -> tf.Tensor:
@@ -57,7 +81,7 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
                          backward_passes_per_step: int = 1, op: ReduceOp = Average,
                          gradient_predivide_factor: float = 1.0,
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
-                         groups: Any = None, process_set: Any = None,
+                         groups: Any = None, process_set: Any = _process_sets.global_process_set,
                          scale_local_gradients: bool = True) -> Any:
     """horovod.tensorflow.DistributedOptimizer: for a Keras optimizer, the
     same as `gradflow.keras.DistributedOptimizer` (Horovod routes it there

@@ -1,12 +1,18 @@
 # gradflow.torch — the PyTorch binding, a drop-in for horovod.torch:
 # `import gradflow.torch as hvd`. Re-exports only; the tensor collectives are
-# in ops.py and scatter_ops.py, model/optimizer state helpers in functions.py
-# and the DistributedOptimizer in optimizer.py.
+# in ops.py and scatter_ops.py, model/optimizer state helpers in functions.py,
+# the DistributedOptimizer in optimizer.py, SyncBatchNorm in
+# sync_batch_norm.py and StatsLogger (TensorBoard) in stats_logger.py.
 """PyTorch binding of gradflow with Horovod's API (``import gradflow.torch as hvd``)."""
 from .._runtime import (GradflowError, cross_rank, cross_size, init, is_initialized, local_rank,
                         local_size, mpi_comm, rank, reset_stats, shutdown, size, stats)
+from .._basics import (HorovodInternalError, HostsUpdatedInterrupt, ccl_built, cuda_built,
+                       ddl_built, gloo_built, gloo_enabled, is_homogeneous, mpi_built, mpi_enabled,
+                       mpi_threads_supported, nccl_built, rocm_built, start_timeline,
+                       stop_timeline)
 from ..collectives import Adasum, Average, Max, Min, Product, ReduceOp, Sum
-from ..compression import Compression
+from .compression import Compression, Compressor
+from ..process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
 from .ops import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,
@@ -17,11 +23,13 @@ from .ops import (allgather, allgather_async, allreduce, allreduce_, allreduce_a
 from .optimizer import DistributedOptimizer
 from .scatter_ops import (grouped_allgather, grouped_allgather_async, grouped_reducescatter,
                           grouped_reducescatter_async, reducescatter, reducescatter_async)
+from .sync_batch_norm import SyncBatchNorm
+from .stats_logger import StatsLogger
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
     "cross_size", "mpi_comm", "stats", "reset_stats", "GradflowError", "ReduceOp", "Average", "Sum",
-    "Min", "Max", "Product", "Adasum", "Compression", "allreduce", "allreduce_", "allreduce_async",
+    "Min", "Max", "Product", "Adasum", "Compression", "Compressor", "allreduce", "allreduce_", "allreduce_async",
     "allreduce_async_", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "sparse_allreduce_async", "allgather", "allgather_async",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
@@ -29,5 +37,9 @@ __all__ = [
     "grouped_reducescatter", "grouped_reducescatter_async", "synchronize", "poll", "join",
     "barrier",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
-    "DistributedOptimizer",
+    "DistributedOptimizer", "SyncBatchNorm", "StatsLogger", "HorovodInternalError", "HostsUpdatedInterrupt", "is_homogeneous",
+    "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
+    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "start_timeline",
+    "stop_timeline",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
 ]

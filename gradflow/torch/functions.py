@@ -13,34 +13,40 @@ import torch
 
 from .. import collectives as _np_coll
 from .._runtime import ALLGATHER, BROADCAST, GradflowError, auto_name, rank
+from ..process_sets import ProcessSet, global_process_set
 from .ops import broadcast_async_
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
            "allgather_object", "check_same_everywhere"]
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -> Any:
-    """Root's `obj` (any picklable object) on every rank; other ranks' `obj`
-    is ignored. Ranks must call it in the same order."""
-    base = name or auto_name(BROADCAST, None)
+def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
+                     process_set: Optional[ProcessSet] = global_process_set) -> Any:
+    """Root's `obj` (any picklable object) on every member of `process_set`
+    (`root_rank` is a global rank); other ranks' `obj` is ignored. Ranks must
+    call it in the same order."""
+    base = name or auto_name(BROADCAST, None, process_set)
     if rank() == root_rank:
         data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
         count = np.array([data.size], np.int64)
     else:
         data, count = None, np.zeros(1, np.int64)
-    count = _np_coll.broadcast(count, root_rank, name=base + ".size")
+    count = _np_coll.broadcast(count, root_rank, name=base + ".size", process_set=process_set)
     if data is None:
         data = np.empty(int(count[0]), np.uint8)
-    data = _np_coll.broadcast(data, root_rank, name=base + ".data")
+    data = _np_coll.broadcast(data, root_rank, name=base + ".data", process_set=process_set)
     return obj if rank() == root_rank else pickle.loads(data.tobytes())
 
 
-def allgather_object(obj: Any, name: Optional[str] = None) -> List[Any]:
-    """Every rank's `obj`, in rank order (pickled, one uint8 allgather)."""
-    base = name or auto_name(ALLGATHER, None)
+def allgather_object(obj: Any, name: Optional[str] = None,
+                     process_set: Optional[ProcessSet] = global_process_set) -> List[Any]:
+    """Every member's `obj`, in rank order (pickled, one uint8 allgather);
+    `process_set` is a gradflow extra (Horovod's has none)."""
+    base = name or auto_name(ALLGATHER, None, process_set)
     data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
-    sizes = _np_coll.allgather(np.array([data.size], np.int64), name=base + ".size")
-    gathered = _np_coll.allgather(data, name=base + ".data")
+    sizes = _np_coll.allgather(np.array([data.size], np.int64), name=base + ".size",
+                               process_set=process_set)
+    gathered = _np_coll.allgather(data, name=base + ".data", process_set=process_set)
     out, off = [], 0
     for n in sizes.tolist():
         out.append(pickle.loads(gathered[off:off + n].tobytes()))
@@ -52,10 +58,12 @@ def _describe(entries: List[Tuple[str, Tuple[int, ...], str]]) -> Dict[str, Tupl
     return {n: (s, d) for n, s, d in entries}
 
 
-def check_same_everywhere(entries: List[Tuple[str, Tuple[int, ...], str]], what: str) -> None:
-    """Collective check that every rank passes the same (name, shape, dtype)
-    list; raises GradflowError on every rank naming the first difference."""
-    everyone = allgather_object(entries, name=None)
+def check_same_everywhere(entries: List[Tuple[str, Tuple[int, ...], str]], what: str,
+                          process_set: Optional[ProcessSet] = global_process_set) -> None:
+    """Collective check (over `process_set`) that every member passes the
+    same (name, shape, dtype) list; raises GradflowError on every member
+    naming the first difference."""
+    everyone = allgather_object(entries, name=None, process_set=process_set)
     ref = everyone[0]
     if all(e == ref for e in everyone):
         return

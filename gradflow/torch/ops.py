@@ -1,7 +1,8 @@
 # ops.py — torch tensor collectives with Horovod's names (allreduce, allreduce_,
 # allreduce_async, ..., synchronize, poll) and their autograd gradients.
 # Owns only the tensor <-> raw-buffer translation; all communication is the
-# native core's (through gradflow._runtime.submit). CUDA tensors are staged
+# native core's (through gradflow._runtime.submit, which also translates
+# every `process_set=`, Horovod's last parameter). CUDA tensors are staged
 # through a CPU copy (never run on this machine: no GPU here).
 """Tensor collectives for ``import gradflow.torch as hvd``."""
 from __future__ import annotations
@@ -12,11 +13,11 @@ import torch
 
 from .. import _dtypes
 from .._handles import Handle
-from .._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, auto_name, rank,
-                        size, submit)
+from .._runtime import ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, auto_name, rank, submit
 from ..collectives import Average, ReduceOp, Sum, native_reduce_op, op_from_average, reduce_op
 from ..collectives import join as _np_join
-from ..compression import Compression, wire_code
+from .compression import Compression, split as _split_compression
+from ..process_sets import ProcessSet, global_process_set, process_set_size
 
 __all__ = [
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
@@ -52,6 +53,13 @@ def _staged(tensor: torch.Tensor) -> torch.Tensor:
     return t.contiguous()
 
 
+def _set_rank(process_set: Optional[ProcessSet]) -> int:
+    """This rank's index in `process_set` (its global rank for the global set)."""
+    if process_set is None or process_set.process_set_id == 0:
+        return rank()
+    return process_set.rank()
+
+
 def _write_back(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     if src.data_ptr() != dst.data_ptr():
         with torch.no_grad():
@@ -82,8 +90,9 @@ class GroupHandle:
 class SparseHandle:
     """A sparse allreduce in flight: allgathers of indices and values."""
 
-    def __init__(self, indices: Handle, values: Handle, like: torch.Tensor, op: int):
+    def __init__(self, indices: Handle, values: Handle, like: torch.Tensor, op: int, members: int):
         self.indices, self.values, self.like, self.op = indices, values, like, op
+        self.members = members  # ranks of the process set: Average divides by it
 
     def poll(self) -> bool:
         return self.indices.poll() and self.values.poll()
@@ -91,7 +100,7 @@ class SparseHandle:
     def wait(self) -> torch.Tensor:
         idx, val = self.indices.wait(), self.values.wait()
         if self.op == Average:
-            val = val / size()
+            val = val / self.members
         out = torch.sparse_coo_tensor(idx.t(), val, self.like.shape, dtype=self.like.dtype,
                                       check_invariants=False).coalesce()
         return out.to(self.like.device)
@@ -101,34 +110,54 @@ class SparseHandle:
 
 def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
                      op: Optional[int] = None, prescale_factor: float = 1.0,
-                     postscale_factor: float = 1.0, compression=Compression.none,
-                     sparse_ratio: Optional[float] = None) -> Handle:
-    """Start an in-place allreduce of `tensor`; `synchronize(handle)` returns it."""
+                     postscale_factor: float = 1.0,
+                     process_set: Optional[ProcessSet] = global_process_set,
+                     compression=Compression.none, sparse_ratio: Optional[float] = None) -> Handle:
+    """Start an in-place allreduce of `tensor` over `process_set`;
+    `synchronize(handle)` returns it. A user Compressor compresses before and
+    decompresses into `tensor` after."""
     code = native_reduce_op(_op_of(average, op))  # before naming: errors leave counters alone
-    buf = _staged(tensor)
-    name = auto_name(ALLREDUCE, name)
+    wire, user = _split_compression(compression)
+    if user is not None:
+        sent, ctx = user.compress(tensor)
+        buf = _staged(sent)
+        finish = lambda r: _write_back(tensor, user.decompress(buf, ctx))  # noqa: E731
+    else:
+        buf = _staged(tensor)
+        finish = lambda r: _write_back(tensor, buf)  # noqa: E731
+    name = auto_name(ALLREDUCE, name, process_set)
     return submit(ALLREDUCE, name, buf.data_ptr(), buf.data_ptr(), dtype_code(buf.dtype), buf.shape,
-                  (buf, tensor), lambda r: _write_back(tensor, buf), op=code,
-                  wire=wire_code(compression), prescale=prescale_factor,
+                  (buf, tensor), finish, op=code, wire=wire, prescale=prescale_factor,
                   postscale=postscale_factor,
-                  sparse_ratio=-1.0 if sparse_ratio is None else float(sparse_ratio))
+                  sparse_ratio=-1.0 if sparse_ratio is None else float(sparse_ratio),
+                  process_set=process_set)
 
 
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
                     op: Optional[int] = None, prescale_factor: float = 1.0,
-                    postscale_factor: float = 1.0, compression=Compression.none,
-                    sparse_ratio: Optional[float] = None) -> Handle:
-    """Start an allreduce into a new tensor; `synchronize(handle)` returns it."""
+                    postscale_factor: float = 1.0,
+                    process_set: Optional[ProcessSet] = global_process_set,
+                    compression=Compression.none, sparse_ratio: Optional[float] = None) -> Handle:
+    """Start an allreduce over `process_set` into a new tensor;
+    `synchronize(handle)` returns it. A user Compressor (Horovod's interface)
+    compresses the input and decompresses the result, as Horovod's does."""
     code = native_reduce_op(_op_of(average, op))
-    src = _staged(tensor)
+    wire, user = _split_compression(compression)
+    sent, ctx = user.compress(tensor) if user is not None else (tensor, None)
+    src = _staged(sent)
     out = torch.empty_like(src)
-    name = auto_name(ALLREDUCE, name)
+    name = auto_name(ALLREDUCE, name, process_set)
     device = tensor.device
+
+    def finish(r):
+        res = out if device.type == "cpu" else out.to(device)
+        return user.decompress(res, ctx) if user is not None else res
+
     return submit(ALLREDUCE, name, src.data_ptr(), out.data_ptr(), dtype_code(src.dtype), src.shape,
-                  (src, out), lambda r: out if device.type == "cpu" else out.to(device),
-                  op=code, wire=wire_code(compression), prescale=prescale_factor,
+                  (src, out), finish, op=code, wire=wire, prescale=prescale_factor,
                   postscale=postscale_factor,
-                  sparse_ratio=-1.0 if sparse_ratio is None else float(sparse_ratio))
+                  sparse_ratio=-1.0 if sparse_ratio is None else float(sparse_ratio),
+                  process_set=process_set)
 
 
 class _AllreduceFn(torch.autograd.Function):
@@ -136,47 +165,58 @@ class _AllreduceFn(torch.autograd.Function):
     scaling) of the incoming gradient, as in Horovod."""
 
     @staticmethod
-    def forward(ctx, tensor, name, op, pre, post, compression):
-        ctx.args = (name, op, pre, post, compression)
-        return allreduce_async(tensor, None, name, op, pre, post, compression).wait()
+    def forward(ctx, tensor, name, op, pre, post, compression, process_set):
+        ctx.args = (name, op, pre, post, compression, process_set)
+        return allreduce_async(tensor, None, name, op, pre, post, process_set,
+                               compression=compression).wait()
 
     @staticmethod
     def backward(ctx, grad):
-        name, op, pre, post, compression = ctx.args
+        name, op, pre, post, compression, process_set = ctx.args
         gname = None if name is None else name + ".grad"
-        return (allreduce_async(grad, None, gname, op, pre, post, compression).wait(),
-                None, None, None, None, None)
+        return (allreduce_async(grad, None, gname, op, pre, post, process_set,
+                                compression=compression).wait(),
+                None, None, None, None, None, None)
 
 
 def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
               compression=Compression.none, op: Optional[int] = None,
-              prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
-    """Reduce `tensor` across ranks (default: average) into a new tensor,
-    bitwise identical on every rank; differentiable."""
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: Optional[ProcessSet] = global_process_set) -> torch.Tensor:
+    """Reduce `tensor` across the ranks of `process_set` (default: all;
+    default op: average over the set) into a new tensor, bitwise identical on
+    every member; differentiable."""
     return _AllreduceFn.apply(tensor, name, _op_of(average, op), prescale_factor, postscale_factor,
-                              compression)
+                              compression, process_set)
 
 
 def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
                op: Optional[int] = None, prescale_factor: float = 1.0,
-               postscale_factor: float = 1.0, compression=Compression.none) -> torch.Tensor:
-    """In-place allreduce; returns `tensor`."""
+               postscale_factor: float = 1.0,
+               process_set: Optional[ProcessSet] = global_process_set,
+               compression=Compression.none) -> torch.Tensor:
+    """In-place allreduce over `process_set`; returns `tensor`."""
     return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
-                            compression).wait()
+                            process_set, compression=compression).wait()
 
 
-def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int = Average) -> SparseHandle:
+def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int = Average,
+                           process_set: Optional[ProcessSet] = global_process_set) -> SparseHandle:
     """Allreduce of a sparse COO tensor as Horovod does it: allgather the
-    indices and the values; the result (duplicates summed on coalesce) is
-    divided by size for Average. Only Sum and Average are meaningful."""
+    indices and the values over `process_set`; the result (duplicates summed
+    on coalesce) is divided by the set's size for Average. Only Sum and
+    Average are meaningful."""
     op = reduce_op(op)
     if op not in (Sum, Average):
-        raise ValueError("gradflow: sparse allreduce supports only Sum and Average")
+        raise ValueError(f"gradflow: sparse allreduce supports only Sum and Average, not {op.name}"
+                         " (for Adasum pass sparse_as_dense=True to DistributedOptimizer)")
     t = tensor.detach().coalesce().cpu()
     idx = t.indices().t().contiguous()
     val = t.values().contiguous()
-    return SparseHandle(allgather_async(idx, name + ".indices"), allgather_async(val, name + ".values"),
-                        tensor, int(op))
+    members = process_set_size(process_set, "sparse_allreduce_async")
+    return SparseHandle(allgather_async(idx, name + ".indices", process_set),
+                        allgather_async(val, name + ".values", process_set), tensor, int(op),
+                        members)
 
 
 # ---------------------------------------------------------------- grouped allreduce
@@ -184,24 +224,26 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int = Average) -
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
                              name: Optional[str] = None, op: Optional[int] = None,
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: Optional[ProcessSet] = global_process_set,
                              compression=Compression.none) -> GroupHandle:
-    """In-place allreduce of a list of tensors (the core fuses them)."""
+    """In-place allreduce of a list of tensors over `process_set` (the core fuses them)."""
     _op_of(average, op)  # validate before naming, as the single-tensor calls do
-    base = auto_name(ALLREDUCE, name)
+    base = auto_name(ALLREDUCE, name, process_set)
     return GroupHandle([allreduce_async_(t, average, f"{base}.{i}", op, prescale_factor,
-                                         postscale_factor, compression)
+                                         postscale_factor, process_set, compression=compression)
                         for i, t in enumerate(tensors)])
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
                             name: Optional[str] = None, op: Optional[int] = None,
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: Optional[ProcessSet] = global_process_set,
                             compression=Compression.none) -> GroupHandle:
-    """Allreduce of a list of tensors into new tensors."""
+    """Allreduce of a list of tensors over `process_set` into new tensors."""
     _op_of(average, op)  # validate before naming, as the single-tensor calls do
-    base = auto_name(ALLREDUCE, name)
+    base = auto_name(ALLREDUCE, name, process_set)
     return GroupHandle([allreduce_async(t, average, f"{base}.{i}", op, prescale_factor,
-                                        postscale_factor, compression)
+                                        postscale_factor, process_set, compression=compression)
                         for i, t in enumerate(tensors)])
 
 
@@ -209,44 +251,52 @@ class _GroupedAllreduceFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, args, *tensors):
         ctx.args = args
-        return tuple(grouped_allreduce_async(tensors, None, *args).wait())
+        name, op, pre, post, compression, process_set = args
+        return tuple(grouped_allreduce_async(tensors, None, name, op, pre, post, process_set,
+                                             compression=compression).wait())
 
     @staticmethod
     def backward(ctx, *grads):
-        name = ctx.args[0]
-        args = (None if name is None else name + ".grad",) + ctx.args[1:]
-        return (None,) + tuple(grouped_allreduce_async(grads, None, *args).wait())
+        name, op, pre, post, compression, process_set = ctx.args
+        gname = None if name is None else name + ".grad"
+        return (None,) + tuple(grouped_allreduce_async(grads, None, gname, op, pre, post,
+                                                       process_set,
+                                                       compression=compression).wait())
 
 
 def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
                       name: Optional[str] = None, compression=Compression.none,
                       op: Optional[int] = None, prescale_factor: float = 1.0,
-                      postscale_factor: float = 1.0) -> List[torch.Tensor]:
-    """Allreduce every tensor of the list; differentiable."""
-    args = (name, _op_of(average, op), prescale_factor, postscale_factor, compression)
+                      postscale_factor: float = 1.0,
+                      process_set: Optional[ProcessSet] = global_process_set) -> List[torch.Tensor]:
+    """Allreduce every tensor of the list over `process_set`; differentiable."""
+    args = (name, _op_of(average, op), prescale_factor, postscale_factor, compression, process_set)
     return list(_GroupedAllreduceFn.apply(args, *tensors))
 
 
 def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
                        name: Optional[str] = None, op: Optional[int] = None,
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: Optional[ProcessSet] = global_process_set,
                        compression=Compression.none) -> List[torch.Tensor]:
-    """In-place grouped allreduce; returns the tensors."""
+    """In-place grouped allreduce over `process_set`; returns the tensors."""
     return grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
-                                    compression).wait()
+                                    process_set, compression=compression).wait()
 
 
 # ---------------------------------------------------------------- allgather
 
-def allgather_async(tensor: torch.Tensor, name: Optional[str] = None) -> Handle:
-    """Start an allgather along dim 0 (sizes of dim 0 may differ between ranks)."""
+def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
+                    process_set: Optional[ProcessSet] = global_process_set) -> Handle:
+    """Start an allgather along dim 0 over `process_set` (sizes of dim 0 may
+    differ between ranks)."""
     src = _staged(tensor)
     if src.dim() == 0:
         src = src.reshape(1)
-    name = auto_name(ALLGATHER, name)
+    name = auto_name(ALLGATHER, name, process_set)
     dtype, device = src.dtype, tensor.device
     return submit(ALLGATHER, name, src.data_ptr(), 0, dtype_code(dtype), src.shape, (src,),
-                  lambda r: _from_result(r, dtype, device))
+                  lambda r: _from_result(r, dtype, device), process_set=process_set)
 
 
 class _AllgatherFn(torch.autograd.Function):
@@ -254,78 +304,88 @@ class _AllgatherFn(torch.autograd.Function):
     this rank's rows."""
 
     @staticmethod
-    def forward(ctx, tensor, name):
+    def forward(ctx, tensor, name, process_set):
         ctx.rows = tensor.shape[0] if tensor.dim() > 0 else 1
-        ctx.name = name
-        return allgather_async(tensor, name).wait()
+        ctx.name, ctx.process_set = name, process_set
+        return allgather_async(tensor, name, process_set).wait()
 
     @staticmethod
     def backward(ctx, grad):
         g = None if ctx.name is None else ctx.name + ".grad"
-        reduced = allreduce_async(grad, None, g, Average).wait()
+        ps = ctx.process_set
+        reduced = allreduce_async(grad, None, g, Average, process_set=ps).wait()
         rows = allgather_async(torch.tensor([ctx.rows], dtype=torch.int64),
-                               None if g is None else g + ".rows").wait()
-        offset = int(rows[:rank()].sum())
-        return reduced.narrow(0, offset, ctx.rows), None
+                               None if g is None else g + ".rows", ps).wait()
+        offset = int(rows[:_set_rank(ps)].sum())
+        return reduced.narrow(0, offset, ctx.rows), None, None
 
 
-def allgather(tensor: torch.Tensor, name: Optional[str] = None) -> torch.Tensor:
-    """Concatenate every rank's `tensor` along dim 0 in rank order; differentiable."""
-    return _AllgatherFn.apply(tensor, name)
+def allgather(tensor: torch.Tensor, name: Optional[str] = None,
+              process_set: Optional[ProcessSet] = global_process_set) -> torch.Tensor:
+    """Concatenate every member's `tensor` along dim 0 in rank order; differentiable."""
+    return _AllgatherFn.apply(tensor, name, process_set)
 
 
 # ---------------------------------------------------------------- broadcast
 
-def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) -> Handle:
-    """Start an in-place broadcast of root's `tensor`."""
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+                     process_set: Optional[ProcessSet] = global_process_set) -> Handle:
+    """Start an in-place broadcast of root's `tensor` (`root_rank` is a
+    global rank, a member of `process_set`, as in Horovod)."""
     buf = _staged(tensor)
-    name = auto_name(BROADCAST, name)
+    name = auto_name(BROADCAST, name, process_set)
     return submit(BROADCAST, name, buf.data_ptr(), buf.data_ptr(), dtype_code(buf.dtype), buf.shape,
-                  (buf, tensor), lambda r: _write_back(tensor, buf), root=int(root_rank))
+                  (buf, tensor), lambda r: _write_back(tensor, buf), root=int(root_rank),
+                  process_set=process_set)
 
 
-def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) -> Handle:
-    """Start a broadcast of root's `tensor` into a new tensor."""
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+                    process_set: Optional[ProcessSet] = global_process_set) -> Handle:
+    """Start a broadcast of root's `tensor` into a new tensor (`root_rank`: global)."""
     src = _staged(tensor)
     out = torch.empty_like(src)
-    name = auto_name(BROADCAST, name)
+    name = auto_name(BROADCAST, name, process_set)
     device = tensor.device
     return submit(BROADCAST, name, src.data_ptr(), out.data_ptr(), dtype_code(src.dtype), src.shape,
                   (src, out), lambda r: out if device.type == "cpu" else out.to(device),
-                  root=int(root_rank))
+                  root=int(root_rank), process_set=process_set)
 
 
 class _BroadcastFn(torch.autograd.Function):
     """Gradient as Horovod: the averaged gradient on the root, zero elsewhere."""
 
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
-        ctx.root, ctx.name = root_rank, name
-        return broadcast_async(tensor, root_rank, name).wait()
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root, ctx.name, ctx.process_set = root_rank, name, process_set
+        return broadcast_async(tensor, root_rank, name, process_set).wait()
 
     @staticmethod
     def backward(ctx, grad):
         g = None if ctx.name is None else ctx.name + ".grad"
-        reduced = allreduce_async(grad, None, g, Average).wait()
-        if rank() != ctx.root:
+        reduced = allreduce_async(grad, None, g, Average, process_set=ctx.process_set).wait()
+        if rank() != ctx.root:  # both global ranks
             reduced = reduced * 0
-        return reduced, None, None
+        return reduced, None, None, None
 
 
-def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) -> torch.Tensor:
-    """Root's `tensor` on every rank, as a new tensor; differentiable."""
-    return _BroadcastFn.apply(tensor, root_rank, name)
+def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+              process_set: Optional[ProcessSet] = global_process_set) -> torch.Tensor:
+    """Root's `tensor` on every member, as a new tensor; differentiable."""
+    return _BroadcastFn.apply(tensor, root_rank, name, process_set)
 
 
-def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) -> torch.Tensor:
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+               process_set: Optional[ProcessSet] = global_process_set) -> torch.Tensor:
     """In-place broadcast; returns `tensor`."""
-    return broadcast_async_(tensor, root_rank, name).wait()
+    return broadcast_async_(tensor, root_rank, name, process_set).wait()
 
 
 # ---------------------------------------------------------------- alltoall
 
-def alltoall_async(tensor: torch.Tensor, splits=None, name: Optional[str] = None) -> Handle:
-    """Start an alltoall; the result is (tensor, received_splits)."""
+def alltoall_async(tensor: torch.Tensor, splits=None, name: Optional[str] = None,
+                   process_set: Optional[ProcessSet] = global_process_set) -> Handle:
+    """Start an alltoall over `process_set` (one split per member); the
+    result is (tensor, received_splits)."""
     src = _staged(tensor)
     if src.dim() == 0:
         src = src.reshape(1)
@@ -333,19 +393,19 @@ def alltoall_async(tensor: torch.Tensor, splits=None, name: Optional[str] = None
                                                       else splits)]
     if any(s < 0 for s in sp):
         raise ValueError(f"gradflow: alltoall splits must be >= 0, got {sp}")
-    name = auto_name(ALLTOALL, name)
+    name = auto_name(ALLTOALL, name, process_set)
     dtype, device = src.dtype, tensor.device
     return submit(ALLTOALL, name, src.data_ptr(), 0, dtype_code(dtype), src.shape, (src,),
                   lambda r: (_from_result(r, dtype, device),
                              torch.tensor(list(r["recv_splits"]), dtype=torch.int32)),
-                  splits=sp)
+                  splits=sp, process_set=process_set)
 
 
 class _AlltoallFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, splits, name):
-        ctx.name = name
-        out, received = alltoall_async(tensor, splits, name).wait()
+    def forward(ctx, tensor, splits, name, process_set):
+        ctx.name, ctx.process_set = name, process_set
+        out, received = alltoall_async(tensor, splits, name, process_set).wait()
         ctx.received = received
         ctx.mark_non_differentiable(received)
         return out, received
@@ -353,16 +413,18 @@ class _AlltoallFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad, _):
         g = None if ctx.name is None else ctx.name + ".grad"
-        back, _ = alltoall_async(grad, ctx.received, g).wait()
-        return back, None, None
+        back, _ = alltoall_async(grad, ctx.received, g, ctx.process_set).wait()
+        return back, None, None, None
 
 
-def alltoall(tensor: torch.Tensor, splits=None, name: Optional[str] = None
+def alltoall(tensor: torch.Tensor, splits=None, name: Optional[str] = None,
+             process_set: Optional[ProcessSet] = global_process_set
              ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-    """Send `splits[p]` rows to rank p (default: even split). Returns the
-    received rows in rank order, and (when `splits` is given) how many rows
-    came from each rank, as Horovod does. Differentiable."""
-    out, received = _AlltoallFn.apply(tensor, splits, name)
+    """Send `splits[p]` rows to member p of `process_set` (default: all
+    ranks, even split). Returns the received rows in rank order, and (when
+    `splits` is given) how many rows came from each rank, as Horovod does.
+    Differentiable."""
+    out, received = _AlltoallFn.apply(tensor, splits, name, process_set)
     return out if splits is None else (out, received)
 
 
@@ -386,7 +448,8 @@ def join(device: int = -1) -> int:
     return _np_join()
 
 
-def barrier() -> None:
-    """Block until every rank reaches the barrier."""
-    submit(BARRIER, auto_name(BARRIER, None), 0, 0, _dtypes.UINT8, [0], ()).wait()
+def barrier(process_set: Optional[ProcessSet] = global_process_set) -> None:
+    """Block until every member of `process_set` (default: all ranks) reaches the barrier."""
+    submit(BARRIER, auto_name(BARRIER, None, process_set), 0, 0, _dtypes.UINT8, [0], (),
+           process_set=process_set).wait()
 

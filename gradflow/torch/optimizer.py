@@ -58,20 +58,24 @@ import contextlib
 import itertools
 import warnings
 import weakref
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
 from .. import _handles, _native
 from .._runtime import GradflowError
-from ..collectives import Average, native_reduce_op, reduce_op
-from ..compression import Compression, wire_code
+from ..collectives import (Adasum, Average, check_adasum_options, native_reduce_op,
+                           reduce_op)
+from .compression import Compression, split as split_compression
+from ..process_sets import ProcessSet, global_process_set, member_id
 from .functions import allgather_object, check_same_everywhere
-from .ops import allreduce_async_, dtype_code, sparse_allreduce_async
+from .optimizer_groups import GroupTracker, Once, form_groups
+from .ops import allreduce_async_, dtype_code, grouped_allreduce_async_, sparse_allreduce_async
 
 __all__ = ["DistributedOptimizer"]
 
-_instances = itertools.count()
+# Per process set (collective names): other sets must not shift the numbers.
+_instances: Dict[int, "itertools.count"] = {}
 
 
 class _Pool:
@@ -103,12 +107,14 @@ class _State:
         self.wire_overflow = False                # some 16-bit wire value overflowed last step
         self.marked: set = set()                  # id(param) of pooled ranges marked this step
         self.loss_scale = 1.0                     # grad_scaler's scale for this step (CSC only)
+        self.groups: Optional[GroupTracker] = None  # Horovod's groups=, or None
 
 
-def _destroy_pools(ids: List[int], bufs: Tuple = (), handles: List[int] = ()) -> None:
+def _destroy_pools(ids: List[int], bufs: Tuple = (), handles: List[int] = (),
+                   ps: int = 0) -> None:
     for h in handles:  # buckets still in flight keep their pool buffer alive
         try:
-            _handles.release(h, bufs)
+            _handles.release(h, bufs, ps)
         except Exception:
             pass
     for i in ids:
@@ -124,29 +130,37 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------ set-up
     def _gradflow_setup(self, named_parameters, compression, backward_passes_per_step, op,
                         gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
-                        sparse_as_dense, grad_scaler=None) -> None:
+                        sparse_as_dense, grad_scaler=None, groups=None,
+                        process_set=None) -> None:
         s = self._gradflow = _State()
-        op = reduce_op(op)  # Horovod meaning of raw ints; Adasum/unknown raise here
+        op = reduce_op(op)  # Horovod meaning of raw ints; unknown ones raise here
+        # Every gradient, pool and check runs in the set's engine (Note [Process sets]).
+        s.ps, s.process_set = member_id(process_set, "DistributedOptimizer"), process_set
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradflow: gradient_predivide_factor != 1.0 needs op=Average")
+        # A pool bucket holds several gradients; Adasum needs one dot product
+        # per gradient, so Adasum gradients stay on the copy path.
+        use_pool = use_pool and op != Adasum
         if backward_passes_per_step < 1:
             raise ValueError("gradflow: backward_passes_per_step must be >= 1")
         if sparse_ratio is not None and not 0 < sparse_ratio <= 1:
             raise ValueError(f"gradflow: sparse_ratio must be in (0, 1], got {sparse_ratio}")
         s.op, s.bpps, s.sparse_as_dense = op, int(backward_passes_per_step), sparse_as_dense
-        s.wire = wire_code(compression)
+        s.wire, user_compressor = split_compression(compression)
+        check_adasum_options(op, s.wire, sparse_ratio, "DistributedOptimizer")
         s.compression = compression
         s.prescale = 1.0 / gradient_predivide_factor
         s.postscale = float(gradient_predivide_factor)
         s.sparse_ratio = -1.0 if sparse_ratio is None else float(sparse_ratio)
         # CSC in effect (explicit or GRADFLOW_SPARSE_RATIO): residuals exist.
-        s.csc = (s.sparse_ratio if s.sparse_ratio > 0 else _native.config()["sparse_ratio"]) < 1.0
+        s.csc = op != Adasum and (s.sparse_ratio if s.sparse_ratio > 0
+                                  else _native.config()["sparse_ratio"]) < 1.0
         if grad_scaler is not None and not callable(getattr(grad_scaler, "get_scale", None)):
             raise ValueError("gradflow: grad_scaler must be a torch.amp.GradScaler (or have "
                              "get_scale()), got " + type(grad_scaler).__name__)
         s.scaler = grad_scaler
         s.bucket_bytes = -1 if bucket_mb is None else int(bucket_mb * (1 << 20))
-        s.prefix = f"DistributedOptimizer{next(_instances)}"
+        s.prefix = f"DistributedOptimizer{next(_instances.setdefault(s.ps, itertools.count()))}"
 
         seen = set()
         for group in self.param_groups:
@@ -157,11 +171,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         s.index[id(p)] = len(s.params)
                         s.params.append(p)
         s.names = self._gradflow_names(named_parameters)
-        s.use_pool = use_pool and all(p.device.type == "cpu" for p in s.params)
-        if use_pool and not s.use_pool:
+        formed = form_groups(s.params, groups)
+        s.groups = None if formed is None else GroupTracker(formed)
+        # A user Compressor runs in Python around each gradient's allreduce,
+        # and groups go out as grouped allreduces: both need the copy path
+        # (the pool's buckets are reduced in place by the core).
+        s.use_pool = use_pool and all(p.device.type == "cpu" for p in s.params) \
+            and user_compressor is None and s.groups is None
+        if use_pool and not all(p.device.type == "cpu" for p in s.params):
             warnings.warn("gradflow: the gradient pool is CPU-only; CUDA parameters use the copy path")
         check_same_everywhere([(n, tuple(p.shape), str(p.dtype)) for n, p in zip(s.names, s.params)],
-                              f"DistributedOptimizer '{s.prefix}'")
+                              f"DistributedOptimizer '{s.prefix}'", process_set)
         me = weakref.ref(self)  # hooks must not keep the optimizer alive
 
         def hook(p: torch.Tensor) -> None:
@@ -253,9 +273,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if grad.is_sparse:
             if not s.sparse_as_dense:
                 s.sparse.add(i)
-                s.handles[id(p)] = sparse_allreduce_async(grad, s.names[i], s.op)
+                s.handles[id(p)] = sparse_allreduce_async(grad, s.names[i], s.op, s.process_set)
                 return
             p.grad = grad = grad.to_dense()
+        if s.groups is not None:
+            self._gradflow_submit_group(i)
+            return
         # Before the pool exists (step 1 of use_pool) the step is dense: a
         # residual under the parameter's name would never be delivered once
         # the pool's buckets take over (they own their residuals).
@@ -263,7 +286,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         s.handles[id(p)] = allreduce_async_(grad, name=s.names[i], op=s.op,
                                             prescale_factor=s.prescale / s.loss_scale,
                                             postscale_factor=s.postscale * s.loss_scale,
-                                            compression=s.compression, sparse_ratio=ratio)
+                                            compression=s.compression, sparse_ratio=ratio,
+                                            process_set=s.process_set)
+
+    def _gradflow_submit_group(self, i: int) -> None:
+        """Gradient i is ready: once its whole group is, the group goes out as
+        one grouped allreduce (the core fuses it), as Horovod's groups do."""
+        s = self._gradflow
+        members = s.groups.mark(i, excluded=s.sparse)
+        if members is None:
+            return
+        h = Once(grouped_allreduce_async_([s.params[j].grad for j in members],
+                                          name=f"{s.prefix}.group{s.groups.group_of[i]}", op=s.op,
+                                          prescale_factor=s.prescale / s.loss_scale,
+                                          postscale_factor=s.postscale * s.loss_scale,
+                                          process_set=s.process_set,
+                                          compression=s.compression))
+        for j in members:
+            s.handles[id(s.params[j])] = h
 
     # ------------------------------------------------------------ step protocol
     def synchronize(self) -> None:
@@ -303,7 +343,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 errors.append(e)
         for h in s.pool_handles:
             try:
-                overflow |= bool(_native.wait(h)["wire_overflow"])
+                overflow |= bool(_native.wait(h, s.ps)["wire_overflow"])
             except BaseException as e:
                 errors.append(e)
         for pool in s.pools:
@@ -342,7 +382,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _gradflow_build_pools(self) -> None:
         """Lay the gradients out in rank 0's step-1 order, one pool per dtype."""
         s = self._gradflow
-        everyone = allgather_object((s.order, sorted(s.sparse)), name=f"{s.prefix}.layout")
+        everyone = allgather_object((s.order, sorted(s.sparse)), name=f"{s.prefix}.layout",
+                                    process_set=s.process_set)
         sparse = s.sparse = set().union(*(set(sp) for _, sp in everyone))
         order = list(everyone[0][0]) + [i for i in range(len(s.params)) if i not in everyone[0][0]]
         layout = [i for i in order if i not in sparse and s.params[i].numel() > 0]
@@ -366,7 +407,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     off += p.numel()
             pid = _native.pool_create(buf.data_ptr(), dtype_code(dtype), ranges, s.bucket_bytes,
                                       native_reduce_op(s.op), s.wire, s.prescale / s.loss_scale,
-                                      s.postscale * s.loss_scale, s.sparse_ratio)
+                                      s.postscale * s.loss_scale, s.sparse_ratio, s.ps)
             # Step 1 (dense, copy path) counts towards GRADFLOW_SPARSE_WARMUP_STEPS.
             _native.pool_reset(pid)
             s.pools.append(_Pool(buf, pid))
@@ -374,7 +415,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._gradflow_finalizer = weakref.finalize(self, _destroy_pools,
                                                         [q.id for q in s.pools],
                                                         tuple(q.buf for q in s.pools),
-                                                        s.pool_handles)
+                                                        s.pool_handles, s.ps)
         s.pool_built = True
 
     @contextlib.contextmanager
@@ -451,13 +492,33 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         s.bpps = int(passes)
 
 
+def _repatch_scheduler_step(wrapped, optimizer) -> None:
+    """An LR scheduler created before wrapping replaced `optimizer.step` by an
+    instance attribute that counts calls and then runs the *original class's*
+    step on the original object; copied into `wrapped`, it would skip
+    gradflow's step (no synchronize: ranks would silently diverge). Run
+    gradflow's step instead and keep the count the scheduler reads."""
+    patched = wrapped.__dict__.pop("step", None)
+    if patched is None:
+        return
+    gradflow_step = type(wrapped).step
+
+    def step(*args, **kwargs):
+        optimizer._opt_called = True  # what torch's wrapper records for the scheduler
+        return gradflow_step(wrapped, *args, **kwargs)
+
+    step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    wrapped.step = step
+
+
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
                          compression=Compression.none, backward_passes_per_step: int = 1,
                          op: int = Average, gradient_predivide_factor: float = 1.0,
-                         sparse_ratio: Optional[float] = None, use_pool: bool = True,
-                         bucket_mb: Optional[float] = None,
-                         sparse_as_dense: bool = False,
+                         num_groups: int = 0, groups=None, sparse_as_dense: bool = False,
+                         process_set: Optional[ProcessSet] = global_process_set, *,
+                         sparse_ratio: Optional[float] = None,
+                         use_pool: bool = True, bucket_mb: Optional[float] = None,
                          grad_scaler: Optional["torch.amp.GradScaler"] = None
                          ) -> torch.optim.Optimizer:
     """Wrap `optimizer` so gradients are averaged (op) across ranks.
@@ -467,10 +528,22 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     LR schedulers keep working. Collective: every rank must wrap the same
     parameters (checked; a mismatch raises GradflowError on every rank).
 
-    compression: Compression.none / .fp16 / .bf16 (16-bit wire, fp32 sums).
+    Horovod's parameters keep Horovod's order; gradflow's own (sparse_ratio,
+    use_pool, bucket_mb, grad_scaler) are keyword-only after them.
+
+    compression: Compression.none / .fp16 / .bf16 (16-bit wire, fp32 sums),
+      or a user Compressor (Horovod's compress/decompress interface), applied
+      around each gradient's allreduce (copy path: no pool).
     backward_passes_per_step: gradients accumulate locally for that many
       backward passes; the last one submits.
     gradient_predivide_factor: scale by 1/f before the sum and f after.
+    groups: Horovod's explicit grouping: an int n splits the parameters into
+      n groups, a list of lists of parameters makes each list a group (and
+      each parameter in no list its own). A group's gradients go out
+      together, as one grouped allreduce, once all of them are ready. Groups
+      use the copy path (the pool's buckets are the ungrouped equivalent).
+    num_groups: deprecated in Horovod (DeprecationWarning); used as `groups`
+      when `groups` is None.
     sparse_ratio: CSC sparse communication ratio (None: GRADFLOW_SPARSE_RATIO).
       Error feedback loses nothing: what a step does not send stays in a
       residual (one per gradient element, plus a spare of the same size the
@@ -488,12 +561,27 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     use_pool: lazy allreduce over a contiguous gradient pool (zero copy).
     bucket_mb: pool bucket size in MiB (None: GRADFLOW_POOL_BUCKET_BYTES, 8 MiB).
     sparse_as_dense: densify sparse gradients instead of allgathering them.
+    op=Adasum: each gradient is Adasum-combined, then the wrapped step runs
+      (Horovod Adasum-combines the wrapped step's deltas instead: the same for
+      plain SGD, not for momentum/Adam; docs/horovod_compat.md). Copy path
+      (use_pool ignored), compression none, power-of-two rank counts.
+    process_set: reduce over this registered ProcessSet's members only
+      (Average divides by its size); only members may wrap, and every
+      member must (the pool, CSC and the 16-bit wire work in a set as on
+      all ranks).
     """
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` (as in Horovod)",
+                      DeprecationWarning, stacklevel=2)
+        if groups is None:
+            groups = num_groups
     base = optimizer.__class__
     cls = type(base.__name__, (base,), dict(_DistributedOptimizer.__dict__))
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)  # same groups, state, defaults, hooks
+    _repatch_scheduler_step(wrapped, optimizer)
     wrapped._gradflow_setup(named_parameters, compression, backward_passes_per_step, op,
                             gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
-                            sparse_as_dense, grad_scaler)
+                            sparse_as_dense, grad_scaler, groups,
+                            process_set)
     return wrapped

@@ -5,37 +5,38 @@
 """Reducescatter and grouped allgather/reducescatter for ``import gradflow.torch as hvd``."""
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 
 from .._handles import Handle
-from .._runtime import ALLGATHER, REDUCESCATTER, auto_name, rank, size, submit
-from ..collectives import Average, check_global_process_set, native_reduce_op
-from ..compression import Compression
-from .ops import (GroupHandle, _from_result, _op_of, _staged, allgather_async, dtype_code,
-                  grouped_allreduce_async)
+from .._runtime import ALLGATHER, REDUCESCATTER, auto_name, submit
+from ..collectives import Average, native_reduce_op
+from .compression import Compression
+from ..process_sets import ProcessSet, global_process_set, process_set_size
+from .ops import (GroupHandle, _from_result, _op_of, _set_rank, _staged, allgather_async,
+                  dtype_code, grouped_allreduce_async)
 
 __all__ = ["reducescatter", "reducescatter_async", "grouped_allgather", "grouped_allgather_async",
            "grouped_reducescatter", "grouped_reducescatter_async"]
 
 
 def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: int = Average,
-                        process_set: Any = None, prescale_factor: float = 1.0,
-                        postscale_factor: float = 1.0) -> Handle:
+                        process_set: Optional[ProcessSet] = global_process_set,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
     """Start a reducescatter: rank r gets block r of dim 0 of the reduction
     of `prescale_factor * tensor`, multiplied by `postscale_factor` (and by
-    1/size for Average). Scaling needs a floating-point tensor."""
-    check_global_process_set(process_set, "reducescatter")
+    1/size for Average). Blocks are per member of `process_set` (default:
+    all ranks), in set order. Scaling needs a floating-point tensor."""
     code = native_reduce_op(_op_of(None, op))  # before naming: errors leave counters alone
     src = _staged(tensor)
     if src.dim() == 0:
         raise ValueError("gradflow: reducescatter needs a tensor with at least one dimension")
-    name = auto_name(REDUCESCATTER, name)
+    name = auto_name(REDUCESCATTER, name, process_set)
     dtype, device = src.dtype, tensor.device
     return submit(REDUCESCATTER, name, src.data_ptr(), 0, dtype_code(dtype), src.shape, (src,),
                   lambda r: _from_result(r, dtype, device), op=code,
-                  prescale=prescale_factor, postscale=postscale_factor)
+                  prescale=prescale_factor, postscale=postscale_factor, process_set=process_set)
 
 
 class _ReducescatterFn(torch.autograd.Function):
@@ -43,31 +44,30 @@ class _ReducescatterFn(torch.autograd.Function):
     (pre * post, and 1/size for Average), as in Horovod."""
 
     @staticmethod
-    def forward(ctx, tensor, name, op, pre, post):
-        ctx.name, ctx.op, ctx.scale = name, op, pre * post
-        return reducescatter_async(tensor, name, op, None, pre, post).wait()
+    def forward(ctx, tensor, name, op, pre, post, process_set):
+        ctx.name, ctx.op, ctx.scale, ctx.process_set = name, op, pre * post, process_set
+        return reducescatter_async(tensor, name, op, process_set, pre, post).wait()
 
     @staticmethod
     def backward(ctx, grad):
         g = None if ctx.name is None else ctx.name + ".grad"
-        full = allgather_async(grad, g).wait()
+        full = allgather_async(grad, g, ctx.process_set).wait()
         if ctx.op == Average:
-            full = full / size()
+            full = full / process_set_size(ctx.process_set, "reducescatter")
         if ctx.scale != 1.0:
             full = full * ctx.scale
-        return full, None, None, None, None
+        return full, None, None, None, None, None
 
 
 def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression=Compression.none,
-                  op: int = Average, process_set: Any = None, prescale_factor: float = 1.0,
-                  postscale_factor: float = 1.0) -> torch.Tensor:
+                  op: int = Average, process_set: Optional[ProcessSet] = global_process_set,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
     """Reduce `prescale_factor * tensor` across ranks; this rank keeps its
     block of dim-0 rows (earlier ranks get the remainder), multiplied by
     `postscale_factor`. `compression` is accepted for Horovod compatibility
     and ignored. Differentiable."""
-    check_global_process_set(process_set, "reducescatter")
     return _ReducescatterFn.apply(tensor, name, _op_of(None, op), float(prescale_factor),
-                                  float(postscale_factor))
+                                  float(postscale_factor), process_set)
 
 
 # ---------------------------------------------------------------- grouped allgather, reducescatter
@@ -80,54 +80,54 @@ def _tensor_list(tensors: Sequence[torch.Tensor], what: str) -> List[torch.Tenso
 
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
-                            process_set: Any = None) -> GroupHandle:
+                            process_set: Optional[ProcessSet] = global_process_set) -> GroupHandle:
     """Start an allgather of every tensor of the list (dim-0 sizes may differ
     between ranks, per tensor); `synchronize` returns the list of results."""
-    check_global_process_set(process_set, "grouped_allgather")
     tensors = _tensor_list(tensors, "grouped_allgather")
-    base = auto_name(ALLGATHER, name)
-    return GroupHandle([allgather_async(t, f"{base}.{i}") for i, t in enumerate(tensors)])
+    base = auto_name(ALLGATHER, name, process_set)
+    return GroupHandle([allgather_async(t, f"{base}.{i}", process_set)
+                        for i, t in enumerate(tensors)])
 
 
 class _GroupedAllgatherFn(torch.autograd.Function):
     """Per tensor, the gradient of allgather (see _AllgatherFn)."""
 
     @staticmethod
-    def forward(ctx, name, *tensors):
-        ctx.name = name
+    def forward(ctx, name, process_set, *tensors):
+        ctx.name, ctx.process_set = name, process_set
         ctx.rows = [t.shape[0] if t.dim() > 0 else 1 for t in tensors]
-        return tuple(grouped_allgather_async(tensors, name).wait())
+        return tuple(grouped_allgather_async(tensors, name, process_set).wait())
 
     @staticmethod
     def backward(ctx, *grads):
         g = None if ctx.name is None else ctx.name + ".grad"
-        reduced = grouped_allreduce_async(grads, None, g, Average).wait()
+        ps = ctx.process_set
+        reduced = grouped_allreduce_async(grads, None, g, Average, process_set=ps).wait()
         rows = allgather_async(torch.tensor(ctx.rows, dtype=torch.int64).reshape(1, -1),
-                               None if g is None else g + ".rows").wait()
-        offsets = rows[:rank()].sum(0).tolist()
-        return (None,) + tuple(r.narrow(0, int(o), n)
+                               None if g is None else g + ".rows", ps).wait()
+        offsets = rows[:_set_rank(ps)].sum(0).tolist()
+        return (None, None) + tuple(r.narrow(0, int(o), n)
                                for r, o, n in zip(reduced, offsets, ctx.rows))
 
 
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
-                      process_set: Any = None) -> List[torch.Tensor]:
+                      process_set: Optional[ProcessSet] = global_process_set) -> List[torch.Tensor]:
     """Allgather every tensor of the list (as `allgather`); differentiable."""
-    check_global_process_set(process_set, "grouped_allgather")
     tensors = _tensor_list(tensors, "grouped_allgather")
-    return list(_GroupedAllgatherFn.apply(name, *tensors))
+    return list(_GroupedAllgatherFn.apply(name, process_set, *tensors))
 
 
 def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
-                                op: int = Average, process_set: Any = None,
+                                op: int = Average,
+                                process_set: Optional[ProcessSet] = global_process_set,
                                 prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0) -> GroupHandle:
     """Start a reducescatter of every tensor of the list (as
     `reducescatter_async`); `synchronize` returns the list of results."""
-    check_global_process_set(process_set, "grouped_reducescatter")
     tensors = _tensor_list(tensors, "grouped_reducescatter")
     op = _op_of(None, op)
-    base = auto_name(REDUCESCATTER, name)
-    return GroupHandle([reducescatter_async(t, f"{base}.{i}", op, None, prescale_factor,
+    base = auto_name(REDUCESCATTER, name, process_set)
+    return GroupHandle([reducescatter_async(t, f"{base}.{i}", op, process_set, prescale_factor,
                                             postscale_factor) for i, t in enumerate(tensors)])
 
 
@@ -141,21 +141,21 @@ class _GroupedReducescatterFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        name, op, _, pre, post = ctx.args
+        name, op, ps, pre, post = ctx.args
         g = None if name is None else name + ".grad"
-        scale = pre * post / (size() if op == Average else 1)
-        full = grouped_allgather_async(grads, g).wait()
+        scale = pre * post / (process_set_size(ps, "grouped_reducescatter") if op == Average else 1)
+        full = grouped_allgather_async(grads, g, ps).wait()
         return (None,) + tuple(f * scale if scale != 1.0 else f for f in full)
 
 
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
-                          compression=Compression.none, op: int = Average, process_set: Any = None,
+                          compression=Compression.none, op: int = Average,
+                          process_set: Optional[ProcessSet] = global_process_set,
                           prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> List[torch.Tensor]:
     """Reducescatter every tensor of the list (as `reducescatter`; dim 0 of
     each is split separately); `compression` is accepted and ignored.
     Differentiable."""
-    check_global_process_set(process_set, "grouped_reducescatter")
     tensors = _tensor_list(tensors, "grouped_reducescatter")
-    args = (name, _op_of(None, op), None, float(prescale_factor), float(postscale_factor))
+    args = (name, _op_of(None, op), process_set, float(prescale_factor), float(postscale_factor))
     return list(_GroupedReducescatterFn.apply(args, *tensors))

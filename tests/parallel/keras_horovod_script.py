@@ -56,7 +56,7 @@ def check_alias_and_signatures():
             ("device_sparse", ""), ("compression", hvd.Compression.none),
             ("sparse_as_dense", False), ("gradient_predivide_factor", 1.0), ("op", hvd.Average),
             ("backward_passes_per_step", 1), ("average_aggregated_gradients", False),
-            ("num_groups", 0), ("groups", None), ("process_set", None),
+            ("num_groups", 0), ("groups", None), ("process_set", hvd.global_process_set),
             ("scale_local_gradients", True)]
     params = list(inspect.signature(hvd.DistributedOptimizer).parameters.values())
     got = [(p.name, p.default) for p in params if p.kind == p.POSITIONAL_OR_KEYWORD]
@@ -184,17 +184,16 @@ def check_errors():
     expect_value_error("num_groups", lambda: hvd.DistributedOptimizer(sgd, num_groups=2), "num_groups")
     expect_value_error("groups", lambda: hvd.DistributedOptimizer(sgd, groups=[[0]]), "groups")
 
-    class Subset:
+    class Subset:  # not a ProcessSet: refused, never taken for the global set
         ranks = [0]
         process_set_id = 1
 
     expect_value_error("process_set", lambda: hvd.DistributedOptimizer(sgd, process_set=Subset()),
-                       "process_set", "global")
-
-    class Everyone:
-        ranks = list(range(N))
-
-    hvd.DistributedOptimizer(sgd, process_set=Everyone())  # the global set is fine
+                       "process_set", "ProcessSet")
+    # A set that was never registered (add_process_set) is refused on every rank.
+    expect_value_error("process_set", lambda: hvd.DistributedOptimizer(
+        sgd, process_set=hvd.ProcessSet([0])), "not registered")
+    hvd.DistributedOptimizer(sgd, process_set=hvd.global_process_set)  # the global set is fine
     expect_value_error("bpps", lambda: hvd.DistributedOptimizer(sgd, backward_passes_per_step=0),
                        "backward_passes_per_step")
 

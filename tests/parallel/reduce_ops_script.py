@@ -1,13 +1,17 @@
 # reduce_ops_script.py — reduce ops with Horovod's integer values on every API.
 # Raw ints 0..5 (Average, Sum, Adasum, Min, Max, Product) through the numpy,
 # torch and TensorFlow allreduce (+ grouped / reducescatter), Horovod's
-# deprecated average=, and errors (Adasum, unknown ints, average+op) that must
-# raise on every rank and leave the runtime working. Args: "torch", "tf".
+# deprecated average=, and errors (unknown ints, average+op; Adasum where it
+# cannot run: reducescatter, a rank count that is not a power of two) that
+# must raise on every rank and leave the runtime working. Adasum's own
+# numbers are tests/parallel/adasum_script.py's job; here raw int 2 reaches
+# it on every API. Args: "torch", "tf".
 import sys
 
 import numpy as np
 
 import gradflow as gf
+from _adasum_model import adasum
 
 gf.init()
 R, N = gf.rank(), gf.size()
@@ -21,6 +25,8 @@ def x_of(r):
 
 
 STACK = np.stack([x_of(r) for r in range(N)])
+POW2 = N & (N - 1) == 0
+ADASUM = adasum([[x_of(r)] for r in range(N)], np.float64)[0] if POW2 else None
 
 
 def close(got, want, what):
@@ -39,10 +45,20 @@ def raises(fn, exc, text, what):
     raise AssertionError(f"rank {R}: {what}: no {exc.__name__}")
 
 
-def bad_ops(allreduce, what):
-    """Adasum and unknown ints raise on every rank; the runtime keeps working."""
-    raises(lambda: allreduce(2), NotImplementedError, "Adasum is not implemented", f"{what} Adasum")
-    raises(lambda: allreduce(gf.Adasum), NotImplementedError, "Adasum", f"{what} gf.Adasum")
+def bad_ops(allreduce, what, adasum_runs=True):
+    """Unknown ints raise on every rank, and Adasum (raw 2 or gf.Adasum) where
+    it cannot run (`adasum_runs` False: not an allreduce; or N not a power
+    of two); elsewhere Adasum gives the model's value. The runtime keeps
+    working."""
+    for op in (2, gf.Adasum):
+        if not adasum_runs:
+            raises(lambda: allreduce(op), ValueError, "only allreduce supports op=Adasum",
+                   f"{what} Adasum")
+        elif not POW2:
+            raises(lambda: allreduce(op), ValueError, "power-of-two number of ranks",
+                   f"{what} Adasum")
+        else:
+            close(allreduce(op), ADASUM, f"{what} Adasum op={op!r}")
     for bad in (6, -1, 17):
         raises(lambda: allreduce(bad), ValueError, "unknown reduce op", f"{what} op={bad}")
     close(allreduce(1), STACK.sum(0), f"{what} Sum after errors")
@@ -60,7 +76,8 @@ for op, ref in REF.items():
     close(gf.reducescatter(rows, op=op)[0], ref(STACK), f"numpy reducescatter op={op}")
 close(gf.allreduce(x_of(R)), STACK.mean(0), "numpy default is Average")
 bad_ops(lambda op: gf.allreduce(x_of(R), op=op), "numpy allreduce")
-bad_ops(lambda op: gf.reducescatter(np.tile(x_of(R), (N, 1)), op=op)[0], "numpy reducescatter")
+bad_ops(lambda op: gf.reducescatter(np.tile(x_of(R), (N, 1)), op=op)[0], "numpy reducescatter",
+        adasum_runs=False)
 print(f"ok numpy (size {N})", flush=True)
 
 if "torch" in sys.argv:
@@ -93,10 +110,9 @@ if "torch" in sys.argv:
     bad_ops(lambda op: ht.synchronize(ht.allreduce_async_(t.clone(), op=op)), "torch async_")
     bad_ops(lambda op: ht.grouped_allreduce([t], op=op)[0], "torch grouped")
     model = torch.nn.Linear(2, 1)
-    for op, exc in ((2, NotImplementedError), (9, ValueError)):
-        raises(lambda: ht.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                               named_parameters=model.named_parameters(), op=op),
-               exc, "Adasum" if op == 2 else "unknown reduce op", f"torch optimizer op={op}")
+    raises(lambda: ht.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                           named_parameters=model.named_parameters(), op=9),
+           ValueError, "unknown reduce op", "torch optimizer op=9")
     # op=Sum (raw 1) in the optimizer sums the gradients (pool path)
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1, bias=False)
@@ -136,23 +152,36 @@ if "tf" in sys.argv:
     bad_ops(lambda op: gtf.allreduce(x, op=op), "tf allreduce")
     bad_ops(lambda op: gtf.grouped_allreduce([x], op=op)[0], "tf grouped")
     bad_ops(lambda op: gtf.reducescatter(tf.constant(np.tile(x_of(R), (N, 1))), op=op)[0],
-            "tf reducescatter")
+            "tf reducescatter", adasum_runs=False)
     # DistributedGradientTape op=1 is Sum (Horovod's meaning of the raw int)
     w = tf.Variable(tf.zeros([4], tf.float64))
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(w * x)
     g = gtf.DistributedGradientTape(tape, op=1).gradient(loss, [w])[0]
     close(g, STACK.sum(0), "tf DistributedGradientTape op=1")
-    # The tape and the Keras optimizer refuse Adasum / unknown ints when made,
-    # not at the first gradient.
+    # op=2 is Adasum in the tape too (power-of-two sizes; a clear error otherwise)
+    def tape_grad(op):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(w * x)
+        return gtf.DistributedGradientTape(tape, op=op).gradient(loss, [w])[0]
+    bad_ops(tape_grad, "tf DistributedGradientTape")
+    # The tape and the Keras optimizer refuse unknown ints when made, not at
+    # the first gradient; Adasum is accepted.
     import keras
     import gradflow.keras as gk
-    for op, exc, text in ((2, NotImplementedError, "Adasum"), (9, ValueError, "unknown reduce op")):
-        with tf.GradientTape() as tape:
-            pass
-        raises(lambda: gtf.DistributedGradientTape(tape, op=op), exc, text, f"tf tape op={op}")
-        raises(lambda: gk.DistributedOptimizer(keras.optimizers.SGD(0.1), op=op), exc, text,
-               f"keras optimizer op={op}")
+    with tf.GradientTape() as tape:
+        pass
+    raises(lambda: gtf.DistributedGradientTape(tape, op=9), ValueError, "unknown reduce op",
+           "tf tape op=9")
+    raises(lambda: gk.DistributedOptimizer(keras.optimizers.SGD(0.1), op=9), ValueError,
+           "unknown reduce op", "keras optimizer op=9")
+
+    def keras_step(op):  # SGD(lr=1) from zero: the variable ends at -reduced gradient
+        opt = gk.DistributedOptimizer(keras.optimizers.SGD(1.0), op=op)
+        v = keras.Variable(np.zeros(4), dtype="float64")
+        opt.apply([x], [v])
+        return -v.numpy()
+    bad_ops(keras_step, "keras optimizer")
     print(f"ok tf (size {N})", flush=True)
 
 gf.barrier()

@@ -74,3 +74,16 @@ def test_pytorch_synthetic_benchmark_reports_throughput():
                       "--num-batches-per-iter", "1", "--num-iters", "2", "--batch-size", "8")
     total = re.findall(r"Total img/sec on 2 rank\(s\): ([0-9.]+)", out)
     assert total and float(total[-1]) > 0, out[-3000:]
+
+
+def test_lightning_digits_reaches_95_percent():
+    _needs("lightning")
+    _needs("tensorboard")
+    with tempfile.TemporaryDirectory() as d:
+        tb, root = os.path.join(d, "tb"), os.path.join(d, "root")
+        out = run_example("lightning_digits.py", "--tensorboard", tb, "--root-dir", root)
+        assert accuracy(out) >= 0.95, out[-3000:]
+        ckpts = [f for _, _, fs in os.walk(root) for f in fs if f.endswith(".ckpt")]
+        assert len(ckpts) == 1, ckpts
+        events = [f for _, _, fs in os.walk(tb) for f in fs if f.startswith("events.out")]
+        assert len(events) == 1, events  # rank 0's StatsLogger only

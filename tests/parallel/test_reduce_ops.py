@@ -1,7 +1,9 @@
 """Reduce ops with Horovod's integer values (Average=0, Sum=1, Adasum=2, Min=3,
 Max=4, Product=5) and Horovod's deprecated average= on the numpy, torch and
-TensorFlow APIs, on 2 and 3 ranks against numpy references; Adasum, unknown
-ints and average+op raise on every rank and the runtime keeps working."""
+TensorFlow APIs, on 2 and 3 ranks against numpy references (Adasum against
+the model in _adasum_model.py at 2 ranks); unknown ints, average+op and
+Adasum where it cannot run (reducescatter, 3 ranks) raise on every rank and
+the runtime keeps working."""
 import importlib.util
 
 import pytest

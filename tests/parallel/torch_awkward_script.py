@@ -217,3 +217,33 @@ opt = hvd.DistributedOptimizer(o, m.named_parameters())
 train(m, opt, 2, R, N, PER, x=X, y=Y)
 assert_identical(m.parameters(), "after broadcast_optimizer_state")
 ok("broadcast_parameters / broadcast_optimizer_state")
+
+# 10. an LR scheduler made *before* wrapping: torch patches the original
+# optimizer's step (to count calls); the wrapper must still synchronize (it
+# once ran the original class's step and skipped gradflow: ranks diverged)
+# and the scheduler must still see the steps (no "lr_scheduler.step() before
+# optimizer.step()" warning, the schedule advances).
+import warnings  # noqa: E402
+
+for use_pool in (True, False):
+    m = mlp()
+    base = sgd(m.parameters())
+    sched = torch.optim.lr_scheduler.StepLR(base, step_size=2, gamma=0.5)
+    opt = hvd.DistributedOptimizer(base, m.named_parameters(), use_pool=use_pool)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # torch's order warning fails the case
+        for step in range(4):
+            train(m, opt, 1, R, N, PER, start=step, x=X, y=Y)
+            sched.step()
+    assert opt.param_groups[0]["lr"] == 0.1 * 0.5 ** 2, opt.param_groups[0]["lr"]
+    assert_identical(m.parameters(), f"scheduler before wrapping pool={use_pool}")
+    if R == 0:
+        ref = mlp()
+        ref_opt = sgd(ref.parameters())
+        ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=2, gamma=0.5)
+        for step in range(4):
+            train(ref, ref_opt, 1, 0, 1, PER * N, start=step, x=X, y=Y)
+            ref_sched.step()
+        assert_close(flat(m.parameters()), flat(ref.parameters()),
+                     f"scheduler before wrapping pool={use_pool}", 1e-5)
+    ok(f"LR scheduler made before wrapping pool={use_pool}")

@@ -16,8 +16,11 @@ def test_dtype_codes_follow_native_enum():
     assert dtype_code(torch.bfloat16) == _dtypes.BFLOAT16 == 4
     assert dtype_code(torch.float32) == _dtypes.FLOAT32
     assert dtype_code(torch.bool) == _dtypes.BOOL
-    with pytest.raises(TypeError, match="unsupported dtype int16"):
-        dtype_code(torch.int16)
+    # int8/int16/uint16 are supported since issue 14 (Horovod accepts them)
+    assert (dtype_code(torch.int8), dtype_code(torch.int16), dtype_code(torch.uint16)) == \
+        (_dtypes.INT8, _dtypes.INT16, _dtypes.UINT16) == (8, 9, 10)
+    with pytest.raises(TypeError, match="unsupported dtype complex64"):
+        dtype_code(torch.complex64)
 
 
 def test_horovod_names_exported():
@@ -32,7 +35,28 @@ def test_horovod_names_exported():
                  "broadcast_object", "allgather_object", "DistributedOptimizer", "Average", "Sum",
                  "Min", "Max", "Product", "Compression"]:
         assert hasattr(hvd, name), name
-    assert hvd.Compression.fp16.wire == 1 and hvd.Compression.bf16.wire == 2
+    from gradflow.torch.compression import split
+
+    # gradflow's compressors select the native wire; a user Compressor is applied around it
+    assert split(hvd.Compression.fp16) == (1, None) and split(hvd.Compression.bf16) == (2, None)
+    assert split(hvd.Compression.none) == (-1, None) and split(hvd.Compression.fp32) == (0, None)
+    import gradflow
+
+    assert split(gradflow.Compression.fp16) == (1, None)  # the framework-free ones too
+
+    class Mine(hvd.Compressor):
+        pass
+
+    assert split(Mine) == (-1, Mine)
+
+    class Fp16Subclass(hvd.Compression.fp16):  # overriding compress makes it the user's
+        @staticmethod
+        def compress(tensor):
+            return tensor, None
+
+    assert split(Fp16Subclass) == (-1, Fp16Subclass)
+    with pytest.raises(TypeError, match="compression must be"):
+        split("fp16")
 
 
 def test_torch_imported_only_under_gradflow_torch():

@@ -10,20 +10,20 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                 reason="torch is not installed")
 
 # (name, [(parameter, default or EMPTY)]) as in Horovod 0.28's horovod.torch;
-# process_set's default is None here (Horovod: global_process_set; same meaning).
+# process_set's default is Horovod's global_process_set object (compared by name).
 EMPTY = inspect.Parameter.empty
 SCALE = [("prescale_factor", 1.0), ("postscale_factor", 1.0)]
 EXPECTED = {
     "reducescatter": [("tensor", EMPTY), ("name", None), ("compression", "none"),
-                      ("op", "Average"), ("process_set", None)] + SCALE,
+                      ("op", "Average"), ("process_set", "global_process_set")] + SCALE,
     "reducescatter_async": [("tensor", EMPTY), ("name", None), ("op", "Average"),
-                            ("process_set", None)] + SCALE,
+                            ("process_set", "global_process_set")] + SCALE,
     "grouped_reducescatter": [("tensors", EMPTY), ("name", None), ("compression", "none"),
-                              ("op", "Average"), ("process_set", None)] + SCALE,
+                              ("op", "Average"), ("process_set", "global_process_set")] + SCALE,
     "grouped_reducescatter_async": [("tensors", EMPTY), ("name", None), ("op", "Average"),
-                                    ("process_set", None)] + SCALE,
-    "grouped_allgather": [("tensors", EMPTY), ("name", None), ("process_set", None)],
-    "grouped_allgather_async": [("tensors", EMPTY), ("name", None), ("process_set", None)],
+                                    ("process_set", "global_process_set")] + SCALE,
+    "grouped_allgather": [("tensors", EMPTY), ("name", None), ("process_set", "global_process_set")],
+    "grouped_allgather_async": [("tensors", EMPTY), ("name", None), ("process_set", "global_process_set")],
     "broadcast_optimizer_state": [("optimizer", EMPTY), ("root_rank", EMPTY), ("model", None)],
 }
 
@@ -38,6 +38,8 @@ def test_signature_matches_horovod(name):
         d = p.default
         if d is hvd.Compression.none:
             d = "none"
+        elif d is hvd.global_process_set:
+            d = "global_process_set"
         elif d is not EMPTY and d is not None and type(d) is type(hvd.Average) \
                 and d == hvd.Average:
             d = "Average"  # by name: ReduceOp's integer values are another slice's

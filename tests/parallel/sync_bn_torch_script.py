@@ -1,0 +1,180 @@
+# sync_bn_torch_script.py — SPMD: gradflow.torch.SyncBatchNorm against a
+# single-process torch.nn.BatchNorm*d on the concatenated global batch (every
+# rank rebuilds every rank's data): forward output, running stats, input /
+# weight / bias gradients, for equal, unequal and empty local batches, fp32
+# and fp64; eval mode; convert_sync_batchnorm; training with
+# DistributedOptimizer against single-process training; errors on every rank.
+import torch
+import torch.nn.functional as F
+
+import gradflow.torch as hvd
+from _torch_common import assert_close as _assert_close
+from _torch_common import assert_identical, digits, flat, ok
+
+hvd.init()
+R, N = hvd.rank(), hvd.size()
+TOL = {torch.float32: 2e-5, torch.float64: 1e-11}
+
+
+def assert_close(a, b, what, tol):
+    assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} != {tuple(b.shape)}"
+    if b.numel():  # a rank with an empty local batch has nothing to compare
+        _assert_close(a, b, what, tol)
+
+
+def raises(fn, exc, needle):
+    try:
+        fn()
+    except exc as e:
+        assert needle in str(e), f"message lacks {needle!r}: {e}"
+        return
+    raise AssertionError(f"expected {exc.__name__} containing {needle!r}")
+
+
+def layouts():
+    """Per-rank local batch sizes: equal, unequal, and one rank empty."""
+    yield "equal", [4] * N
+    yield "unequal", [2 + 3 * r for r in range(N)]
+    if N > 1:
+        yield "empty rank", [3 + r for r in range(N - 1)] + [0]
+
+
+def bounds(sizes, r=R):
+    start = sum(sizes[:r])
+    return start, start + sizes[r]
+
+
+def allreduce_sum(t):
+    return hvd.allreduce(t.detach(), op=hvd.Sum, name=None)
+
+
+def same_on_every_rank(t, what):
+    every = hvd.allgather(t.detach().reshape(1, -1))
+    assert all(torch.equal(every[0], e) for e in every), f"{what} differs between ranks"
+
+
+def check_layer(shape_tail, ref_cls, dtype, sizes, momentum=0.1, affine=True, track=True,
+                steps=2):
+    """`steps` training forwards/backwards of a fresh SyncBatchNorm against
+    ref_cls on the global batch; then one eval forward."""
+    C = shape_tail[0]
+    total = sum(sizes)
+    lo, hi = bounds(sizes)
+    ref = ref_cls(C, momentum=momentum, affine=affine, track_running_stats=track).to(dtype)
+    bn = hvd.SyncBatchNorm(C, momentum=momentum, affine=affine, track_running_stats=track).to(dtype)
+    gen = torch.Generator().manual_seed(7)
+    if affine:
+        with torch.no_grad():
+            w = torch.rand(C, generator=gen, dtype=dtype) + 0.5
+            b = torch.randn(C, generator=gen, dtype=dtype)
+            ref.weight.copy_(w), ref.bias.copy_(b), bn.weight.copy_(w), bn.bias.copy_(b)
+    what = f"{ref_cls.__name__}{shape_tail} {dtype} sizes={sizes} m={momentum} affine={affine}"
+    for step in range(steps):
+        # offset and scale make E[x^2]-E[x]^2 shortcuts visibly inaccurate in fp32
+        X = (torch.randn(total, *shape_tail, generator=gen, dtype=dtype) * 3 + 10).requires_grad_()
+        G = torch.randn(total, *shape_tail, generator=gen, dtype=dtype)
+        ref.zero_grad(), bn.zero_grad()
+        out_ref = ref(X)
+        (out_ref * G).sum().backward()
+        x = X.detach()[lo:hi].clone().requires_grad_()
+        out = bn(x)
+        (out * G[lo:hi]).sum().backward()
+        tol = TOL[dtype]
+        assert out.dtype == dtype and out.shape == x.shape
+        assert_close(out.detach(), out_ref.detach()[lo:hi], f"{what} step {step} output", tol)
+        assert_close(x.grad, X.grad[lo:hi], f"{what} step {step} input grad", tol)
+        if affine:  # local shares; their sum is the single-process gradient
+            assert_close(allreduce_sum(bn.weight.grad), ref.weight.grad, f"{what} weight grad",
+                         tol)
+            assert_close(allreduce_sum(bn.bias.grad), ref.bias.grad, f"{what} bias grad", tol)
+        if track:
+            assert_close(bn.running_mean, ref.running_mean, f"{what} running_mean", tol)
+            assert_close(bn.running_var, ref.running_var, f"{what} running_var", tol)
+            same_on_every_rank(torch.cat([bn.running_mean, bn.running_var]), "running stats")
+            assert int(bn.num_batches_tracked) == int(ref.num_batches_tracked) == step + 1
+    bn.eval(), ref.eval()
+    X = torch.randn(total, *shape_tail, generator=gen, dtype=dtype) * 2 + 1
+    # eval with running stats needs no peer: one rank alone may run it
+    if track and R == N - 1:
+        assert_close(bn(X[lo:hi]).detach(), ref(X).detach()[lo:hi], f"{what} eval", TOL[dtype])
+    elif not track:  # no running stats: eval normalizes with global batch stats
+        assert_close(bn(X[lo:hi]).detach(), ref(X).detach()[lo:hi], f"{what} eval", TOL[dtype])
+    hvd.barrier()
+
+
+# 1. forward, running stats and gradients vs BatchNorm1d/2d on the global batch
+for dtype in (torch.float32, torch.float64):
+    for name, sizes in layouts():
+        check_layer((5,), torch.nn.BatchNorm1d, dtype, sizes)
+        check_layer((3, 4, 2), torch.nn.BatchNorm2d, dtype, sizes)
+    ok(f"matches single-process BatchNorm {dtype}")
+
+# 2. variants: cumulative average (momentum None), no affine, no running stats, 3d input
+sizes = [2 + r for r in range(N)]
+check_layer((4, 3), torch.nn.BatchNorm1d, torch.float64, sizes, momentum=None, steps=3)
+check_layer((4,), torch.nn.BatchNorm1d, torch.float32, sizes, affine=False)
+check_layer((3, 2, 2), torch.nn.BatchNorm2d, torch.float64, sizes, track=False)
+check_layer((2, 2, 2, 2), torch.nn.BatchNorm3d, torch.float64, sizes)
+ok("momentum None, affine False, no running stats, 3d")
+
+# 3. convert_sync_batchnorm keeps parameters, buffers and flags
+src = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6, momentum=0.3),
+                          torch.nn.Sequential(torch.nn.Conv2d(1, 2, 1), torch.nn.BatchNorm2d(2)))
+src[1].running_mean.fill_(0.5)
+src[2][1].eval()
+src[2][1].weight.requires_grad_(False)
+conv = hvd.SyncBatchNorm.convert_sync_batchnorm(src)
+assert isinstance(conv[1], hvd.SyncBatchNorm) and isinstance(conv[2][1], hvd.SyncBatchNorm)
+assert isinstance(conv[0], torch.nn.Linear) and conv[1].momentum == 0.3
+assert conv[1].weight is src[1].weight and torch.equal(conv[1].running_mean, torch.full((6,), 0.5))
+assert not conv[2][1].training and not conv[2][1].weight.requires_grad
+assert hvd.SyncBatchNorm.convert_sync_batchnorm(conv)[1] is conv[1]  # already converted
+ok("convert_sync_batchnorm")
+
+
+# 4. training with DistributedOptimizer == single-process training on the global
+# batch with loss = mean over ranks of each rank's mean loss (what averaging
+# the ranks' gradients optimizes); unequal local batches
+def net():
+    torch.manual_seed(3)
+    return torch.nn.Sequential(torch.nn.Linear(64, 24), torch.nn.BatchNorm1d(24),
+                               torch.nn.ReLU(), torch.nn.Linear(24, 10))
+
+
+X, Y = digits()
+sizes = [6 + 3 * r for r in range(N)]
+lo, hi = bounds(sizes)
+model = hvd.SyncBatchNorm.convert_sync_batchnorm(net())
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                               model.named_parameters())
+ref = net()
+ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+for step in range(4):
+    idx = torch.randperm(X.shape[0], generator=torch.Generator().manual_seed(step))[:sum(sizes)]
+    xb, yb = X[idx], Y[idx]
+    opt.zero_grad()
+    F.cross_entropy(model(xb[lo:hi]), yb[lo:hi]).backward()
+    opt.step()
+    ref_opt.zero_grad()
+    out = ref(xb)
+    loss = sum(F.cross_entropy(out[a:b], yb[a:b]) for a, b in (bounds(sizes, r) for r in range(N)))
+    (loss / N).backward()
+    ref_opt.step()
+    assert_identical(list(model.parameters()) + list(model.buffers())[:2], f"step {step}")
+    assert_close(flat(model.parameters()), flat(ref.parameters()), f"training step {step}", 1e-5)
+assert_close(model[1].running_var, ref[1].running_var, "trained running_var", 1e-5)
+model.eval(), ref.eval()
+assert_close(model(X[:50]).detach(), ref(X[:50]).detach(), "eval after training", 1e-5)
+ok("DistributedOptimizer training matches single process")
+
+# 5. errors: bad input raises on every rank (all ranks call alike), no hang
+bn = hvd.SyncBatchNorm(3)
+raises(lambda: bn(torch.ones(3)), ValueError, "at least 2D")
+raises(lambda: bn(torch.ones(4, 2)), ValueError, "expected 3 channels")
+# one value per channel in the *global* batch: every rank sees the gathered counts
+tiny = torch.randn(1 if R == 0 else 0, 3)
+if N > 1:
+    raises(lambda: bn(tiny), ValueError, "more than 1 value per channel")
+    bn(torch.randn(1, 3))  # one row per rank is enough globally: no error
+hvd.barrier()
+ok("errors on every rank")

@@ -1,0 +1,105 @@
+"""Horovod-style process sets (Note [Process sets], native/process_sets.h):
+per-set collectives against numpy, concurrency of disjoint sets, init(
+process_sets=), registration errors, torch DistributedOptimizer per set
+against single-process references, and failures crossing sets."""
+import os
+import re
+import sys
+
+import pytest
+
+from _launch import HERE, run_mpi
+from test_faults import check_survivors, gradflowrun
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_collectives_per_set(n):
+    out = run_mpi(n, "process_sets_script.py", "collectives", timeout=240)
+    assert f"collectives OK on {n} ranks" in out.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_disjoint_sets_run_concurrently(n):
+    out = run_mpi(n, "process_sets_script.py", "concurrent", timeout=240)
+    assert f"concurrent OK on {n} ranks" in out.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_init_with_process_sets(n):
+    out = run_mpi(n, "process_sets_script.py", "init", timeout=180)
+    assert f"init OK on {n} ranks" in out.stdout
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_init_with_a_list_of_ranks(n):
+    out = run_mpi(n, "process_sets_script.py", "initlist", timeout=180)
+    for w in range(1, n):
+        assert f"initlist member {w} OK" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_registration_and_use_errors(n):
+    out = run_mpi(n, "process_sets_script.py", "errors", timeout=240)
+    assert f"errors OK on {n} ranks" in out.stdout
+
+
+@pytest.mark.parametrize("variant,n", [("pool", 2), ("pool", 3), ("pool", 4), ("copy", 3),
+                                       ("fp16", 3), ("csc", 2), ("csc", 4)])
+def test_torch_optimizer_per_set(variant, n):
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    env = {"GRADFLOW_SPARSE_CHUNK": "64"} if variant == "csc" else None
+    out = run_mpi(n, "process_sets_torch_script.py", variant, timeout=300, env=env)
+    assert f"torch {variant} OK on {n} ranks" in out.stdout
+
+
+def raised_after(stdout, rank):
+    m = re.search(rf"^rank {rank} raised after ([\d.]+) s: (.*)$", stdout, re.M)
+    return (float(m.group(1)), m.group(2)) if m else (None, None)
+
+
+# Plain mpiexec (no launcher notice): only the core's own paths. A raising
+# rank's abort reaches every engine at once (default settings); a dead rank
+# is found by the deadline (GRADFLOW_TIMEOUT 10 s here) and crosses to the
+# engines that could not see it.
+@pytest.mark.parametrize("mode,n", [("raise", 3), ("raise", 4), ("dead", 3), ("dead", 4)])
+def test_failure_reaches_every_set(mode, n):
+    env = {"GRADFLOW_TIMEOUT": "10"} if mode == "dead" else None
+    bound = 10.0 if mode == "raise" else 10.0 + 15.0
+    out = run_mpi(n, "process_sets_fault_script.py", mode, timeout=180, env=env,
+                  expect_fail=True, mpi_args=("-disable-auto-cleanup",))
+    report = f"stdout:\n{out.stdout[-4000:]}\nstderr:\n{out.stderr[-4000:]}"
+    for rank in [r for r in range(n) if r != 1]:
+        took, msg = raised_after(out.stdout, rank)
+        assert took is not None, f"rank {rank} did not raise\n{report}"
+        assert took < bound, f"rank {rank} raised after {took} s\n{report}"
+        if mode == "raise":
+            assert "boom on rank 1" in msg, report
+    took, msg = raised_after(out.stdout, 0)
+    assert "process set 1 (ranks [0, 2]" in msg, report  # rank 0's even-set wait failed
+
+
+# gradflowrun with default settings: every survivor raises within seconds.
+@pytest.mark.parametrize("mode", ["raise", "dead"])
+def test_failure_under_gradflowrun_default_settings(mode):
+    r = gradflowrun("-np", "4", sys.executable, os.path.join(HERE, "process_sets_fault_script.py"),
+                    mode, timeout=150)
+    report = f"stdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}"
+    assert r.returncode != 0, report
+    check_survivors(r, [0, 2, 3], 0.0, report)
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_tensorflow_and_keras_per_set(n):
+    pytest.importorskip("tensorflow")
+    out = run_mpi(n, "process_sets_tf_script.py", timeout=400)
+    assert f"tf OK on {n} ranks" in out.stdout
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_tensorflow_hvd_api_per_set(n):
+    # grouped ops, scaled reducescatter, broadcast_, objects, size_op and
+    # PartialDistributedGradientTape / DistributedOptimizer with process_set=.
+    pytest.importorskip("tensorflow")
+    out = run_mpi(n, "process_sets_tf_api_script.py", timeout=400)
+    assert f"tf api OK on {n} ranks" in out.stdout
