@@ -173,23 +173,31 @@ def broadcast(array, root_rank: int, name: Optional[str] = None,
 
 
 def reducescatter_async(array, op: ReduceOp = Average, name: Optional[str] = None,
-                        process_set: Optional[ProcessSet] = None) -> Handle:
-    """Start a reducescatter: reduce across ranks, rank r keeps block r of the first dimension."""
+                        process_set: Optional[ProcessSet] = None,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+    """Start a reducescatter: reduce `prescale_factor * array` across the
+    members, rank r keeps block r of the first dimension, times
+    `postscale_factor` (the core scales, as for allreduce). Parameter order
+    as Horovod's reducescatter (process_set before the scale factors)."""
     code = native_reduce_op(op)
     a = _prepare(array)
     if a.ndim == 0:
         raise ValueError("gradflow: reducescatter needs an array with at least one dimension")
     name = auto_name(REDUCESCATTER, name, process_set)
     return submit(REDUCESCATTER, name, a.ctypes.data, 0, _dtypes.code_of_numpy(a.dtype), a.shape,
-                  (a,), lambda r: _result_array(r, a.dtype), op=code, process_set=process_set)
+                  (a,), lambda r: _result_array(r, a.dtype), op=code,
+                  prescale=prescale_factor, postscale=postscale_factor, process_set=process_set)
 
 
 def reducescatter(array, op: ReduceOp = Average, name: Optional[str] = None,
-                  process_set: Optional[ProcessSet] = None) -> np.ndarray:
-    """Reduce `array` across the members and return this rank's block of rows
-    (one block per member in set order, rows split as evenly as possible,
-    earlier ranks get the remainder)."""
-    return reducescatter_async(array, op, name, process_set).wait()
+                  process_set: Optional[ProcessSet] = None,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
+    """Reduce `prescale_factor * array` across the members and return this
+    rank's block of rows (one block per member in set order, rows split as
+    evenly as possible, earlier ranks get the remainder), times
+    `postscale_factor`."""
+    return reducescatter_async(array, op, name, process_set, prescale_factor,
+                               postscale_factor).wait()
 
 
 def alltoall_async(array, splits: Optional[Sequence[int]] = None, name: Optional[str] = None,

@@ -1,4 +1,4 @@
-# gradflow/keras/optimizer.py — DistributedOptimizer for Keras 3: a dynamic
+# gradflow/keras/optimizer.py — (Partial)DistributedOptimizer for Keras 3: a dynamic
 # subclass of the user's optimizer class that reduces gradients across ranks
 # before the parent's update. Translates gradient lists only (TF backend:
 # gradflow.tensorflow; torch backend: numpy); no communication logic here.
@@ -38,7 +38,7 @@ from .. import collectives as _c
 from .. import monitor as _monitor
 from ..collectives import Average, ReduceOp, reduce_op
 from ..compression import Compression, wire_code
-from ..process_sets import ProcessSet, global_process_set, member_id
+from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
 
 
 class _DistributedMixin:
@@ -49,7 +49,8 @@ class _DistributedMixin:
     def _gradflow_setup(self, name: str, compression, op: ReduceOp, sparse_ratio: Optional[float],
                         backward_passes_per_step: int, sparse_as_dense: bool,
                         gradient_predivide_factor: float,
-                        average_aggregated_gradients: bool, process_set: Any = None) -> None:
+                        average_aggregated_gradients: bool, process_set: Any = None,
+                        scale_local_gradients: bool = True) -> None:
         self.gradflow_name = name
         self.process_set = process_set  # gradients are reduced over its members
         self.compression = compression
@@ -59,14 +60,44 @@ class _DistributedMixin:
         self.sparse_as_dense = bool(sparse_as_dense)
         self.gradient_predivide_factor = float(gradient_predivide_factor)
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
+        self.scale_local_gradients = bool(scale_local_gradients)
+        self._gradflow_local_ids: set = set()
+
+    def register_local_var(self, var: Any) -> None:
+        """Mark `var` as local to this rank (Horovod 0.28): its gradient is not
+        reduced across ranks (only divided by size with scale_local_gradients)."""
+        if self.backward_passes_per_step > 1:
+            raise ValueError("gradflow: local variables are not supported together with "
+                             "backward_passes_per_step > 1")
+        self._gradflow_local_ids.add(id(var))
 
     def apply(self, grads, trainable_variables=None):
         """Reduce `grads` across ranks (every step when backward_passes_per_step
         is 1), then the wrapped optimizer's apply()."""
         grads = list(grads)
         if self.backward_passes_per_step == 1:
-            grads = self._gradflow_reduce(grads)
+            if self._gradflow_local_ids:
+                variables = (self._trainable_variables if trainable_variables is None
+                             else trainable_variables)
+                grads = self._gradflow_reduce_partial(grads, list(variables))
+            else:
+                grads = self._gradflow_reduce(grads)
         return super().apply(grads, trainable_variables)
+
+    def _gradflow_reduce_partial(self, grads: List[Any], variables: List[Any]) -> List[Any]:
+        # Shared gradients are reduced (named by their position among the
+        # shared ones, the same on every rank); local ones stay this rank's,
+        # divided by size with scale_local_gradients (Horovod's scaling).
+        local = [id(v) in self._gradflow_local_ids for v in variables]
+        shared = [i for i, is_local in enumerate(local) if not is_local]
+        out = list(grads)
+        for i, r in zip(shared, self._gradflow_reduce([grads[i] for i in shared])):
+            out[i] = r
+        if self.scale_local_gradients:
+            for i, is_local in enumerate(local):
+                if is_local and out[i] is not None:
+                    out[i] = _divided(out[i], process_set_size(self.process_set, "gradient"))
+        return out
 
     def _clip_gradients(self, grads):
         # With gradient accumulation Keras calls this once per real update, on
@@ -94,6 +125,13 @@ class _DistributedMixin:
         raise NotImplementedError(
             f"gradflow.keras.DistributedOptimizer supports the tensorflow and torch Keras "
             f"backends, not {backend!r} (a jitted JAX step cannot call the host core)")
+
+
+def _divided(grad: Any, n: int) -> Any:
+    if keras.backend.backend() == "tensorflow":
+        from ..tensorflow.gradient_tape import _divide  # handles tf.IndexedSlices too
+        return _divide(grad, n)
+    return grad / n
 
 
 def _reduce_eager_numpy(grads: List[Any], names: List[str], opt: _DistributedMixin) -> List[Any]:
@@ -130,8 +168,9 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     Horovod 0.28's signature (horovod.tensorflow.keras.DistributedOptimizer),
     positional order included. `device_dense` / `device_sparse` are accepted
     and ignored (GPU placement; gradflow reduces on the host).
-    `scale_local_gradients` is accepted and has no effect (it concerns
-    variables registered as local, which only PartialDistributedOptimizer has).
+    `scale_local_gradients` divides the gradients of variables registered as
+    local (`register_local_var`, PartialDistributedOptimizer) by the number of
+    members of `process_set`.
     `num_groups` / `groups` (explicit fusion groups) are not supported and
     raise ValueError. `process_set`: gradients are reduced over that
     registered set's members (Average divides by its size); only members
@@ -147,7 +186,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     allreduce (otherwise they are allgathered). gradflow only (keyword):
     `sparse_ratio`, coarse-grained sparse communication (mutable per step
     through `.sparse_ratio`)."""
-    del device_dense, device_sparse, scale_local_gradients  # documented no-ops on CPU
+    del device_dense, device_sparse  # documented no-ops on CPU
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"gradflow: DistributedOptimizer needs a keras.optimizers.Optimizer, got {optimizer!r}")
     if getattr(optimizer, "_gradflow_wrapped", False):
@@ -174,7 +213,39 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     dist = cls.from_config(config)
     dist._gradflow_setup(name or f"DistributedOptimizer.{optimizer.name}", compression, op,
                          sparse_ratio, backward_passes_per_step, sparse_as_dense,
-                         gradient_predivide_factor, average_aggregated_gradients, process_set)
+                         gradient_predivide_factor, average_aggregated_gradients, process_set,
+                         scale_local_gradients)
+    return dist
+
+
+def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[str] = None,
+                                device_dense: str = "", device_sparse: str = "",
+                                compression=Compression.none, sparse_as_dense: bool = False,
+                                gradient_predivide_factor: float = 1.0, op: ReduceOp = Average,
+                                groups: Optional[Any] = None,
+                                process_set: Optional[ProcessSet] = global_process_set,
+                                local_layers: Any = None, scale_local_gradients: bool = True
+                                ) -> keras.optimizers.Optimizer:
+    """A DistributedOptimizer that does not reduce the gradients of the
+    trainable weights of `local_layers` (a Keras layer or a list of them):
+    each rank updates those with its own gradient (divided by the number of
+    members of `process_set` with `scale_local_gradients`, as Horovod 0.28),
+    so they may differ between ranks while every other weight stays
+    identical. Other arguments as DistributedOptimizer (Horovod's
+    horovod.keras signature)."""
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    elif not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("gradflow: all local_layers must be keras.layers.Layer objects")
+    dist = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression,
+                                sparse_as_dense, gradient_predivide_factor, op, groups=groups,
+                                process_set=process_set,
+                                scale_local_gradients=scale_local_gradients)
+    for layer in local_layers:
+        for var in layer.trainable_weights:
+            dist.register_local_var(var)
     return dist
 
 

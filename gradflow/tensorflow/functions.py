@@ -1,37 +1,122 @@
-# gradflow/tensorflow/functions.py — helpers on variable lists: broadcast_variables.
-# Translates variables to numpy crossings only; no communication logic.
-"""`broadcast_variables(variables, root_rank)`: make every rank's variables
-equal to the root's (typically once, after creating the model and optimizer)."""
+# gradflow/tensorflow/functions.py — helpers on variable lists and Python
+# objects: broadcast_variables, broadcast_global_variables, broadcast_object,
+# broadcast_object_fn, allgather_object. Translates variables to numpy
+# crossings and objects to pickled bytes only; no communication logic.
+"""Horovod's `horovod.tensorflow.functions` for gradflow:
+
+* `broadcast_variables(variables, root_rank)`: make every rank's variables
+  equal to the root's (typically once, after creating model and optimizer);
+* `broadcast_global_variables(root_rank)`: the same for TF1-style graph
+  global variables (graph mode only, as Horovod);
+* `broadcast_object`, `broadcast_object_fn`, `allgather_object`: any
+  picklable Python object (cloudpickle when installed, as Horovod, else
+  pickle), sent as a uint8 array: first its length, then its bytes.
+"""
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from .. import collectives as _c
-from .ops import _check_dtype, _cross, op_name
+from .._runtime import rank
+from ..process_sets import ProcessSet, global_process_set, process_set_id
+from .ops import broadcast_, op_name
+
+try:  # Horovod pickles with cloudpickle (lambdas, local classes); plain pickle otherwise
+    import cloudpickle as _pickle
+except ImportError:  # pragma: no cover - depends on the environment
+    import pickle as _pickle
 
 
-def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int = 0,
-                        name: Optional[str] = None) -> Optional[tf.Operation]:
-    """Assign root's values to `variables` on every rank, in one host crossing
+def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int,
+                        process_set: Optional[ProcessSet] = global_process_set,
+                        inplace: bool = False, *, name: Optional[str] = None) -> Any:
+    """Assign root's values to `variables` on every member of `process_set`
+    (default: all ranks; `root_rank` is global), in one host crossing
     (all broadcasts submitted, then waited). Variable i is named `<name>.<i>`;
     a rank with a different variable list gets an error naming that tensor.
-    Eagerly it returns None; inside tf.function, the group of assignments."""
+    Horovod 0.28's signature; `inplace` changes nothing (gradflow always
+    assigns the broadcast values into the variables). Eagerly it returns None;
+    inside tf.function, the group of assignments."""
+    del inplace  # both of Horovod's paths end with the same variable values
     variables = list(variables)
     if not variables:
+        process_set_id(process_set, "broadcast_variables")  # an unregistered set still raises
         return None
-    base = op_name("broadcast", name)
-    values = [tf.convert_to_tensor(v) for v in variables]
-    for v in values:
-        _check_dtype(v, "broadcast")
+    values = broadcast_(variables, root_rank, name=name, process_set=process_set)
+    return None if tf.executing_eagerly() else tf.group(*values)
+
+
+def broadcast_global_variables(root_rank: int) -> Any:
+    """Broadcast every TF1 global variable (`tf.compat.v1.global_variables()`)
+    from `root_rank` (graph mode only: like Horovod it raises RuntimeError when
+    executing eagerly, where TF keeps no global variable collection). Returns
+    the op to run in the session."""
+    if tf.executing_eagerly():
+        raise RuntimeError("gradflow: broadcast_global_variables() does not support eager "
+                           "execution (TensorFlow 2 keeps no global variables); use "
+                           "broadcast_variables(<model/optimizer variables>, root_rank) instead")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+def _to_bytes(obj: Any) -> np.ndarray:
+    return np.frombuffer(_pickle.dumps(obj), dtype=np.uint8)
+
+
+def _from_bytes(data: np.ndarray) -> Any:
+    return _pickle.loads(data.tobytes())
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: Optional[str] = None,
+                     process_set: Optional[ProcessSet] = global_process_set) -> Any:
+    """Root's `obj` (pickled) on every member of `process_set` (default: all
+    ranks; `root_rank` is global); the other ranks' `obj` is ignored (may be
+    None). Runs immediately in Python, in any TF mode; `session`
+    (TF1) is accepted and unused. `name` defaults to gradflow's counter-based
+    name (Horovod uses the object's type name, which breaks when ranks pass
+    objects of different types)."""
+    del session
+    base = op_name("broadcast", name, process_set)
     root = int(root_rank)
+    data = _to_bytes(obj) if rank() == root else np.zeros(0, np.uint8)
+    length = _c.broadcast(np.array([data.size], np.int64), root, f"{base}.sz", process_set)
+    if rank() != root:
+        data = np.zeros(int(length[0]), np.uint8)
+    data = _c.broadcast(data, root, f"{base}.t", process_set)
+    return obj if rank() == root else _from_bytes(data)
 
-    def fn(*arrays):
-        handles = [_c.broadcast_async(a, root, f"{base}.{i}") for i, a in enumerate(arrays)]
-        return [h.wait() for h in handles]
 
-    outs: List[tf.Tensor] = _cross(fn, values, [v.dtype for v in values],
-                                   [v.shape for v in values], f"broadcast_variables {base!r}")
-    assigns = [v.assign(o) for v, o in zip(variables, outs)]
-    return None if tf.executing_eagerly() else tf.group(*assigns)
+def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: Optional[str] = None,
+                        process_set: Optional[ProcessSet] = global_process_set
+                        ) -> Callable[[Any], Any]:
+    """A function `f(obj)` that broadcasts `obj` from `root_rank` like
+    `broadcast_object` (Horovod builds its graph once; gradflow needs no graph,
+    so `f` calls broadcast_object with these arguments; call number k is named
+    `<name>.<k>`)."""
+    del session
+    process_set_id(process_set, "broadcast_object_fn")  # an unregistered set raises now
+    base = name or "broadcast_object_fn"
+    calls = iter(range(2 ** 62))
+
+    def _bcast(obj: Any) -> Any:
+        return broadcast_object(obj, root_rank, name=f"{base}.{next(calls)}",
+                                process_set=process_set)
+
+    return _bcast
+
+
+def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None,
+                     process_set: Optional[ProcessSet] = global_process_set) -> List[Any]:
+    """Every member's `obj` (pickled), as a list in rank order (members of
+    `process_set`, default all ranks). Runs immediately
+    in Python; `session` (TF1) is accepted and unused; `name` as in
+    `broadcast_object`."""
+    del session
+    base = op_name("allgather", name, process_set)
+    data = _to_bytes(obj)
+    lengths = _c.allgather(np.array([data.size], np.int64), f"{base}.sz", process_set)
+    gathered = _c.allgather(data, f"{base}.t", process_set)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    return [_from_bytes(gathered[offsets[i]:offsets[i + 1]]) for i in range(lengths.size)]

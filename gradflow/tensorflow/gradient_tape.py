@@ -1,5 +1,6 @@
-# gradflow/tensorflow/gradient_tape.py — DistributedGradientTape and the gradient
-# reduction it shares with the Keras optimizer wrapper (`reduce_gradients`).
+# gradflow/tensorflow/gradient_tape.py — DistributedGradientTape,
+# PartialDistributedGradientTape and the gradient reduction they share with the
+# Keras optimizer wrapper (`reduce_gradients`).
 # Translates gradient lists only; the averaging itself happens in the core.
 """`DistributedGradientTape`: a `tf.GradientTape` whose `gradient()` returns
 gradients averaged (by default) across ranks.
@@ -12,19 +13,21 @@ values and indices are allgathered, as in Horovod.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from ..collectives import Adasum, Average, ReduceOp, Sum, reduce_op
-from ..compression import Compression
+from ..collectives import Adasum, Average, ReduceOp, Sum, check_adasum_options, reduce_op
+from ..compression import Compression, wire_code
+from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
 from .ops import SparseRatio, _allreduce_indexed_slices, grouped_allreduce_raw
 
 
 def reduce_gradients(grads: Sequence[Any], names: Sequence[str], op: ReduceOp = Average,
                      compression=Compression.none, sparse_ratio: SparseRatio = None,
                      sparse_as_dense: bool = False,
-                     gradient_predivide_factor: float = 1.0, process_set=None) -> List[Any]:
+                     gradient_predivide_factor: float = 1.0,
+                     process_set: Optional[ProcessSet] = None) -> List[Any]:
     """Reduce a flat list of gradients (None entries stay None) across the
     ranks of `process_set` (default: all).
 
@@ -62,6 +65,25 @@ def reduce_gradients(grads: Sequence[Any], names: Sequence[str], op: ReduceOp = 
     return out
 
 
+def _source_key(source: Any) -> Any:
+    """A hashable identity for a tape source: tf.Variable.ref(), the wrapped
+    tf.Variable's ref for a Keras 3 variable (so the Keras variable and its
+    `.value` count as one source), else the object's id."""
+    if isinstance(source, tf.Variable):
+        return source.ref()
+    inner = getattr(source, "value", None)
+    if isinstance(inner, tf.Variable):
+        return inner.ref()
+    return id(source)
+
+
+def _check_groups(num_groups: int, groups: Any, what: str) -> None:
+    if num_groups or groups is not None:
+        raise ValueError(f"gradflow: {what}(num_groups=, groups=) is not supported (gradflow fuses "
+                         "gradients by its own bucket size, GRADFLOW_FUSION_THRESHOLD); leave them "
+                         "at 0 / None")
+
+
 class DistributedGradientTape:
     """Wraps a `tf.GradientTape`; `gradient()` returns gradients reduced
     across ranks. Use it around the tape or as the tape itself:
@@ -71,25 +93,45 @@ class DistributedGradientTape:
         tape = gradflow.tensorflow.DistributedGradientTape(tape)
         grads = tape.gradient(loss, model.trainable_variables)
 
-    Gradient i of the sources is named `<name>.<i>` in the core; give two tapes
-    that reduce different variable lists different `name`s when they use
-    `sparse_ratio` (the core keeps a residual per name). Every other attribute
-    is the wrapped tape's."""
+    Horovod 0.28's signature, positional order included. `device_dense` /
+    `device_sparse` are accepted and ignored (gradflow reduces on the host);
+    `num_groups` / `groups` raise ValueError (gradflow fuses by its own bucket
+    size); `process_set` (default: all ranks): reduce over its members (this
+    rank must be one). Sources registered with `register_local_source` are
+    not reduced; with `scale_local_gradients` their gradients are divided by
+    the number of members (as Horovod).
+    gradflow only (keywords): `sparse_ratio` (coarse-grained sparse
+    communication) and `name`: reduced gradient i is named `<name>.<i>` in
+    the core; give two tapes that reduce different variable lists different
+    names when they use `sparse_ratio` (the core keeps a residual per name).
+    Every other attribute is the wrapped tape's."""
 
-    def __init__(self, tape: tf.GradientTape, compression=Compression.none, op: ReduceOp = Average,
-                 sparse_ratio: Optional[float] = None, sparse_as_dense: bool = False,
-                 gradient_predivide_factor: float = 1.0, name: str = "DistributedGradientTape",
-                 process_set=None):
-        if isinstance(tape, DistributedGradientTape):
-            tape = tape._tape
-        self._tape = tape
+    def __init__(self, gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
+                 compression=Compression.none, sparse_as_dense: bool = False,
+                 op: ReduceOp = Average, gradient_predivide_factor: float = 1.0,
+                 num_groups: int = 0, groups: Any = None,
+                 process_set: Optional[ProcessSet] = global_process_set,
+                 scale_local_gradients: bool = True, *, sparse_ratio: Optional[float] = None,
+                 name: str = "DistributedGradientTape"):
+        del device_dense, device_sparse  # documented no-ops on CPU
+        _check_groups(num_groups, groups, "DistributedGradientTape")
+        # Registered, and this rank a member: a non-member's tape could never reduce.
+        member_id(process_set, "DistributedGradientTape")
+        check_adasum_options(op, wire_code(compression), sparse_ratio, "DistributedGradientTape")
+        if isinstance(gradtape, DistributedGradientTape):
+            gradtape = gradtape._tape
+        self._tape = gradtape
         self.compression = compression
         self.op = reduce_op(op)
         self.sparse_ratio = sparse_ratio
         self.sparse_as_dense = sparse_as_dense
         self.gradient_predivide_factor = float(gradient_predivide_factor)
-        self.name = name
+        if self.gradient_predivide_factor != 1.0 and self.op != Average:
+            raise ValueError("gradflow: gradient_predivide_factor needs op=Average")
         self.process_set = process_set  # reduce over its members (None: all ranks)
+        self.scale_local_gradients = bool(scale_local_gradients)
+        self.name = name
+        self._local_sources: set = set()
 
     def __enter__(self) -> "DistributedGradientTape":
         self._tape.__enter__()
@@ -101,14 +143,79 @@ class DistributedGradientTape:
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._tape, attr)
 
-    def gradient(self, target, sources, output_gradients=None,
+    def register_local_source(self, source: Any) -> None:
+        """Mark `source` (a variable) as local to this rank: its gradient is
+        not reduced (only divided by size with `scale_local_gradients`)."""
+        self._local_sources.add(_source_key(source))
+
+    def gradient(self, target, sources, output_gradients=None, use_generic_names: bool = False,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
-        """The wrapped tape's gradient, reduced across ranks (same structure)."""
+        """The wrapped tape's gradient, reduced across ranks (same structure).
+        `use_generic_names` changes nothing: gradflow's names are always
+        positional (`<name>.<i>`), identical on every rank."""
+        del use_generic_names
         grads = self._tape.gradient(target, sources, output_gradients=output_gradients,
                                     unconnected_gradients=unconnected_gradients)
         flat = tf.nest.flatten(grads)
-        names = [f"{self.name}.{i}" for i in range(len(flat))]
-        reduced = reduce_gradients(flat, names, self.op, self.compression,
-                                   lambda: self.sparse_ratio, self.sparse_as_dense,
-                                   self.gradient_predivide_factor, self.process_set)
-        return tf.nest.pack_sequence_as(grads, reduced)
+        local = [_source_key(s) in self._local_sources for s in tf.nest.flatten(sources)]
+        shared = [i for i, is_local in enumerate(local) if not is_local]
+        reduced = reduce_gradients([flat[i] for i in shared],
+                                   [f"{self.name}.{k}" for k in range(len(shared))], self.op,
+                                   self.compression, lambda: self.sparse_ratio,
+                                   self.sparse_as_dense, self.gradient_predivide_factor,
+                                   self.process_set)
+        out = list(flat)
+        for i, r in zip(shared, reduced):
+            out[i] = r
+        if self.scale_local_gradients and len(shared) < len(flat):
+            for i, is_local in enumerate(local):
+                if is_local and out[i] is not None:
+                    out[i] = _divide(out[i], process_set_size(self.process_set, "gradient"))
+        return tf.nest.pack_sequence_as(grads, out)
+
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None,
+                                       use_generic_names: bool = False
+                                       ) -> Tuple[List[Tuple[Any, Any]], List[Tuple[Any, Any]]]:
+        """`gradient()` split as Horovod: ([(local source, grad)], [(shared
+        source, grad)]), each in the order of `sources` (a flat list)."""
+        grads = self.gradient(target, sources, output_gradients, use_generic_names)
+        local, shared = [], []
+        for s, g in zip(sources, grads):
+            (local if _source_key(s) in self._local_sources else shared).append((s, g))
+        return local, shared
+
+
+def _divide(grad: Any, n: int) -> Any:
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / tf.cast(n, grad.values.dtype), grad.indices,
+                                grad.dense_shape)
+    return grad / tf.cast(n, grad.dtype)
+
+
+def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
+                                   device_sparse: str = "", compression=Compression.none,
+                                   sparse_as_dense: bool = False, op: ReduceOp = Average,
+                                   gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                                   groups: Any = None,
+                                   process_set: Optional[ProcessSet] = global_process_set,
+                                   local_layers: Any = None,
+                                   scale_local_gradients: bool = True) -> DistributedGradientTape:
+    """A DistributedGradientTape that does not reduce the gradients of the
+    trainable weights of `local_layers` (a Keras layer or a list of them), as
+    Horovod 0.28: those stay local to each rank (divided by size with
+    `scale_local_gradients`). Other arguments as DistributedGradientTape."""
+    import keras  # only here: gradflow.tensorflow does not otherwise need Keras
+
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    elif not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("gradflow: all local_layers must be keras.layers.Layer objects")
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, process_set, scale_local_gradients)
+    for layer in local_layers:
+        for var in layer.trainable_weights:
+            tape.register_local_source(var)
+    return tape

@@ -3,7 +3,9 @@
 # the numpy core (see `_cross`); must not hold communication logic (that is the
 # core's) nor import torch/keras.
 """TensorFlow ops: `allreduce`, `grouped_allreduce`, `allgather`, `broadcast`,
-`alltoall`, `reducescatter`, plus the runtime queries re-exported from gradflow.
+`broadcast_`, `alltoall`, `join`, plus the runtime queries re-exported from
+gradflow (reducescatter and the grouped allgather/reducescatter are in
+scatter_ops.py).
 
 How tensors cross to the core
 -----------------------------
@@ -60,8 +62,8 @@ from ..process_sets import (ProcessSet, global_process_set, process_set_id, proc
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "mpi_comm", "GradflowError", "ReduceOp", "Sum", "Average", "Min",
-    "Max", "Product", "Adasum", "Compression", "allreduce", "grouped_allreduce", "allgather", "broadcast",
-    "alltoall", "reducescatter",
+    "Max", "Product", "Adasum", "Compression", "allreduce", "grouped_allreduce", "allgather",
+    "broadcast", "broadcast_", "alltoall", "join",
 ]
 
 TensorLike = Union[tf.Tensor, tf.Variable, np.ndarray]
@@ -178,11 +180,12 @@ def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op
 
 
 def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: ReduceOp, name: str,
-                              process_set=None) -> tf.IndexedSlices:
+                              process_set: Optional[ProcessSet] = None) -> tf.IndexedSlices:
     # As Horovod: gather every member's values and indices; the optimizer sums
     # duplicate indices. Average divides the values by the number of members.
     if op not in (Sum, Average):
-        raise NotImplementedError(f"gradflow: allreduce of tf.IndexedSlices supports Sum and Average, not {op!r}")
+        raise NotImplementedError("gradflow: allreduce of tf.IndexedSlices supports Sum and "
+                                  f"Average, not {op!r}")
     values = allgather(slices.values, name=f"{name}.values", process_set=process_set)
     indices = allgather(slices.indices, name=f"{name}.indices", process_set=process_set)
     if op == Average:
@@ -195,15 +198,17 @@ def allreduce(tensor: Union[TensorLike, tf.IndexedSlices], average: Optional[boo
               op: Optional[ReduceOp] = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, name: Optional[str] = None,
               process_set: Optional[ProcessSet] = global_process_set,
-              ignore_name_scope: bool = False,
+              ignore_name_scope: bool = False, *,
               sparse_ratio: Optional[float] = None) -> Union[tf.Tensor, tf.IndexedSlices]:
     """Reduce `tensor` across the ranks of `process_set` (default: all;
     default op: average); same shape and dtype.
     Horovod's signature and positional order: `average` is Horovod's
     deprecated flag (True: Average, False: Sum; not together with `op`);
-    `device_dense`/`device_sparse` are accepted and ignored (CPU only).
-    tf.IndexedSlices are allgathered (values and indices), as in Horovod.
-    Gradient: the upstream gradient allreduced with the same op (Sum/Average)."""
+    `device_dense`/`device_sparse` are accepted and ignored (CPU only);
+    `ignore_name_scope` changes nothing (gradflow names never include the name
+    scope). tf.IndexedSlices are allgathered (values and indices), as in
+    Horovod.
+    Gradient: the upstream gradient allreduced with the same op and scaling."""
     op = op_from_average(average, op)
     name = op_name("allreduce", name, process_set)
     if isinstance(tensor, tf.IndexedSlices):
@@ -231,11 +236,11 @@ def grouped_allreduce(tensors: Sequence[TensorLike], average: Optional[bool] = N
                       compression=Compression.none, op: Optional[ReduceOp] = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: Optional[ProcessSet] = global_process_set,
-                      ignore_name_scope: bool = False, name: Optional[str] = None,
+                      ignore_name_scope: bool = False, name: Optional[str] = None, *,
                       sparse_ratio: Optional[float] = None) -> List[tf.Tensor]:
     """Allreduce a list of tensors over `process_set` in one host crossing,
-    fused by the core. Horovod's positional order (`average`, `device_*` as
-    in `allreduce`); tensor i is named `<name>.<i>`.
+    fused by the core. Horovod's signature (`average`, `device_*`,
+    `ignore_name_scope` as in `allreduce`); tensor i is named `<name>.<i>`.
     Gradient: grouped allreduce of the gradients."""
     op = op_from_average(average, op)
     base = op_name("allreduce", name, process_set)
@@ -261,31 +266,43 @@ def grouped_allreduce(tensors: Sequence[TensorLike], average: Optional[bool] = N
     return list(_grouped(*tensors))
 
 
-# ---- allgather, broadcast, reducescatter, alltoall ----
+# ---- allgather, broadcast, alltoall ----
+
+def gathered_shape(x: tf.Tensor) -> Optional[List[Optional[int]]]:
+    """Static shape of an allgather of `x`: first dimension unknown."""
+    if x.shape.rank is None:
+        return None
+    return [None] + (list(x.shape[1:]) if x.shape.rank else [])
+
+
+def own_rows(reduced: tf.Tensor, x: tf.Tensor, name: str,
+             process_set: Optional[ProcessSet] = None) -> tf.Tensor:
+    """This rank's rows of `reduced` (an allgather-shaped gradient over
+    `process_set`) for input `x`: the gradient of allgather with respect to `x`."""
+    rows = tf.reshape(tf.shape(tf.reshape(x, [-1]) if x.shape.rank == 0 else x)[0], [1])
+    counts = allgather(rows, name=f"{name}.rows", process_set=process_set)
+    start = tf.reduce_sum(counts[:process_set_rank(process_set, "allgather")])
+    return tf.reshape(reduced[start:start + rows[0]], tf.shape(x))
+
 
 def allgather(tensor: TensorLike, name: Optional[str] = None, ignore_name_scope: bool = False,
               process_set: Optional[ProcessSet] = global_process_set) -> tf.Tensor:
     """Concatenate every member's `tensor` along dimension 0, in rank order (the
     first dimension may differ between ranks; a scalar counts as shape [1]).
-    Gradient: this rank's rows of the summed upstream gradient."""
+    Gradient (as Horovod): this rank's rows of the upstream gradient averaged
+    over the members."""
     name = op_name("allgather", name, process_set)
     x = _as_tensor(tensor)
     _check_dtype(x, "allgather")
-    rest = x.shape[1:] if x.shape.rank else []
-    out_shape = [None] + list(rest) if x.shape.rank is not None else None
 
     @tf.custom_gradient
     def _allgather(x):
-        y = _cross(lambda a: [_c.allgather(a, name, process_set)], [x], [x.dtype], [out_shape],
-                   f"allgather {name!r}")[0]
+        y = _cross(lambda a: [_c.allgather(a, name, process_set)], [x], [x.dtype],
+                   [gathered_shape(x)], f"allgather {name!r}")[0]
 
         def grad(dy):
-            summed = allreduce(dy, op=Sum, name=f"{name}.grad", process_set=process_set)
-            rows = tf.reshape(tf.shape(tf.reshape(x, [-1]) if x.shape.rank == 0 else x)[0], [1])
-            counts = allgather(rows, name=f"{name}.grad.rows", process_set=process_set)
-            start = tf.reduce_sum(counts[:process_set_rank(process_set, "allgather")])
-            mine = summed[start:start + rows[0]]
-            return tf.reshape(mine, tf.shape(x))
+            reduced = allreduce(dy, op=Average, name=f"{name}.grad", process_set=process_set)
+            return own_rows(reduced, x, f"{name}.grad", process_set)
 
         return y, grad
 
@@ -297,7 +314,8 @@ def broadcast(tensor: TensorLike, root_rank: int, name: Optional[str] = None,
               process_set: Optional[ProcessSet] = global_process_set) -> tf.Tensor:
     """Root's `tensor` on every member (shapes and dtypes must match;
     `root_rank` is a global rank, as in Horovod).
-    Gradient (as Horovod): the root gets the summed gradient, others zeros."""
+    Gradient (as Horovod): the root gets the upstream gradient averaged over
+    the members, other ranks zeros."""
     name = op_name("broadcast", name, process_set)
     x = _as_tensor(tensor)
     _check_dtype(x, "broadcast")
@@ -309,60 +327,59 @@ def broadcast(tensor: TensorLike, root_rank: int, name: Optional[str] = None,
                    f"broadcast {name!r}")[0]
 
         def grad(dy):
-            summed = allreduce(dy, op=Sum, name=f"{name}.grad", process_set=process_set)
-            return summed if rank() == root else tf.zeros_like(summed)
+            reduced = allreduce(dy, op=Average, name=f"{name}.grad", process_set=process_set)
+            return reduced if rank() == root else tf.zeros_like(reduced)
 
         return y, grad
 
     return _broadcast(x)
 
 
-def _reducescatter_rows(n: Optional[int], process_set) -> Optional[int]:
-    if n is None:
-        return None
-    members = process_set_size(process_set, "reducescatter")
-    me = process_set_rank(process_set, "reducescatter")
-    return n // members + (1 if me < n % members else 0)
+def broadcast_(variables: Union[tf.Variable, Sequence[tf.Variable]], root_rank: int,
+               name: Optional[str] = None,
+               process_set: Optional[ProcessSet] = global_process_set
+               ) -> Union[tf.Tensor, List[tf.Tensor]]:
+    """In-place broadcast: assign root's values to `variables` on every member
+    of `process_set` (one host crossing for the whole list; variable i is named
+    `<name>.<i>`; `root_rank` is global). Returns the variables' new values (a
+    list, or one tensor for a single variable), as Horovod. Not differentiable
+    (an assignment)."""
+    single = isinstance(variables, tf.Variable)
+    variables = [variables] if single else list(variables)
+    for v in variables:
+        if not isinstance(v, tf.Variable):
+            raise TypeError(f"gradflow: broadcast_ assigns in place and needs tf.Variable objects, "
+                            f"got {type(v).__name__}; use broadcast() for tensors")
+    if not variables:
+        process_set_id(process_set, "broadcast_")  # an unregistered set still raises
+        return []
+    base = op_name("broadcast", name, process_set)
+    values = [tf.convert_to_tensor(v) for v in variables]
+    for v in values:
+        _check_dtype(v, "broadcast_")
+    root = int(root_rank)
 
+    def fn(*arrays):
+        handles = [_c.broadcast_async(a, root, f"{base}.{i}", process_set)
+                   for i, a in enumerate(arrays)]
+        return [h.wait() for h in handles]
 
-def reducescatter(tensor: TensorLike, op: ReduceOp = Average, name: Optional[str] = None, *,
-                  process_set: Optional[ProcessSet] = global_process_set) -> tf.Tensor:
-    """Reduce `tensor` across the members of `process_set` and return this
-    rank's block of rows (rows split as evenly as possible, earlier ranks get
-    the remainder).
-    Gradient: allgather of the upstream gradient (divided by size for Average)."""
-    op = reduce_op(op)
-    name = op_name("reducescatter", name, process_set)
-    x = _as_tensor(tensor)
-    _check_dtype(x, "reducescatter")
-    if x.shape.rank == 0:
-        raise ValueError("gradflow: reducescatter needs a tensor with at least one dimension")
-    out_shape = ([_reducescatter_rows(x.shape[0], process_set)] + list(x.shape[1:])
-                 if x.shape.rank is not None else None)
-
-    @tf.custom_gradient
-    def _reducescatter(x):
-        y = _cross(lambda a: [_c.reducescatter(a, op, name, process_set)], [x], [x.dtype],
-                   [out_shape], f"reducescatter {name!r}")[0]
-
-        def grad(dy):
-            if op not in (Sum, Average):
-                raise NotImplementedError(f"gradflow: no gradient for reducescatter with op {op!r}")
-            g = allgather(dy, f"{name}.grad", process_set=process_set)
-            members = process_set_size(process_set, "reducescatter")
-            return g / tf.cast(members, g.dtype) if op == Average else g
-
-        return y, grad
-
-    return _reducescatter(x)
+    outs = _cross(fn, values, [v.dtype for v in values], [v.shape for v in values],
+                  f"broadcast_ {base!r}")
+    assigns = [v.assign(o) for v, o in zip(variables, outs)]
+    with tf.control_dependencies(assigns):
+        new = [v.read_value() for v in variables]
+    return new[0] if single else new
 
 
 def alltoall(tensor: TensorLike, splits: Optional[Union[Sequence[int], tf.Tensor]] = None,
              name: Optional[str] = None, ignore_name_scope: bool = False,
-             process_set: Optional[ProcessSet] = global_process_set) -> Tuple[tf.Tensor, tf.Tensor]:
+             process_set: Optional[ProcessSet] = global_process_set
+             ) -> Union[tf.Tensor, Tuple[tf.Tensor, tf.Tensor]]:
     """Send `splits[p]` rows to member p of `process_set` (default: all ranks,
-    even split). Returns the rows received from every member in rank order
-    and how many came from each (int64).
+    even split). Returns the rows received from every member in rank order;
+    when `splits` is given, also how many rows came from each member (int32),
+    as Horovod.
     Gradient: alltoall of the upstream gradient with the received splits."""
     name = op_name("alltoall", name, process_set)
     x = _as_tensor(tensor)
@@ -372,12 +389,12 @@ def alltoall(tensor: TensorLike, splits: Optional[Union[Sequence[int], tf.Tensor
 
     def fn(a, s):
         y, received = _c.alltoall(a, None if s.size == 0 else s.tolist(), name, process_set)
-        return [y, received.astype(np.int64)]
+        return [y, received.astype(np.int32)]
 
     @tf.custom_gradient
     def _alltoall(x):
         members = process_set_size(process_set, "alltoall")
-        y, received = _cross(fn, [x, sp], [x.dtype, tf.int64], [out_shape, [members]],
+        y, received = _cross(fn, [x, sp], [x.dtype, tf.int32], [out_shape, [members]],
                              f"alltoall {name!r}")
 
         def grad(dy, _unused):
@@ -387,4 +404,17 @@ def alltoall(tensor: TensorLike, splits: Optional[Union[Sequence[int], tf.Tensor
         return (y, received), grad
 
     y, received = _alltoall(x)
-    return y, received
+    return y if splits is None else (y, received)
+
+
+def join() -> tf.Tensor:
+    """Declare this rank done (see `gradflow.join`): until every rank has
+    joined, it contributes zeros to the other ranks' allreduces. Returns the
+    rank that joined last, as an int32 scalar tensor (as Horovod)."""
+    if tf.executing_eagerly():
+        return tf.constant(_c.join(), tf.int32)
+    _check_not_xla("join")
+    out = tf.numpy_function(lambda: np.int32(_c.join()), [], tf.int32, stateful=True,
+                            name="gradflow_join")
+    out.set_shape([])
+    return out

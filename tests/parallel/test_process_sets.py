@@ -94,3 +94,12 @@ def test_tensorflow_and_keras_per_set(n):
     pytest.importorskip("tensorflow")
     out = run_mpi(n, "process_sets_tf_script.py", timeout=400)
     assert f"tf OK on {n} ranks" in out.stdout
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_tensorflow_hvd_api_per_set(n):
+    # grouped ops, scaled reducescatter, broadcast_, objects, size_op and
+    # PartialDistributedGradientTape / DistributedOptimizer with process_set=.
+    pytest.importorskip("tensorflow")
+    out = run_mpi(n, "process_sets_tf_api_script.py", timeout=400)
+    assert f"tf api OK on {n} ranks" in out.stdout

@@ -21,6 +21,23 @@ def test_tf_ops_eager_graph_gradients_tape():
     assert out.stdout.count("tf ops OK") == 2, out.stdout
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_tf_horovod_api(ranks):
+    """Horovod 0.28's horovod.tensorflow additions: reducescatter pre/postscale,
+    grouped allgather/reducescatter, alltoall, broadcast_, join, objects,
+    broadcast_global_variables, (Partial)DistributedGradientTape."""
+    out = run_mpi(ranks, "tf_hvd_api_script.py", env=TF_ENV, timeout=300)
+    assert out.stdout.count("tf hvd api OK") == ranks, out.stdout
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_keras_horovod_functions(ranks):
+    """horovod.tensorflow.keras's value collectives, load_model round trip and
+    PartialDistributedOptimizer."""
+    out = run_mpi(ranks, "keras_hvd_api_script.py", env=TF_ENV, timeout=300)
+    assert out.stdout.count("keras hvd api OK") == ranks, out.stdout
+
+
 def test_keras_fit_and_callbacks():
     out = run_mpi(2, "keras_fit_script.py", env=TF_ENV, timeout=300)
     assert out.stdout.count("keras OK") == 2, out.stdout

@@ -107,9 +107,10 @@ def check_gradients(mode):
     up_g = tf.constant(np.arange(tot * 2, dtype=np.float32).reshape(tot, 2) * (R + 1))
     summed = np.sum([np.arange(tot * 2, dtype=np.float32).reshape(tot, 2) * (r + 1) for r in range(N)], 0)
     start = sum(r + 1 for r in range(R))
-    close(grads(mode, lambda x: gtf.allgather(x), rows_of(R), up_g), summed[start:start + R + 1],
-          f"{mode} d allgather")
-    want = np.sum(ups, 0) if R == 0 else np.zeros_like(ups[0])
+    # Horovod's gradients: allgather and broadcast average the upstream gradient.
+    close(grads(mode, lambda x: gtf.allgather(x), rows_of(R), up_g),
+          summed[start:start + R + 1] / N, f"{mode} d allgather")
+    want = np.mean(ups, 0) if R == 0 else np.zeros_like(ups[0])
     close(grads(mode, lambda x: gtf.broadcast(x, 0), x_of(R), up), want, f"{mode} d broadcast")
     rs_up = tf.constant(np.full((1, 2), R + 1, np.float32))
     close(grads(mode, lambda x: gtf.reducescatter(x, op=gtf.Sum), np.ones((N, 2), np.float32), rs_up),

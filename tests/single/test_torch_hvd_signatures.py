@@ -38,6 +38,8 @@ def test_signature_matches_horovod(name):
         d = p.default
         if d is hvd.Compression.none:
             d = "none"
+        elif d is hvd.global_process_set:
+            d = "global_process_set"
         elif d is not EMPTY and d is not None and type(d) is type(hvd.Average) \
                 and d == hvd.Average:
             d = "Average"  # by name: ReduceOp's integer values are another slice's
