@@ -21,6 +21,9 @@ def os_threads():
 
 
 assert not gradflow.is_initialized()
+# init() starts MPI (import gradflow does not); MPI's own threads are not
+# gradflow's: start MPI first so only gradflow's background thread is counted.
+from mpi4py import MPI  # noqa: E402,F401
 before = os_threads()
 gth.init()
 after_torch = os_threads()
