@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from _launch import HERE, ROOT, in_place_build, run_cwd, run_mpi
+from _launch import HERE, ROOT, gradflowrun_args, in_place_build, run_cwd, run_mpi
 
 
 def gradflowrun(*args, timeout=120, env=None):
@@ -20,7 +20,7 @@ def gradflowrun(*args, timeout=120, env=None):
     if in_place_build():
         full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.update(env or {})
-    cmd = [sys.executable, "-m", "gradflow.runner.launch", *args]
+    cmd = [sys.executable, "-m", "gradflow.runner.launch", *gradflowrun_args(), *args]
     try:
         return subprocess.run(cmd, cwd=run_cwd(), env=full_env, capture_output=True, text=True,
                               timeout=timeout)
