@@ -31,8 +31,9 @@ skip() {
 "$MPICXX" --showme:version 2>/dev/null | grep -q "Open MPI" || skip "$MPICXX is not Open MPI's wrapper"
 
 VENV=${OPENMPI_VENV:-.venv-openmpi}
-SRC=$(mktemp -d)
-trap 'rm -rf "$SRC"' EXIT
+SRC=$ROOT/$VENV/src  # a copy of the sources, kept so a rerun compiles only what changed
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
 t0=$SECONDS
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 VPY=$ROOT/$VENV/bin/python
@@ -50,9 +51,12 @@ echo "== numpy, pyyaml, torch, pytest, build requirements (no mpich)"
 echo "== gradflow against $MPICXX (no build isolation, no dependencies)"
 # Built from a copy of the tracked files: pip builds in the source folder, and
 # the developer build/ objects (compiled against MPICH) must not be reused.
+# tar keeps the files' times, so GRADFLOW_INCREMENTAL recompiles only sources
+# newer than their objects (a changed header: rm -r "$SRC/build").
+mkdir -p "$SRC"
 git ls-files -z | tar --null -T - -cf - | tar -xf - -C "$SRC"
-GRADFLOW_MPICXX="$MPICXX" "$VPY" -m pip install -q --no-build-isolation --no-deps \
-  --force-reinstall "$SRC"
+GRADFLOW_MPICXX="$MPICXX" GRADFLOW_INCREMENTAL=1 "$VPY" -m pip install -q --no-build-isolation \
+  --no-deps --force-reinstall "$SRC"
 if "$VPY" -m pip show mpich >/dev/null 2>&1; then
   echo "openmpi_check: the mpich wheel is installed in $VENV" >&2; exit 1
 fi
@@ -63,7 +67,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 export OMP_NUM_THREADS=1 TF_CPP_MIN_LOG_LEVEL=2
 export GRADFLOW_TEST_INSTALLED=1 GRADFLOW_TEST_LAUNCHER=openmpi GRADFLOW_MPIEXEC="$MPIRUN"
-cd "$SRC"  # outside the source tree: the installed (Open MPI) gradflow is imported
+cd "$WORK"  # outside the source tree: the installed (Open MPI) gradflow is imported
 echo "== gradflowrun --launcher openmpi --check-build"
 "$ROOT/$VENV/bin/gradflowrun" --launcher openmpi --check-build
 t1=$SECONDS
