@@ -54,7 +54,7 @@ def mpi_mismatch(native: Any) -> Optional[str]:
         problems.append(f"gradflow._native was built with {built}, mpi4py with "
                         f"{vendor[0]} {vendor[1]}")
     lib = _mpi_library()
-    if lib is not None and str(feats.get("mpi", "")).strip() != lib.strip():
+    if lib is not None and _words(feats.get("mpi", "")) != _words(lib):
         problems.append(f"gradflow._native runs {_first_words(feats.get('mpi', '?'))!r}, "
                         f"mpi4py runs {_first_words(lib)!r}")
     if not problems:
@@ -62,6 +62,12 @@ def mpi_mismatch(native: Any) -> Optional[str]:
     return ("gradflow and mpi4py use different MPI libraries: " + "; ".join(problems) +
             ". Build both against the same MPI: GRADFLOW_MPICXX=<its mpicxx> for gradflow, "
             "MPICC=<its mpicc> pip install --no-binary mpi4py mpi4py (README: On a cluster).")
+
+
+def _words(text: Any) -> str:
+    # Open MPI counts a trailing NUL in MPI_Get_library_version's length,
+    # which mpi4py keeps and the native side strips: compare the words only.
+    return " ".join(str(text).replace("\x00", " ").split())
 
 
 def _first_words(text: Any) -> str:
