@@ -45,8 +45,8 @@ if ! "$VPY" -c "from mpi4py import MPI; assert MPI.get_vendor()[0] == 'Open MPI'
   MPICC="$MPICC" "$VPY" -m pip install -q --no-binary mpi4py --no-cache-dir --force-reinstall \
     "mpi4py>=4"
 fi
-echo "== numpy, pyyaml, torch, pytest, build requirements (no mpich)"
-"$VPY" -m pip install -q -c scripts/ci-constraints.txt numpy pyyaml torch pytest pytest-timeout \
+echo "== numpy, pyyaml, torch, scikit-learn (test data), pytest, build requirements (no mpich)"
+"$VPY" -m pip install -q -c scripts/ci-constraints.txt numpy pyyaml torch scikit-learn pytest pytest-timeout \
   "setuptools>=77" wheel "pybind11>=2.12"
 echo "== gradflow against $MPICXX (no build isolation, no dependencies)"
 # Built from a copy of the tracked files: pip builds in the source folder, and
@@ -71,7 +71,7 @@ cd "$WORK"  # outside the source tree: the installed (Open MPI) gradflow is impo
 echo "== gradflowrun --launcher openmpi --check-build"
 "$ROOT/$VENV/bin/gradflowrun" --launcher openmpi --check-build
 t1=$SECONDS
-TESTS=${GRADFLOW_OPENMPI_TESTS:-"tests/parallel/test_collectives.py tests/parallel/test_torch.py
+TESTS=${GRADFLOW_OPENMPI_TESTS:-"tests/single/test_check_build_mpi.py tests/parallel/test_collectives.py tests/parallel/test_torch.py
   tests/parallel/test_faults.py"}
 # shellcheck disable=SC2086
 (cd "$ROOT" && "$ROOT/$VENV/bin/pytest" -p no:cacheprovider -q -rs $TESTS "$@")
