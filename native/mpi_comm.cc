@@ -268,6 +268,27 @@ std::string MpiComm::library_version() {
   return s;
 }
 
+std::string MpiComm::built_with() {
+  // Compile-time macros of mpi.h: unlike library_version() this cannot be
+  // changed by which libmpi the dynamic loader happens to bind first.
+#define GF_STR2(x) #x
+#define GF_STR(x) GF_STR2(x)
+#if defined(I_MPI_VERSION)
+  return std::string("Intel MPI ") + I_MPI_VERSION;
+#elif defined(MVAPICH2_VERSION)
+  return std::string("MVAPICH2 ") + MVAPICH2_VERSION;
+#elif defined(MPICH_VERSION)
+  return std::string("MPICH ") + MPICH_VERSION;
+#elif defined(OMPI_MAJOR_VERSION)
+  return "Open MPI " GF_STR(OMPI_MAJOR_VERSION) "." GF_STR(OMPI_MINOR_VERSION) "."
+      GF_STR(OMPI_RELEASE_VERSION);
+#else
+  return "unknown MPI " GF_STR(MPI_VERSION) "." GF_STR(MPI_SUBVERSION);
+#endif
+#undef GF_STR
+#undef GF_STR2
+}
+
 // ---------------------------------------------------------------- point to point
 
 size_t MpiComm::isend(const void* buf, size_t bytes, int dest, int tag, RequestList& reqs) {

@@ -136,6 +136,10 @@ class MpiComm {
 
   // Library version string of the linked MPI.
   static std::string library_version();
+  // The MPI whose mpi.h this build was compiled with, e.g. "MPICH 5.0.2" or
+  // "Open MPI 4.1.4" (vendor names as mpi4py's MPI.get_vendor() gives them),
+  // so --check-build can compare it with mpi4py's.
+  static std::string built_with();
 
  private:
   void wait_request(void* request, const char* what, int peer, WaitStyle style);

@@ -381,6 +381,7 @@ PYBIND11_MODULE(_native, m) {
           d["wire_dtypes"] = std::vector<std::string>{"fp32", "fp16", "bf16"};
           d["codec"] = codec_impl_name();
           d["mpi"] = MpiComm::library_version();
+          d["mpi_built_with"] = MpiComm::built_with();
           d["gpu"] = false;
           return d;
         },

@@ -20,13 +20,13 @@ try:
     from . import hosts as _hosts
     from . import monitor_line as _monitor
     from . import rank_wrapper as _wrapper
-    from .check_build import check_build
+    from .check_build import check_build, mpi_mismatch
     from .supervise import run_job
 except ImportError:  # run as a script: python gradflow/runner/launch.py
     import horovod_flags as _hvd  # type: ignore[no-redef]
     import hosts as _hosts  # type: ignore[no-redef]
     import monitor_line as _monitor  # type: ignore[no-redef]
-    from check_build import check_build  # type: ignore[no-redef]
+    from check_build import check_build, mpi_mismatch  # type: ignore[no-redef]
     import rank_wrapper as _wrapper  # type: ignore[no-redef]
     from supervise import run_job  # type: ignore[no-redef]
 
@@ -411,6 +411,10 @@ def main(argv: Optional[Sequence[str]] = None, config_keys: Optional[Sequence[An
         if native is None and not note:
             native, note = load_native()
         print(check_build(native, note))
+        mismatch = mpi_mismatch(native)
+        if mismatch:
+            print(f"gradflowrun: error: {mismatch}", file=sys.stderr)
+            return 1
         return 0
     status_dir = tempfile.mkdtemp(prefix="gradflowrun-")
     try:

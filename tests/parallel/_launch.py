@@ -1,6 +1,10 @@
 """Runs a test script under the MPI launcher with a timeout (the one way
 parallel tests start processes). Ranks > cores are fine: MPICH is told to
-yield while polling so oversubscribed runs stay fast."""
+yield while polling so oversubscribed runs stay fast.
+
+GRADFLOW_TEST_LAUNCHER=openmpi runs them with Open MPI's mpirun instead
+(scripts/openmpi_check.sh: gradflow and mpi4py built against Open MPI);
+tests that rely on MPICH's hydra launcher skip there (skip_unless_hydra)."""
 from __future__ import annotations
 
 import glob
@@ -42,7 +46,30 @@ def rank_env() -> Dict[str, str]:
     return env
 
 
+def launcher() -> str:
+    """'openmpi' under GRADFLOW_TEST_LAUNCHER=openmpi, else 'hydra' (the
+    mpich wheel's mpiexec, the default)."""
+    kind = os.environ.get("GRADFLOW_TEST_LAUNCHER", "hydra")
+    if kind not in ("hydra", "openmpi"):
+        raise ValueError(f"GRADFLOW_TEST_LAUNCHER={kind!r}: use hydra or openmpi")
+    return kind
+
+
+def skip_unless_hydra(reason: str):
+    """pytest mark: skip a test that depends on MPICH's hydra launcher when the
+    tests run under Open MPI, saying why."""
+    import pytest  # noqa: PLC0415 - the scripts import this module without pytest
+    return pytest.mark.skipif(launcher() != "hydra", reason=f"hydra only: {reason}")
+
+
+def gradflowrun_args() -> list:
+    """gradflowrun options that pick the launcher the tests run under."""
+    return ["--launcher", "openmpi"] if launcher() == "openmpi" else []
+
+
 def mpiexec() -> str:
+    if launcher() == "openmpi":
+        return os.environ.get("GRADFLOW_MPIEXEC") or shutil.which("mpirun") or "mpirun"
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     return beside if os.path.exists(beside) else (shutil.which("mpiexec") or "mpiexec")
 
@@ -56,6 +83,10 @@ def run_mpi(n: int, script: str, *args: str, timeout: float = 180,
     full_env = rank_env()
     if env:
         full_env.update(env)
+    if launcher() == "openmpi":
+        # Ranks may outnumber cores; as root Open MPI also wants the
+        # OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM) variables (scripts/openmpi_check.sh).
+        mpi_args = ["--oversubscribe", *mpi_args]
     cmd = [mpiexec(), *mpi_args, "-n", str(n), sys.executable, path, *args]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)

@@ -10,7 +10,15 @@ import time
 
 import pytest
 
-from _launch import HERE, ROOT, in_place_build, run_cwd, run_mpi
+from _launch import (HERE, ROOT, gradflowrun_args, in_place_build, launcher, run_cwd, run_mpi,
+                     skip_unless_hydra)
+
+# Under Open MPI (scripts/openmpi_check.sh) mpirun aborts the whole job as soon
+# as one rank dies or exits non-zero, so with 3 ranks the survivors are killed
+# before they can raise; hydra keeps them (-disable-auto-cleanup). gradflowrun's
+# openmpi launcher has no equivalent yet: those cases skip there.
+OPENMPI_KILLS_SURVIVORS = ("Open MPI's mpirun kills the surviving ranks when one dies "
+                           "(no -disable-auto-cleanup equivalent in --launcher openmpi yet)")
 
 
 def gradflowrun(*args, timeout=120, env=None):
@@ -20,7 +28,7 @@ def gradflowrun(*args, timeout=120, env=None):
     if in_place_build():
         full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.update(env or {})
-    cmd = [sys.executable, "-m", "gradflow.runner.launch", *args]
+    cmd = [sys.executable, "-m", "gradflow.runner.launch", *gradflowrun_args(), *args]
     try:
         return subprocess.run(cmd, cwd=run_cwd(), env=full_env, capture_output=True, text=True,
                               timeout=timeout)
@@ -65,6 +73,8 @@ def check_survivors(r, survivors, since, report):
     (3, 1, "idle", "ring"), (2, 0, "idle", "ring"), (3, 2, "busy", "ring"),
     (3, 1, "mid", "two-sync"), (2, 0, "mid", "two-sync")])
 def test_sigkill_stops_the_job_within_seconds(n, victim, mode, algo):
+    if n > 2 and launcher() == "openmpi":
+        pytest.skip(f"hydra only: {OPENMPI_KILLS_SURVIVORS}")
     r = gradflowrun("-np", str(n), "--allreduce-algo", algo, sys.executable,
                     os.path.join(HERE, "sigkill_rank_script.py"), str(victim), mode)
     ended = time.time()
@@ -96,6 +106,7 @@ def test_sigkill_stops_the_job_within_seconds(n, victim, mode, algo):
     assert r.returncode == 137, report
 
 
+@skip_unless_hydra(OPENMPI_KILLS_SURVIVORS)
 @pytest.mark.parametrize("exit_code", [3, 0])
 def test_rank_exiting_early_stops_the_job_within_seconds(exit_code):
     t0 = time.time()
