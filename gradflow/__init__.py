@@ -47,12 +47,12 @@ from ._basics import (HorovodInternalError, HostsUpdatedInterrupt, ccl_built, cu
                       stop_timeline)
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from ._handles import Handle
-from . import _native
+from . import _runtime as _runtime_module
 from .runner import notice as _notice
 
 # Under gradflowrun: when the launcher reports a dead peer, pending and later
 # waits fail at once with its message instead of after GRADFLOW_TIMEOUT.
-_notice.watch(_native.interrupt_waits)
+_notice.watch(_runtime_module.on_peer_failure_notice)
 
 __version__ = "0.1.0"
 

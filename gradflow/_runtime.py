@@ -285,6 +285,18 @@ def _install_hooks() -> None:
     atexit.register(_at_exit)
 
 
+# Set when gradflowrun reports a dead peer (runner/notice.py): MPI_Finalize
+# would then wait for that peer forever, whatever this rank's engines saw.
+_peer_dead_notice = threading.Event()
+
+
+def on_peer_failure_notice(message: str) -> None:
+    """gradflowrun says a peer died: fail every pending and later wait, and
+    remember it for the exit path (no MPI_Finalize)."""
+    _peer_dead_notice.set()
+    _native.interrupt_waits(message)
+
+
 def _at_exit() -> None:
     if _native.forked_child():
         # A fork() child of an initialized process: MPI_Finalize here (mpi4py
@@ -297,6 +309,10 @@ def _at_exit() -> None:
         os._exit(1 if _uncaught_exception else 0)
     failed = _native.failed_fatally()
     _native.shutdown()  # its last cycle carries this rank's abort message, if any
+    # A notice that arrived while shutdown() waited (it interrupts the wait):
+    # e.g. this rank's own error came from a peer's orderly shutdown in a
+    # process set before the launcher's word that another peer had died.
+    failed = failed or _peer_dead_notice.is_set()
     # Threads woken in wait() (with an error) must take the GIL back before the
     # interpreter finalizes: one killed there would abort the process.
     deadline = time.monotonic() + 5
