@@ -45,9 +45,13 @@ def write_all(fd: int, data: bytes) -> None:
 
 
 def _next_cut(buf: bytes) -> int:
-    """Index of the first ``\\n`` or ``\\r`` in ``buf``, or -1."""
+    """Index of the end of the first piece of ``buf`` (its ``\\n``, its
+    ``\\r``, or the ``\\n`` of a ``\\r\\n`` pair, which is one line end), or -1."""
     cuts = [i for i in (buf.find(b"\n"), buf.find(b"\r")) if i >= 0]
-    return min(cuts) if cuts else -1
+    if not cuts:
+        return -1
+    cut = min(cuts)
+    return cut + 1 if buf[cut:cut + 2] == b"\r\n" else cut
 
 
 def pump(src_fd: int, fd: int, prefix: bytes, log: Optional[BinaryIO], tty: bool = False,

@@ -52,6 +52,11 @@ def test_lines_and_carriage_returns_are_prefixed_pieces():
     assert log.closed_by_pump
 
 
+def test_crlf_is_one_line_end():
+    out, _ = _run([b"a\r\nb\r\n"], tty=False)
+    assert out == b"[0]: a\r\n[0]: b\r\n"
+
+
 def test_terminal_sees_an_unfinished_line_after_a_pause_and_a_pipe_does_not():
     chunks = [b"\rstep 1", b" more", b"\n"]
     out, _ = _run(chunks, tty=True, pause=0.3)
