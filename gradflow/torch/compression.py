@@ -51,34 +51,35 @@ def _uncast(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
     return tensor.to(ctx) if ctx is not None and ctx.is_floating_point else tensor
 
 
-class FP16Compressor(Compressor):
-    """Called directly: Horovod's cast of floating tensors to fp16 and back.
-    Given to gradflow: a float32 tensor travels as fp16 and is summed in fp32
-    (one rounding per hop, not an fp16 sum); other dtypes travel as they are."""
+class _CastCompressor(Compressor):
+    """Called directly: Horovod's cast of floating tensors to `_dtype` and
+    back. Given to gradflow: a float32 tensor travels as `_dtype` and is
+    summed in fp32 (one rounding per hop, not a 16-bit sum); other dtypes
+    travel as they are."""
 
-    _gradflow_wire = 1
+    _dtype: torch.dtype
 
-    @staticmethod
-    def compress(tensor: torch.Tensor) -> Tuple[torch.Tensor, Any]:
-        return _cast(tensor, torch.float16)
+    @classmethod
+    def compress(cls, tensor: torch.Tensor) -> Tuple[torch.Tensor, Any]:
+        return _cast(tensor, cls._dtype)
 
     @staticmethod
     def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
         return _uncast(tensor, ctx)
 
 
-class BF16Compressor(Compressor):
+class FP16Compressor(_CastCompressor):
+    """Horovod's fp16 compression (see _CastCompressor)."""
+
+    _gradflow_wire = 1
+    _dtype = torch.float16
+
+
+class BF16Compressor(_CastCompressor):
     """As FP16Compressor with bfloat16 (gradflow's addition)."""
 
     _gradflow_wire = 2
-
-    @staticmethod
-    def compress(tensor: torch.Tensor) -> Tuple[torch.Tensor, Any]:
-        return _cast(tensor, torch.bfloat16)
-
-    @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        return _uncast(tensor, ctx)
+    _dtype = torch.bfloat16
 
 
 class FP32Compressor(Compressor):
