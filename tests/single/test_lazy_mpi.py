@@ -10,12 +10,11 @@ import pytest
 
 import gradflow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(gradflow.__file__)))
 
 
 @pytest.mark.parametrize("modules", ["gradflow", "gradflow, gradflow.torch, gradflow.keras"])
-def test_import_does_not_start_mpi(modules):
+def test_import_does_not_start_mpi(modules, tmp_path):
     code = f"""
 import sys
 import {modules}
@@ -37,6 +36,9 @@ print("lazy OK")
 """
     env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
                TF_CPP_MIN_LOG_LEVEL="2")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+    # cwd outside the source tree: `python -c` puts the cwd first on sys.path,
+    # which under GRADFLOW_TEST_INSTALLED would shadow the installed package
+    # with the unbuilt source tree.
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0 and "lazy OK" in r.stdout, r.stdout + r.stderr
