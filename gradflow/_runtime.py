@@ -27,6 +27,7 @@ from . import monitor as _monitor  # noqa: E402
 from . import process_sets as _process_sets  # noqa: E402
 from ._handles import Handle  # noqa: E402
 from .runner import notice as _notice  # noqa: E402
+from .elastic import worker as _elastic  # noqa: E402
 
 GradflowError = _native.GradflowError
 
@@ -39,6 +40,7 @@ _counters: Dict[str, int] = {}  # kind name -> next auto-name number
 _hooks_installed = False
 _uncaught_exception = False
 _comm: Optional[MPI.Comm] = None
+_generation = 0  # successful init() calls (see generation())
 
 
 def _mpi():
@@ -67,7 +69,15 @@ def init(comm: Optional[Union[MPI.Comm, Sequence[int]]] = None,
         if not isinstance(ps, _process_sets.ProcessSet):
             raise ValueError(f"gradflow.init: process_sets must hold ProcessSet objects, "
                              f"got {ps!r}")
-    if comm is None:
+    elastic_link = None
+    if comm is None and _elastic.enabled():
+        # Elastic mode: each worker is an MPI job of its own; the driver
+        # assigns this generation's ranks and the group connects (worker.py).
+        elastic_link = _elastic.link()
+        elastic_link.on_failure = _on_elastic_peer_failure
+        comm = elastic_link.next_communicator()
+        _native.clear_interrupt()  # a previous generation's dead-peer notice
+    elif comm is None:
         comm = MPI.COMM_WORLD
         _check_slurm_world(comm.size, os.environ)
     elif not isinstance(comm, MPI.Comm):
@@ -89,6 +99,8 @@ def init(comm: Optional[Union[MPI.Comm, Sequence[int]]] = None,
         horovod_compat.reraise_with_origin(e, mapped)
         raise
     _comm = comm
+    global _generation
+    _generation += 1
     horovod_compat.after_init(_native.rank())
     with _lock:
         _counters.clear()
@@ -97,6 +109,21 @@ def init(comm: Optional[Union[MPI.Comm, Sequence[int]]] = None,
         _process_sets.add_process_set(ps)
     # Under gradflowrun --monitor only: the launcher numbers ranks in COMM_WORLD.
     _monitor.start_if_asked(MPI.COMM_WORLD.Get_rank())
+
+
+def generation() -> int:
+    """How many times init() has succeeded in this process: objects bound to
+    a runtime (a DistributedOptimizer's pools) compare it to know they must
+    re-bind after an elastic reset."""
+    return _generation
+
+
+def _on_elastic_peer_failure(message: str) -> None:
+    """The elastic driver says a peer of this generation died: fail this
+    generation's waits (they raise HorovodInternalError; the elastic run loop
+    rolls back and re-forms). Unlike gradflowrun's fail-fast notice it does
+    not doom the process."""
+    _native.interrupt_waits(message)
 
 
 def _check_slurm_world(world_size: int, environ) -> None:

@@ -140,6 +140,12 @@ void interrupt_waits(const std::string& why) {
   g_interrupted.store(true);
 }
 
+void clear_interrupt() {
+  std::lock_guard<std::mutex> lock(g_interrupt_mu);
+  g_interrupt_why.clear();
+  g_interrupted.store(false);
+}
+
 // ---------------------------------------------------------------- requests
 
 struct RequestList::Impl {

@@ -177,5 +177,8 @@ void free_communicator_handle(uintptr_t handle);
 // for good (gradflowrun saw it die), which otherwise costs GRADFLOW_TIMEOUT.
 // Thread-safe; the first reason is kept.
 void interrupt_waits(const std::string& why);
+// Undo interrupt_waits() for the next runtime (elastic training re-forms the
+// communicator after a peer died); only while no runtime exists.
+void clear_interrupt();
 
 }  // namespace gradflow

@@ -253,6 +253,15 @@ PYBIND11_MODULE(_native, m) {
         "Make every pending and later wait of this process fail at once with `why` (a peer "
         "is known dead, e.g. gradflowrun saw it killed); the runtime then fails fatally.");
 
+  m.def("clear_interrupt",
+        [] {
+          if (current_or_null())
+            throw GradflowError("gradflow: clear_interrupt() needs shutdown() first");
+          clear_interrupt();
+        },
+        "Forget an interrupt_waits() for the next init() (elastic re-formation); only while "
+        "gradflow is shut down.");
+
   m.def("failed_fatally",
         [] {
           std::shared_ptr<Runtime> rt = current_or_null();

@@ -21,6 +21,7 @@ try:
     from . import monitor_line as _monitor
     from . import rank_wrapper as _wrapper
     from .check_build import check_build, mpi_mismatch
+    from .elastic_launch import add_elastic_flags, check_elastic, is_elastic, run_elastic
     from .supervise import run_job
 except ImportError:  # run as a script: python gradflow/runner/launch.py
     import horovod_flags as _hvd  # type: ignore[no-redef]
@@ -29,6 +30,8 @@ except ImportError:  # run as a script: python gradflow/runner/launch.py
     from check_build import check_build, mpi_mismatch  # type: ignore[no-redef]
     import rank_wrapper as _wrapper  # type: ignore[no-redef]
     from supervise import run_job  # type: ignore[no-redef]
+    from elastic_launch import (add_elastic_flags, check_elastic,  # type: ignore[no-redef]
+                                is_elastic, run_elastic)
 
 MPIEXEC_ENV = "GRADFLOW_MPIEXEC"
 LAUNCHERS = ("auto", "mpiexec", "openmpi", "srun")
@@ -166,6 +169,7 @@ def build_parser(config_keys: Sequence[Any], native_note: str = "") -> argparse.
             raise ValueError(f"config key {key['env']}: flag {key['flag']} clashes with a "
                              f"gradflowrun option ({e})") from None
     _hvd.add_setting_aliases(settings, [k["env"] for k in normalize_config_keys(config_keys)])
+    add_elastic_flags(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     p.note = native_note
     return p
@@ -418,6 +422,8 @@ def main(argv: Optional[Sequence[str]] = None, config_keys: Optional[Sequence[An
         return 0
     status_dir = tempfile.mkdtemp(prefix="gradflowrun-")
     try:
+        if is_elastic(args):
+            return _main_elastic(args, config_keys, status_dir)
         try:
             rank_hosts = validate(args)
             mpiexec, flavor = choose_launcher(args)
@@ -441,6 +447,25 @@ def main(argv: Optional[Sequence[str]] = None, config_keys: Optional[Sequence[An
         return 127
     finally:
         shutil.rmtree(status_dir, ignore_errors=True)
+
+
+def _main_elastic(args: argparse.Namespace, config_keys: Sequence[Any], status_dir: str) -> int:
+    try:
+        hosts = check_elastic(args)
+        mpiexec, flavor = choose_launcher(args)
+        if flavor != "hydra":
+            raise ValueError("elastic mode needs MPICH's mpiexec (hydra)")
+        saved = args.hosts, args.hostfile
+        args.hosts = args.hostfile = None  # env only: the driver places workers itself
+        try:
+            _, env = build_launch(args, config_keys, mpiexec=mpiexec, flavor=flavor,
+                                  status_dir=status_dir)
+        finally:
+            args.hosts, args.hostfile = saved
+        return run_elastic(args, hosts, env, mpiexec)
+    except ValueError as e:
+        print(f"gradflowrun: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -71,7 +71,10 @@ from .compression import Compression, split as split_compression
 from ..process_sets import ProcessSet, global_process_set, member_id
 from .functions import check_same_everywhere
 from .optimizer_groups import GroupTracker, Once, form_groups
-from .optimizer_state import _State, build_pools, destroy_pools, repatch_scheduler_step
+from .. import _runtime
+from ..elastic import worker as _elastic_worker
+from .optimizer_state import (_State, build_pools, destroy_pools, rebind_after_elastic_reset,
+                              repatch_scheduler_step)
 from .ops import allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async
 
 __all__ = ["DistributedOptimizer"]
@@ -89,6 +92,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         sparse_as_dense, grad_scaler=None, groups=None,
                         process_set=None) -> None:
         s = self._gradflow = _State()
+        s.runtime_gen = _runtime.generation()
         op = reduce_op(op)  # Horovod meaning of raw ints; unknown ones raise here
         # Every gradient, pool and check runs in the set's engine (Note [Process sets]).
         s.ps, s.process_set = member_id(process_set, "DistributedOptimizer"), process_set
@@ -174,7 +178,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return [f"{s.prefix}.{by_id[id(p)]}" for p in s.params]
 
     # ------------------------------------------------------------ hooks
+    def _gradflow_check_runtime(self) -> None:
+        """After an elastic reset (a new runtime on a re-formed group) re-bind
+        to the new runtime; outside elastic mode an optimizer of a previous
+        runtime keeps failing with the core's clear error."""
+        if (self._gradflow.runtime_gen != _runtime.generation()
+                and _elastic_worker.current() is not None):
+            rebind_after_elastic_reset(self)
+
     def _gradflow_hook(self, p: torch.Tensor) -> None:
+        self._gradflow_check_runtime()
         s = self._gradflow
         if not s.fired:
             self._gradflow_begin_step()
@@ -266,6 +279,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Wait until every gradient of this step is reduced (submitting the
         ones no hook submitted). Raises GradflowError if no gradient was
         produced since the last step, or if a reduction failed."""
+        self._gradflow_check_runtime()
         s = self._gradflow
         if not s.fired:
             raise GradflowError(

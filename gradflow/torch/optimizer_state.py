@@ -45,6 +45,7 @@ class _State:
         self.marked: set = set()                  # id(param) of pooled ranges marked this step
         self.loss_scale = 1.0                     # grad_scaler's scale for this step (CSC only)
         self.groups: Optional[GroupTracker] = None  # Horovod's groups=, or None
+        self.runtime_gen = 0                      # _runtime.generation() the pools belong to
 
 
 def destroy_pools(ids: List[int], bufs: Tuple = (), handles: List[int] = (),
@@ -100,6 +101,32 @@ def build_pools(self) -> None:
                                                     tuple(q.buf for q in s.pools),
                                                     s.pool_handles, s.ps)
     s.pool_built = True
+
+
+def rebind_after_elastic_reset(self) -> None:
+    """The elastic run loop re-formed the group (gradflow/elastic): the pools
+    and handles of `self` belong to the runtime that was shut down. Forget
+    them and whatever the interrupted step had counted; the gradients' pool
+    views stay valid (the buffers are ours). The next step is dense (copy
+    path) and rebuilds the pools with the new group, as a fresh optimizer's
+    first step does on every rank, newcomers included. CSC residuals are
+    dropped with the old pools: after a lost peer the model rolls back to
+    the commit anyway, and on hosts added the step's update stays exact
+    (only the not-yet-sent remainder of earlier steps is lost)."""
+    from .. import _runtime  # noqa: PLC0415
+    s = self._gradflow
+    self._gradflow_finalizer.detach()
+    self._gradflow_finalizer = weakref.finalize(self, destroy_pools, [])
+    s.pools, s.range_of, s.pool_built, s.order = [], {}, False, []
+    s.handles.clear()
+    s.pool_handles.clear()
+    s.passes.clear()
+    s.marked.clear()
+    s.fired = s.synchronized = False
+    s.loss_scale = 1.0
+    if s.groups is not None:
+        s.groups = GroupTracker(s.groups.groups)
+    s.runtime_gen = _runtime.generation()
 
 
 def repatch_scheduler_step(wrapped, optimizer) -> None:

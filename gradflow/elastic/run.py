@@ -1,0 +1,53 @@
+"""The elastic `run` loop (Horovod's run_fn): run the training function;
+when a peer is lost, roll back to the last commit, re-form the group and
+go on; when hosts were added or removed, re-form and go on from the current
+state.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from .._basics import HorovodInternalError, HostsUpdatedInterrupt
+from . import worker as _worker
+
+
+def _peer_lost() -> bool:
+    """Whether this generation really lost a peer (the driver said so, or
+    communication failed fatally). Other GradflowErrors (a shape mismatch, a
+    refused input) would fail again after every reset: they are re-raised."""
+    from .. import _native  # noqa: PLC0415
+    link = _worker.current()
+    return (link is not None and link.failure is not None) or _native.failed_fatally()
+
+
+def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[..., Any]:
+    """Wrap `func(state, *args, **kwargs)` in the elastic loop; `reset`
+    shuts the runtime down and initializes it on the next generation."""
+
+    @functools.wraps(func)
+    def wrapper(state, *args: Any, **kwargs: Any) -> Any:
+        skip_sync = False
+        while True:
+            try:
+                if not skip_sync:
+                    state.sync()
+                return func(state, *args, **kwargs)
+            except HorovodInternalError:
+                if not _peer_lost():
+                    raise
+                state.restore()
+                skip_sync = False
+            except HostsUpdatedInterrupt as e:
+                skip_sync = e.skip_sync
+            reset()
+            state.on_reset()
+
+    return wrapper
+
+
+def reset_runtime() -> None:
+    """shutdown() then init(): init() joins the next generation."""
+    from .. import _runtime  # noqa: PLC0415
+    _runtime.shutdown()
+    _runtime.init()

@@ -1,0 +1,380 @@
+"""gradflowrun's elastic driver: starts one worker process per slot (each
+its own `mpiexec -n 1` job), runs the rendezvous that tells workers which
+generation (membership, rank order) they are in, and reacts to membership
+changes:
+
+* a worker dies (non-zero exit, signal): its host is blacklisted, the other
+  workers of its generation are told (their collectives raise
+  HorovodInternalError: they roll back to their last commit), and once all
+  survivors are ready again a new generation forms without it;
+* hosts appear (discovery script): workers are started there (up to
+  --max-np); once one is ready, the running workers are told the hosts
+  changed (HostsUpdatedInterrupt at their next commit) and the next
+  generation includes it; it receives the state by broadcast (State.sync);
+* hosts disappear: their workers are dismissed at the next reset;
+* fewer than --min-np workers can be had for --elastic-timeout seconds, or
+  more than --reset-limit resets: the job ends with a message naming what
+  was lost.
+
+One thread runs the state machine (``_handle``); socket readers, process
+watchers and the discovery poller only put events on its queue, so the
+bookkeeping needs no locks. The worker side is gradflow/elastic/worker.py.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Optional, Sequence
+
+try:
+    from . import hosts as _hosts
+    from .elastic_hosts import HostManager
+except ImportError:  # run as a script
+    import hosts as _hosts  # type: ignore[no-redef]
+    from elastic_hosts import HostManager  # type: ignore[no-redef]
+
+DRIVER_ENV, WORKER_ENV, TIMEOUT_ENV = ("GRADFLOW_ELASTIC_DRIVER", "GRADFLOW_ELASTIC_WORKER",
+                                       "GRADFLOW_ELASTIC_TIMEOUT")  # = gradflow/elastic/worker.py
+DISCOVERY_INTERVAL = 1.0  # seconds between runs of the discovery script (Horovod's)
+ABORT_GRACE = 10.0        # seconds workers get to leave after an abort before SIGKILL
+
+
+def describe_code(code: int) -> str:
+    """A worker's `mpiexec -n 1` exit code in words. Hydra exits with the
+    signal number when its process was killed, so 9 may be SIGKILL."""
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    text = f"exited with code {code}"
+    if code in (signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT, signal.SIGTERM, signal.SIGBUS):
+        text += f" ({signal.Signals(code).name}, if it was killed)"
+    return text
+
+
+class Worker:
+    def __init__(self, wid: str, host: str, slot: int):
+        self.id, self.host, self.slot = wid, host, slot
+        self.proc: Optional[subprocess.Popen] = None
+        self.conn: Optional[socket.socket] = None
+        self.state = "starting"   # starting -> ready <-> running -> exited
+        self.gen = -1             # generation it runs in
+        self.rank = -1            # its rank there
+        self.formed = False
+        self.dismiss = False      # its host was removed: send `exit` when ready
+        self.started = time.monotonic()
+
+    def send(self, msg: Dict) -> None:
+        if self.conn is None:
+            return
+        try:
+            self.conn.sendall((json.dumps(msg) + "\n").encode())
+        except OSError:
+            pass  # its exit shows up as an `exit` event
+
+    def label(self) -> str:
+        where = f"worker {self.id} on host {self.host}"
+        return f"rank {self.rank} ({where})" if self.rank >= 0 else where
+
+
+class ElasticDriver:
+    def __init__(self, command: Sequence[str], env: Dict[str, str], hosts: HostManager,
+                 np: int, min_np: int, max_np: int, elastic_timeout: float,
+                 reset_limit: Optional[int], start_timeout: float, mpiexec: str,
+                 mpi_args: Sequence[str] = (), advertise: Optional[str] = None,
+                 verbose: bool = False):
+        self.command, self.env, self.hosts = list(command), dict(env), hosts
+        self.np, self.min_np, self.max_np = np, min_np, max_np
+        self.timeout, self.reset_limit, self.start_timeout = elastic_timeout, reset_limit, start_timeout
+        self.mpiexec, self.mpi_args, self.verbose = mpiexec, list(mpi_args), verbose
+        self.events: "queue.Queue[tuple]" = queue.Queue()
+        self.workers: Dict[str, Worker] = {}
+        self.ids = itertools.count()
+        self.gen = -1
+        self.forming: List[Worker] = []
+        self.port = ""                       # rank 0's MPI port of the forming generation
+        self.members: List[Worker] = []      # the running generation, by rank
+        self.resets = 0
+        self.finished = False                # a worker ended its training successfully
+        self.lost: List[str] = []            # what failed, for the final message
+        self.aborted: Optional[str] = None
+        self.below_min_since: Optional[float] = None
+        self.server = socket.create_server(("0.0.0.0", 0))
+        port = self.server.getsockname()[1]
+        self.address = f"{advertise or '127.0.0.1'}:{port}"
+
+    # ------------------------------------------------------------ output
+    def note(self, text: str) -> None:
+        sys.stderr.write(f"gradflowrun elastic: {text}\n")
+        sys.stderr.flush()
+
+    # ------------------------------------------------------------ threads
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._read_loop, args=(conn,), daemon=True).start()
+
+    def _read_loop(self, conn: socket.socket) -> None:
+        wid = None
+        try:
+            for line in conn.makefile("r", encoding="utf-8"):
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if msg.get("op") == "hello":
+                    wid = str(msg.get("worker"))
+                    self.events.put(("hello", wid, conn))
+                elif wid is not None:
+                    self.events.put(("msg", wid, msg))
+        except OSError:
+            pass  # the worker died: its process watcher reports it
+
+    def _watch(self, w: Worker) -> None:
+        code = w.proc.wait()
+        self.events.put(("exit", w.id, code))
+
+    def _discovery_loop(self) -> None:
+        while True:
+            time.sleep(DISCOVERY_INTERVAL)
+            self.events.put(("hosts", self.hosts.discover()))
+
+    # ------------------------------------------------------------ workers
+    def _launch(self, host: str, slot: int) -> Worker:
+        w = Worker(str(next(self.ids)), host, slot)
+        env = dict(self.env)
+        env[DRIVER_ENV], env[WORKER_ENV], env[TIMEOUT_ENV] = self.address, w.id, repr(self.timeout)
+        argv = [self.mpiexec, *self.mpi_args]
+        if not _hosts.is_local_host(host):
+            argv += ["-hosts", host]
+        argv += ["-n", "1", *self.command]
+        if self.verbose:
+            self.note(f"starting worker {w.id} on {host}: {' '.join(argv)}")
+        w.proc = subprocess.Popen(argv, env=env, start_new_session=True)
+        self.workers[w.id] = w
+        threading.Thread(target=self._watch, args=(w,), daemon=True).start()
+        return w
+
+    def _alive(self) -> List[Worker]:
+        return [w for w in self.workers.values() if w.state != "exited"]
+
+    def _fill_slots(self) -> None:
+        """Start workers on usable hosts' free slots, up to --max-np."""
+        if self.finished or self.aborted:
+            return
+        alive = [w for w in self._alive() if not w.dismiss]
+        if len(alive) >= self.max_np:
+            return
+        used: Dict[str, int] = {}
+        for w in alive:
+            used[w.host] = used.get(w.host, 0) + 1
+        for host, slots in self.hosts.usable().items():
+            while used.get(host, 0) < slots and len(alive) < self.max_np:
+                alive.append(self._launch(host, used.get(host, 0)))
+                used[host] = used.get(host, 0) + 1
+
+    # ------------------------------------------------------------ generations
+    def _try_form(self) -> None:
+        if self.finished:  # training ended: workers waiting for a generation leave
+            for w in self._alive():
+                if w.state == "ready" and not w.dismiss:
+                    w.dismiss = True
+                    w.send({"op": "exit"})
+        if self.forming or self.aborted or self.finished:
+            return
+        alive = self._alive()
+        if any(w.state == "running" for w in alive):
+            return
+        ready = [w for w in alive if w.state == "ready" and not w.dismiss]
+        starting = [w for w in alive if w.state == "starting"]
+        now = time.monotonic()
+        if self.gen < 0 and starting and now - min(w.started for w in starting) < self.start_timeout:
+            return  # first generation: wait for everyone launched (bounded)
+        if len(ready) < self.min_np:
+            if self.below_min_since is None:
+                self.below_min_since = now
+            if now - self.below_min_since > self.timeout:
+                self._abort(f"{len(ready)} worker(s) ready, fewer than --min-np {self.min_np}, "
+                            f"for {self.timeout:g} s (--elastic-timeout)" + self._lost_text())
+            return
+        self.below_min_since = None
+        # Survivors first, in their old rank order (rank 0 holds the state
+        # State.sync broadcasts), then newcomers in arrival order.
+        ready.sort(key=lambda w: (w.rank < 0, w.rank, int(w.id)))
+        members = ready[:self.max_np]
+        self.gen += 1
+        self.forming = members
+        for r, w in enumerate(members):
+            w.state, w.gen, w.rank, w.formed = "running", self.gen, r, False
+        for w in members:
+            w.send({"op": "assign", "gen": self.gen, "rank": w.rank, "size": len(members)})
+        self.note(f"generation {self.gen}: {len(members)} worker(s) on "
+                  + ", ".join(sorted({w.host for w in members})))
+
+    def _lost_text(self) -> str:
+        return ("; lost: " + "; ".join(self.lost)) if self.lost else ""
+
+    def _abort(self, why: str) -> None:
+        if self.aborted:
+            return
+        self.aborted = f"the elastic job ended: {why}"
+        self.note(self.aborted)
+        for w in self._alive():
+            w.send({"op": "abort", "message": self.aborted})
+        self.abort_deadline = time.monotonic() + ABORT_GRACE
+
+    # ------------------------------------------------------------ events
+    def _handle(self, event: tuple) -> None:
+        kind = event[0]
+        if kind == "hello":
+            w = self.workers.get(event[1])
+            if w is None:
+                event[2].close()
+                return
+            w.conn = event[2]
+        elif kind == "msg":
+            self._on_message(self.workers.get(event[1]), event[2])
+        elif kind == "exit":
+            self._on_exit(self.workers[event[1]], event[2])
+        elif kind == "hosts":
+            self._on_hosts(event[1])
+
+    def _on_message(self, w: Optional[Worker], msg: Dict) -> None:
+        if w is None:
+            return
+        op = msg.get("op")
+        if op == "ready":
+            if msg.get("gen") != w.gen:
+                return  # stale (not the generation it is in)
+            if w.dismiss:
+                w.send({"op": "exit"})
+                return
+            newcomer = w.gen < 0
+            w.state = "ready"
+            if newcomer and self.members and not self.forming:
+                for m in self.members:  # the running ones re-form at their next commit
+                    m.send({"op": "hosts_updated", "gen": self.gen, "removed": False})
+        elif op == "port" and msg.get("gen") == self.gen and self.forming:
+            # Connects go one at a time: rank r gets the port once rank r-1
+            # has joined (concurrent connects to one port crashed MPICH 5.0
+            # in MPI_Comm_accept now and then).
+            self.port = msg.get("port")
+            self._send_port(1)
+        elif op == "joined" and msg.get("gen") == self.gen and self.forming:
+            self._send_port(w.rank + 1)
+        elif op == "formed" and msg.get("gen") == self.gen:
+            w.formed = True
+            if self.forming and all(m.formed for m in self.forming):
+                self.members, self.forming = self.forming, []
+
+    def _send_port(self, rank: int) -> None:
+        if rank < len(self.forming):
+            self.forming[rank].send({"op": "port", "gen": self.gen, "port": self.port})
+
+    def _on_exit(self, w: Worker, code: int) -> None:
+        was = w.state
+        w.state = "exited"
+        if w.dismiss:
+            return
+        if code == 0:
+            if not self.finished and was in ("running", "ready"):
+                self.finished = True  # training ended: the others finish too; no more resets
+            return
+        what = f"{w.label()} {describe_code(code)}"
+        self.lost.append(what)
+        delay = self.hosts.blacklist(w.host)
+        self.note(f"{what}; host {w.host} blacklisted "
+                  + ("for the rest of the job" if delay == float("inf") else f"for {delay:g} s"))
+        if self.finished or self.aborted:
+            return
+        if w in self.forming:
+            # Its peers are inside MPI_Comm_accept/connect with it and cannot
+            # be interrupted: end the job rather than hang.
+            self._abort(f"{what} while generation {self.gen} was forming")
+            return
+        if w in self.members:
+            self.resets += 1
+            if self.reset_limit is not None and self.resets > self.reset_limit:
+                self._abort(f"{what}; that is reset {self.resets}, more than --reset-limit "
+                            f"{self.reset_limit}" + self._lost_text())
+                return
+            msg = f"gradflowrun elastic: {what}"
+            for m in self.members:
+                if m is not w and m.state == "running":
+                    m.send({"op": "failure", "gen": self.gen, "message": msg})
+            self.members = []
+        self._fill_slots()
+
+    def _on_hosts(self, known: Dict[str, int]) -> None:
+        if self.hosts.last_error:
+            self.note(self.hosts.last_error)
+        removed = [w for w in self._alive() if w.host not in known and not w.dismiss]
+        for w in removed:
+            w.dismiss = True
+            if w.state == "ready":
+                w.send({"op": "exit"})
+        if any(w in self.members for w in removed):
+            for m in self.members:
+                m.send({"op": "hosts_updated", "gen": self.gen, "removed": True})
+            self.members = []  # the ones left form the next generation
+        self._fill_slots()
+
+    # ------------------------------------------------------------ main loop
+    def run(self) -> int:
+        threading.Thread(target=self._accept_loop, daemon=True).start()
+        self.hosts.discover()
+        usable = self.hosts.usable()
+        if sum(usable.values()) < self.min_np:
+            self.note(f"error: {sum(usable.values())} slot(s) available, fewer than --min-np "
+                      f"{self.min_np}" + (f" ({self.hosts.last_error})" if self.hosts.last_error
+                                           else ""))
+            return 2
+        self._fill_slots_first()
+        if self.hosts.script is not None:
+            threading.Thread(target=self._discovery_loop, daemon=True).start()
+        try:
+            while self._alive():
+                try:
+                    self._handle(self.events.get(timeout=0.2))
+                except queue.Empty:
+                    pass
+                self._try_form()
+                if self.aborted and time.monotonic() > self.abort_deadline:
+                    for w in self._alive():
+                        self._kill(w)
+        except KeyboardInterrupt:
+            for w in self._alive():
+                self._kill(w)
+            return 130
+        finally:
+            self.server.close()
+        if self.aborted:
+            return 1
+        if self.finished:
+            return 0
+        self.note("every worker failed" + self._lost_text())
+        return 1
+
+    def _fill_slots_first(self) -> None:
+        """The first workers: -np of them (at most --max-np) on usable slots."""
+        want = min(self.np, self.max_np)
+        for host, slots in self.hosts.usable().items():
+            for slot in range(slots):
+                if len(self.workers) < want:
+                    self._launch(host, slot)
+
+    @staticmethod
+    def _kill(w: Worker) -> None:
+        try:
+            os.killpg(w.proc.pid, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass

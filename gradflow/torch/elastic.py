@@ -1,0 +1,199 @@
+"""Elastic training for PyTorch (Horovod's horovod.torch.elastic): the `run`
+decorator, TorchState (model, optimizer, sampler and plain objects, committed
+in memory, restored after a lost peer, broadcast to joining workers) and
+ElasticSampler (each sample once per epoch across membership changes).
+
+    @gradflow.torch.elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, epochs):
+            for state.batch, (x, y) in enumerate(loader, start=state.batch): ...
+                state.sampler.record_batch(state.batch, batch_size)
+                if state.batch % 10 == 0: state.commit()
+            state.batch = 0
+            state.sampler.set_epoch(state.epoch + 1)
+
+    state = gradflow.torch.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0)
+    train(state)
+"""
+from __future__ import annotations
+
+import copy
+import math
+import random
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import torch
+import torch.utils.data
+
+from .. import _runtime
+from ..elastic import ObjectState, run_fn
+from ..elastic.run import reset_runtime
+from .functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
+
+__all__ = ["run", "TorchState", "ElasticSampler"]
+
+
+def run(func):
+    """Run `func(state, ...)` elastically: on a lost peer the state rolls
+    back to its last commit, the survivors re-form and go on; when hosts are
+    added or removed the group re-forms at the next commit. Do not call a
+    collective as the decorated call itself (new workers sync state first)."""
+    return run_fn(func, reset_runtime)
+
+
+class ElasticSampler(torch.utils.data.Sampler):
+    """Like DistributedSampler, but re-partitions the samples not yet
+    processed this epoch whenever the membership changes. Keep it in the
+    TorchState, call record_batch() after each batch and set_epoch() at the
+    *end* of each epoch (so a re-formed group does not repeat samples).
+
+    Args:
+        dataset: a sized dataset (constant size).
+        shuffle: shuffle the indices each epoch (the same order on every rank).
+        seed: shuffling seed, the same on every rank.
+    """
+
+    def __init__(self, dataset: Any, shuffle: bool = True, seed: int = 0):
+        self.dataset, self.shuffle, self.seed = dataset, shuffle, seed
+        self.epoch = 0
+        self.processed_num = 0
+        self.num_replicas, self.rank = 1, 0
+        self.remaining_indices: List[int] = []
+        self.num_samples = self.total_size = 0
+        self.reset()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch `epoch`: forget what was processed."""
+        self.epoch, self.processed_num = epoch, 0
+        self.reset()
+
+    def record_batch(self, batch_idx: int, batch_size: int) -> None:
+        """Record that every rank processed one more batch of batch_size."""
+        self.processed_num += batch_size * self.num_replicas
+
+    def state_dict(self) -> Dict[str, int]:
+        return {"epoch": self.epoch, "processed_num": self.processed_num}
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        self.epoch, self.processed_num = int(state["epoch"]), int(state["processed_num"])
+        self.reset()
+
+    def reset(self) -> None:
+        """Re-partition what remains of the epoch over the current ranks."""
+        self.num_replicas = _runtime.size() if _runtime.is_initialized() else 1
+        self.rank = _runtime.rank() if _runtime.is_initialized() else 0
+        order = list(range(len(self.dataset)))
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(order)
+        self.remaining_indices = order[self.processed_num:]
+        self.num_samples = int(math.ceil(len(self.remaining_indices) / self.num_replicas))
+        self.total_size = self.num_samples * self.num_replicas
+
+    def __iter__(self) -> Iterator[int]:
+        indices = self.remaining_indices[:]
+        indices += indices[:self.total_size - len(indices)]  # pad to a multiple of the ranks
+        return iter(indices[self.rank:self.total_size:self.num_replicas])
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class _Handler:
+    """Saves, restores and syncs one kind of object in a TorchState."""
+
+    def __init__(self, value: Any):
+        self.value = value
+        self.save()
+
+    def set_value(self, value: Any) -> None:
+        self.value = value
+        self.save()
+
+
+class _ModelHandler(_Handler):
+    def save(self) -> None:
+        self.saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self.saved)
+
+    def sync(self) -> None:
+        broadcast_parameters(self.value.state_dict(), root_rank=0)
+
+
+class _OptimizerHandler(_Handler):
+    def save(self) -> None:
+        self.saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self.saved)
+
+    def sync(self) -> None:
+        broadcast_optimizer_state(self.value, root_rank=0)
+
+
+class _SamplerHandler(_Handler):
+    def save(self) -> None:
+        self.saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self.saved)
+
+    def sync(self) -> None:
+        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0,
+                                                    name="gradflow.elastic.sampler"))
+
+
+_HANDLERS: List[Tuple[type, type]] = [(torch.nn.Module, _ModelHandler),
+                                      (torch.optim.Optimizer, _OptimizerHandler),
+                                      (ElasticSampler, _SamplerHandler)]
+
+
+class TorchState(ObjectState):
+    """The state of a PyTorch training process. Models, optimizers and
+    ElasticSamplers given as keyword arguments (any number) are saved with
+    their state_dict and synced by broadcast from rank 0; anything else is a
+    plain object (ObjectState). All become attributes."""
+
+    def __init__(self, model: Optional[torch.nn.Module] = None,
+                 optimizer: Optional[torch.optim.Optimizer] = None, **kwargs: Any):
+        kwargs.update(model=model, optimizer=optimizer)
+        handlers: Dict[str, _Handler] = {}
+        plain: Dict[str, Any] = {}
+        for k, v in kwargs.items():
+            cls = next((h for t, h in _HANDLERS if isinstance(v, t)), None)
+            if cls is None:
+                plain[k] = v
+            else:
+                handlers[k] = cls(v)
+        object.__setattr__(self, "_handlers", handlers)
+        for name, handler in handlers.items():
+            object.__setattr__(self, name, handler.value)
+        super().__init__(bcast_object=lambda obj: broadcast_object(
+            obj, root_rank=0, name="gradflow.elastic.state"), get_rank=_runtime.rank, **plain)
+
+    def save(self) -> None:
+        for handler in self._handlers.values():
+            handler.save()
+        super().save()
+
+    def restore(self) -> None:
+        for handler in self._handlers.values():
+            handler.restore()
+        super().restore()
+
+    def sync(self) -> None:
+        for handler in self._handlers.values():
+            handler.sync()
+        super().sync()
+
+    def reset(self) -> None:
+        for handler in self._handlers.values():
+            if isinstance(handler, _SamplerHandler):
+                handler.value.reset()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        handlers = self.__dict__.get("_handlers", {})
+        if name in handlers:
+            handlers[name].set_value(value)
+        super().__setattr__(name, value)

@@ -1,0 +1,110 @@
+"""Elastic training of the digits MLP under `gradflowrun --min-np ...`
+(tests/parallel/test_elastic.py). Everything a test needs comes from the
+environment:
+
+  ELASTIC_EPOCHS       epochs to train (default 6)
+  ELASTIC_KILL         "WORKER:STEP": the worker with that gradflowrun worker id
+                       SIGKILLs itself before global step STEP (first life only)
+  ELASTIC_LOG          a directory: each worker appends one JSON object per line
+                       (events: kill, step, reset, result) to worker-<id>.jsonl
+  ELASTIC_STEP_SLEEP   seconds to sleep per step (to give a test time to act)
+
+Each rank's final parameters are hashed; the test checks that every rank of
+the last generation ends with the same hash and that the accuracy is close
+to the fault-free run's.
+"""
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import gradflow.torch as hvd
+import gradflow.torch.elastic as elastic
+
+torch.set_num_threads(1)
+WORKER = os.environ.get("GRADFLOW_ELASTIC_WORKER", "?")
+LOG = os.environ.get("ELASTIC_LOG")
+EPOCHS = int(os.environ.get("ELASTIC_EPOCHS", "6"))
+KILL = os.environ.get("ELASTIC_KILL", "")
+SLEEP = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))
+BATCH = 32  # per rank
+
+
+def log(**event):
+    event.update(worker=WORKER, t=time.time())
+    if LOG:
+        # One write of one line: several processes append to their own file.
+        with open(os.path.join(LOG, f"worker-{WORKER}.jsonl"), "a") as f:
+            f.write(json.dumps(event) + "\n")
+
+
+def data():
+    from sklearn.datasets import load_digits
+    d = load_digits()
+    x = torch.tensor(d.data / 16.0, dtype=torch.float32)
+    y = torch.tensor(d.target, dtype=torch.int64)
+    g = torch.Generator().manual_seed(0)
+    perm = torch.randperm(len(x), generator=g)
+    x, y = x[perm], y[perm]
+    return (x[:1400], y[:1400]), (x[1400:], y[1400:])
+
+
+def main():
+    hvd.init()
+    (xtr, ytr), (xte, yte) = data()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    dataset = torch.utils.data.TensorDataset(xtr, ytr)
+    sampler = elastic.ElasticSampler(dataset, shuffle=True, seed=1)
+    state = elastic.TorchState(model, opt, sampler=sampler, epoch=0, batch=0, step=0)
+    kill_worker, _, kill_step = KILL.partition(":")
+    state.register_reset_callbacks([lambda: log(event="reset", size=hvd.size(), rank=hvd.rank())])
+
+    @elastic.run
+    def train(state):
+        first_step_of_generation = True
+        while state.epoch < EPOCHS:
+            loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=state.sampler)
+            for i, (x, y) in enumerate(loader):
+                if kill_worker == WORKER and state.step == int(kill_step or -1):
+                    log(event="kill", step=state.step)
+                    os.kill(os.getpid(), signal.SIGKILL)
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+                state.step += 1
+                state.batch += 1
+                state.sampler.record_batch(i, BATCH)
+                if first_step_of_generation:
+                    log(event="step", step=state.step, size=hvd.size(), rank=hvd.rank())
+                    first_step_of_generation = False
+                if SLEEP:
+                    time.sleep(SLEEP)
+                if state.batch % 4 == 0:
+                    state.commit()
+            state.epoch += 1
+            state.batch = 0
+            state.sampler.set_epoch(state.epoch)
+            state.commit()
+
+    train(state)
+    with torch.no_grad():
+        acc = (model(xte).argmax(1) == yte).float().mean().item()
+    h = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
+    log(event="result", rank=hvd.rank(), size=hvd.size(), acc=acc, hash=h.hexdigest(),
+        steps=state.step)
+    sys.stdout.write(f"RESULT worker={WORKER} rank={hvd.rank()} size={hvd.size()} "
+                     f"acc={acc:.4f}\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
