@@ -140,8 +140,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             and user_compressor is None and s.groups is None
         if use_pool and not all(p.device.type == "cpu" for p in s.params):
             warnings.warn("gradflow: the gradient pool is CPU-only; CUDA parameters use the copy path")
-        check_same_everywhere([(n, tuple(p.shape), str(p.dtype)) for n, p in zip(s.names, s.params)],
-                              f"DistributedOptimizer '{s.prefix}'", process_set)
+        if _elastic_worker.current() is None:
+            # Skipped in elastic mode: a joining worker builds its
+            # optimizer while the running ones are in State.sync(), so no
+            # collective may run here (a mismatch fails at the first step).
+            check_same_everywhere([(n, tuple(p.shape), str(p.dtype))
+                                   for n, p in zip(s.names, s.params)],
+                                  f"DistributedOptimizer '{s.prefix}'", process_set)
         me = weakref.ref(self)  # hooks must not keep the optimizer alive
 
         def hook(p: torch.Tensor) -> None:
