@@ -22,9 +22,10 @@ __all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "is_homogeneous",
 
 
 class HostsUpdatedInterrupt(RuntimeError):
-    """Horovod's elastic-mode interrupt (the set of hosts changed). gradflow
-    has no elastic mode and never raises it; it exists so that Horovod code
-    catching it imports and runs unchanged."""
+    """Horovod's elastic-mode interrupt: hosts were added or removed. Raised
+    on every rank together by an elastic job's State.commit() /
+    check_host_updates(); the elastic run loop catches it and re-forms the
+    group (skip_sync: only hosts were removed, the states are still equal)."""
 
     def __init__(self, skip_sync: bool):
         super().__init__(skip_sync)

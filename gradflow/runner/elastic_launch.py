@@ -23,12 +23,12 @@ except ImportError:  # run as a script
 
 def add_elastic_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("elastic training (docs/elastic.md; any of these turns it on)")
-    g.add_argument("--min-np", type=int, metavar="N",
+    g.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N",
                    help="fewest workers to train with; below it for --elastic-timeout the job "
                         "ends (default: -np)")
-    g.add_argument("--max-np", type=int, metavar="N",
+    g.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, metavar="N",
                    help="most workers to use; extra slots stay idle (default: -np)")
-    g.add_argument("--slots-per-host", "--slots", dest="slots_per_host", type=int, metavar="N",
+    g.add_argument("--slots-per-host", dest="slots_per_host", type=int, metavar="N",
                    help="slots of a host the discovery script prints without ':slots'")
     g.add_argument("--host-discovery-script", metavar="SCRIPT",
                    help="executable printing the usable hosts, one 'host:slots' per line; run "

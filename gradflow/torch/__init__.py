@@ -2,7 +2,8 @@
 # `import gradflow.torch as hvd`. Re-exports only; the tensor collectives are
 # in ops.py and scatter_ops.py, model/optimizer state helpers in functions.py,
 # the DistributedOptimizer in optimizer.py, SyncBatchNorm in
-# sync_batch_norm.py and StatsLogger (TensorBoard) in stats_logger.py.
+# sync_batch_norm.py, StatsLogger (TensorBoard) in stats_logger.py and
+# elastic training (hvd.elastic) in elastic.py.
 """PyTorch binding of gradflow with Horovod's API (``import gradflow.torch as hvd``)."""
 from .._runtime import (GradflowError, cross_rank, cross_size, init, is_initialized, local_rank,
                         local_size, mpi_comm, rank, reset_stats, shutdown, size, stats)
@@ -25,6 +26,8 @@ from .scatter_ops import (grouped_allgather, grouped_allgather_async, grouped_re
                           grouped_reducescatter_async, reducescatter, reducescatter_async)
 from .sync_batch_norm import SyncBatchNorm
 from .stats_logger import StatsLogger
+
+from . import elastic  # noqa: E402 - hvd.elastic.run, as in Horovod
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",

@@ -1,0 +1,111 @@
+"""Elastic recovery on the emulated cluster (benchmarks/cluster): N hosts at
+1 Gbit/s, one worker each, train the digits MLP under
+`gradflowrun --min-np N-1 -np N --max-np N` (tests/parallel/elastic_torch_script.py,
+commit every 4 batches); the worker on the last host SIGKILLs itself at
+step KILL_STEP. Reported per run: recovery time (the kill to the first
+completed step on N-1 ranks), steps lost (rolled back to the last commit),
+final accuracy against a fault-free run of the same N, and whether the
+survivors' parameters are identical.
+
+    python -m benchmarks.elastic_recovery --hosts 2 4 --repeats 3   # needs root (netns)
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+from benchmarks import cluster as cl  # noqa: E402
+
+SCRIPT = os.path.join(ROOT, "tests", "parallel", "elastic_torch_script.py")
+KILL_STEP = 30
+
+
+def run_job(c, n: int, log_dir: str, kill: bool, epochs: int) -> dict:
+    env = c.env(n)
+    env.update(ELASTIC_LOG=log_dir, ELASTIC_EPOCHS=str(epochs), PYTHONPATH=ROOT,
+               OMP_NUM_THREADS="1", MPIR_CVAR_POLLS_BEFORE_YIELD="10")
+    if kill:
+        env["ELASTIC_KILL"] = f"{n - 1}:{KILL_STEP}"
+    h0 = c.host_ip(0)
+    hosts = ",".join(f"{c.host_ip(k)}:1" for k in range(n))
+    cmd = c.host_command(0, [sys.executable, "-m", "gradflow.runner.launch",
+                             "--min-np", str(max(1, n - 1)), "-np", str(n), "--max-np", str(n),
+                             "-H", hosts, "--network-interface", cl.IFACE, "--mpi-args",
+                             f"-launcher rsh -launcher-exec {cl.RSH} -localhost {h0}",
+                             sys.executable, SCRIPT])
+    t0 = time.monotonic()
+    r = c.run_command(cmd, cwd=ROOT, env=env, timeout=600)
+    wall = time.monotonic() - t0
+    ev = []
+    for path in glob.glob(os.path.join(log_dir, "worker-*.jsonl")):
+        with open(path) as f:
+            ev += [json.loads(line) for line in f if line.strip()]
+    ev.sort(key=lambda e: e["t"])
+    res = [e for e in ev if e["event"] == "result"]
+    out = {"n": n, "kill": kill, "rc": r.returncode, "wall_s": round(wall, 2),
+           "acc": res[0]["acc"] if res else None, "final_size": res[0]["size"] if res else None,
+           "identical": len({e["hash"] for e in res}) == 1 and len(res) > 0}
+    if r.returncode != 0:
+        out["stderr"] = r.stderr[-2000:]
+    if kill:
+        k = [e for e in ev if e["event"] == "kill"]
+        after = [e for e in ev if e["event"] == "step" and e["size"] == n - 1]
+        if k and after:
+            first = min(after, key=lambda e: e["t"])
+            out["recovery_s"] = round(first["t"] - k[0]["t"], 3)
+            out["steps_lost"] = KILL_STEP - (first["step"] - 1)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--rate", default="1gbit")
+    args = ap.parse_args()
+    why = cl.unavailable_reason()
+    if why:
+        print(f"elastic_recovery: cannot build the emulated cluster: {why}", file=sys.stderr)
+        return 2
+    rows = []
+    with cl.Cluster(max(args.hosts), rate=args.rate, delay="0", name=f"el{os.getpid()}") as c:
+        for n in args.hosts:
+            for rep in range(args.repeats):
+                for kill in (False, True):
+                    with tempfile.TemporaryDirectory() as d:
+                        row = run_job(c, n, d, kill, args.epochs)
+                    row["repeat"] = rep
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.1f}, "
+          f"{os.cpu_count()} cores, rate {args.rate}")
+    print("| N | recovery s (median, min-max) | steps lost | acc fault-free | acc with a kill | "
+          "survivors identical |")
+    print("|---|---|---|---|---|---|")
+    for n in args.hosts:
+        clean = [r for r in rows if r["n"] == n and not r["kill"]]
+        faulty = [r for r in rows if r["n"] == n and r["kill"] and "recovery_s" in r]
+        if not faulty:
+            print(f"| {n} | failed | | | | |")
+            continue
+        rec = [r["recovery_s"] for r in faulty]
+        print(f"| {n} | {statistics.median(rec):.2f} ({min(rec):.2f}-{max(rec):.2f}) | "
+              f"{statistics.median(r['steps_lost'] for r in faulty):g} | "
+              f"{statistics.median(r['acc'] for r in clean if r['acc'] is not None):.4f} | "
+              f"{statistics.median(r['acc'] for r in faulty):.4f} | "
+              f"{all(r['identical'] for r in faulty)} |")
+    return 0 if all(r["rc"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
