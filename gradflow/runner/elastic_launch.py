@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import os
 import shlex
 import socket
 import subprocess

@@ -27,7 +27,7 @@ from .scatter_ops import (grouped_allgather, grouped_allgather_async, grouped_re
 from .sync_batch_norm import SyncBatchNorm
 from .stats_logger import StatsLogger
 
-from . import elastic  # noqa: E402 - hvd.elastic.run, as in Horovod
+from . import elastic  # noqa: E402,F401 - hvd.elastic.run, as in Horovod
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",

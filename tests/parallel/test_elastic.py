@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 
 from _launch import rank_env, run_cwd, skip_unless_hydra
 
