@@ -19,6 +19,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -29,10 +30,17 @@ SCRIPT = os.path.join(ROOT, "tests", "parallel", "elastic_torch_script.py")
 KILL_STEP = 30
 
 
-def run_job(c, n: int, log_dir: str, kill: bool, epochs: int) -> dict:
+def run_job(c, n: int, log_dir: str, kill: bool, epochs: int,
+            source_tree: Optional[bool] = None) -> dict:
+    """One job; source_tree: run the gradflow of this source tree (default:
+    when it has a built extension) rather than the installed one."""
+    if source_tree is None:
+        source_tree = bool(glob.glob(os.path.join(ROOT, "gradflow", "_native*.so")))
     env = c.env(n)
-    env.update(ELASTIC_LOG=log_dir, ELASTIC_EPOCHS=str(epochs), PYTHONPATH=ROOT,
+    env.update(ELASTIC_LOG=log_dir, ELASTIC_EPOCHS=str(epochs),
                OMP_NUM_THREADS="1", MPIR_CVAR_POLLS_BEFORE_YIELD="10")
+    if source_tree:
+        env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     if kill:
         env["ELASTIC_KILL"] = f"{n - 1}:{KILL_STEP}"
     h0 = c.host_ip(0)
@@ -43,7 +51,8 @@ def run_job(c, n: int, log_dir: str, kill: bool, epochs: int) -> dict:
                              f"-launcher rsh -launcher-exec {cl.RSH} -localhost {h0}",
                              sys.executable, SCRIPT])
     t0 = time.monotonic()
-    r = c.run_command(cmd, cwd=ROOT, env=env, timeout=600)
+    r = c.run_command(cmd, cwd=ROOT if source_tree else tempfile.gettempdir(), env=env,
+                      timeout=600)
     wall = time.monotonic() - t0
     ev = []
     for path in glob.glob(os.path.join(log_dir, "worker-*.jsonl")):
