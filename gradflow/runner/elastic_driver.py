@@ -288,6 +288,13 @@ class ElasticDriver:
         if code == 0:
             if not self.finished and was in ("running", "ready"):
                 self.finished = True  # training ended: the others finish too; no more resets
+                return
+            if was == "starting":
+                what = (f"{w.label()} exited with code 0 before joining the rendezvous (did it "
+                        "call gradflow.init()? does it import the gradflow this gradflowrun "
+                        "belongs to?)")
+                self.lost.append(what)
+                self.note(what)
             return
         what = f"{w.label()} {describe_code(code)}"
         self.lost.append(what)

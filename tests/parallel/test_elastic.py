@@ -184,3 +184,37 @@ def test_four_emulated_hosts_lose_one(tmp_path):
     assert faulty["rc"] == 0 and faulty["identical"] and faulty["final_size"] == 3, faulty
     assert faulty["recovery_s"] < 10, faulty
     assert abs(faulty["acc"] - clean["acc"]) <= 0.01 + 1e-9, (faulty, clean)
+
+
+def test_removed_host_is_dismissed_and_the_rest_go_on(tmp_path):
+    """The discovery script stops listing 127.0.0.1: its worker is dismissed
+    at the next commit (exits 0), the two others re-form without a state sync
+    and finish with identical parameters; the job succeeds."""
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost:2\n127.0.0.1:1\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    env = rank_env()
+    env.update(ELASTIC_LOG=str(logs), ELASTIC_EPOCHS="4", ELASTIC_STEP_SLEEP="0.05")
+    cmd = [sys.executable, "-m", "gradflow.runner.launch", "--min-np", "2", "--max-np", "3",
+           "--host-discovery-script", str(script), sys.executable, SCRIPT]
+    p = subprocess.Popen(cmd, env=env, cwd=run_cwd(), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while not any(e["event"] == "step" for e in events(logs)) and time.time() < deadline:
+            time.sleep(0.2)
+        hosts.write_text("localhost:2\n")
+        out, _ = p.communicate(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, out
+    assert "generation 0: 3 worker(s)" in out and "generation 1: 2 worker(s) on localhost" in out, out
+    res = results(logs)
+    check_identical(res, 2)
+    assert "2" not in {e["worker"] for e in res}
+    assert "exited with code" not in out, out  # nobody failed

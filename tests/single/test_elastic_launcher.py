@@ -1,0 +1,76 @@
+"""gradflowrun's elastic options without starting workers: validation
+(exit code 2 and a message, nothing started), the discovery script's output
+format, and the blacklist's cooldown arithmetic."""
+import math
+
+import pytest
+
+from gradflow.runner import launch
+from gradflow.runner.elastic_hosts import HostManager, parse_cooldown, parse_discovery_output
+from gradflow.runner.elastic_launch import check_elastic, is_elastic
+
+
+def parse(argv):
+    return launch.build_parser([]).parse_args(argv)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--min-np", "3", "-np", "2", "python", "x.py"], "1 <= --min-np (3) <= -np (2)"),
+    (["--max-np", "1", "-np", "2", "python", "x.py"], "-np (2) <= --max-np (1)"),
+    (["--min-np", "0", "python", "x.py"], "1 <= --min-np (0)"),
+    (["--max-np", "4", "python", "x.py"], "elastic mode needs -np or --min-np"),
+    (["--min-np", "2", "--elastic-timeout", "0", "python", "x.py"], "--elastic-timeout must be > 0"),
+    (["--min-np", "2", "--reset-limit", "-1", "python", "x.py"], "--reset-limit must be >= 0"),
+    (["--min-np", "2", "--blacklist-cooldown-range", "5", "1", "python", "x.py"],
+     "0 < LOW <= HIGH"),
+    (["--min-np", "2", "-H", "a:2", "--host-discovery-script", "./d.sh", "python", "x.py"],
+     "not both"),
+    (["--min-np", "2", "--launcher", "openmpi", "python", "x.py"], "--launcher openmpi"),
+    (["--min-np", "2"], "no command given"),
+])
+def test_bad_elastic_options_are_refused(argv, message, capsys):
+    args = parse(argv)
+    assert is_elastic(args)
+    with pytest.raises(ValueError, match=None) as e:
+        check_elastic(args)
+    assert message in str(e.value)
+    # and through main(): exit code 2, the message, nothing started
+    assert launch.main(argv, config_keys=[]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_defaults_and_spellings():
+    args = parse(["--min-num-proc", "2", "--max-num-proc", "4", "python", "x.py"])
+    hosts = check_elastic(args)
+    assert (args.np, args.min_np, args.max_np) == (2, 2, 4)
+    assert hosts.discover() == {"localhost": 4}
+    assert not is_elastic(parse(["-np", "2", "python", "x.py"]))
+
+
+def test_discovery_output():
+    assert parse_discovery_output("a:2\n# comment\n\nb:1\n", None) == {"a": 2, "b": 1}
+    assert parse_discovery_output("a\nb:3\n", 4) == {"a": 4, "b": 3}
+    for bad, why in [("a\n", "no slot count"), ("a:x\n", "slots must be an integer"),
+                     ("-oProxy:1\n", "host")]:
+        with pytest.raises(ValueError, match=why):
+            parse_discovery_output(bad, None)
+
+
+def test_failing_discovery_script_keeps_the_last_answer(tmp_path):
+    out = tmp_path / "hosts"
+    out.write_text("a:2\n")
+    m = HostManager(discovery_script=f"cat {out}")
+    assert m.discover() == {"a": 2}
+    out.unlink()
+    assert m.discover() == {"a": 2}
+    assert "failed" in m.last_error
+
+
+def test_blacklist_cooldown_doubles_up_to_high():
+    m = HostManager(static={"a": 1, "b": 1}, cooldown_range=parse_cooldown([2, 5]))
+    assert m.blacklist("a", now=0) == 2
+    assert m.usable(now=1) == {"b": 1} and m.usable(now=2.5) == {"a": 1, "b": 1}
+    assert m.blacklist("a", now=10) == 4
+    assert m.blacklist("a", now=20) == 5  # capped at HIGH
+    forever = HostManager(static={"a": 1})
+    assert forever.blacklist("a", now=0) == math.inf and forever.usable(now=1e9) == {}
