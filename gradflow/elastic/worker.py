@@ -69,8 +69,13 @@ class DriverLink:
     # ------------------------------------------------------------ transport
     def _send(self, msg: Dict[str, Any]) -> None:
         data = (json.dumps(msg) + "\n").encode()
-        with self._send_lock:
-            self._sock.sendall(data)
+        try:
+            with self._send_lock:
+                self._sock.sendall(data)
+        except OSError as e:
+            sys.stderr.write(f"gradflow elastic: worker {self.worker_id} cannot reach "
+                             f"gradflowrun's elastic driver ({e}); leaving\n")
+            raise ElasticAbort(1) from None
 
     def _read(self) -> None:
         f = self._sock.makefile("r", encoding="utf-8")
@@ -92,10 +97,13 @@ class DriverLink:
             else:
                 self._control.put(msg)
         self.closed = True
-        # The driver is gone (gradflowrun was killed): nothing can re-form.
-        self._control.put({"op": "abort", "message": "the connection to gradflowrun's elastic "
-                           "driver was lost"})
-        self.on_failure("gradflow elastic: the connection to gradflowrun's elastic driver was lost")
+        # The driver is gone (gradflowrun was killed): nothing can re-form,
+        # so this is a failure without a rollback: the next reset aborts.
+        lost = "the connection to gradflowrun's elastic driver was lost"
+        self._control.put({"op": "abort", "message": lost})
+        if self.failure is None:
+            self.failure = lost
+        self.on_failure("gradflow elastic: " + lost)
 
     def _next_control(self, what: str, deadline: float) -> Dict[str, Any]:
         left = deadline - time.monotonic()

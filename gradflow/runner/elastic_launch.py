@@ -121,6 +121,9 @@ def worker_env(env: Dict[str, str]) -> Dict[str, str]:
     # UCX's shared-memory transports crashed (SIGSEGV in MPI_Comm_accept)
     # in processes that had imported torch; TCP (and self) did not.
     env.setdefault("UCX_TLS", "tcp,self")
+    # Requests abandoned with a dead peer's communicator make UCX print one
+    # "was not returned to mpool" warning each at exit.
+    env.setdefault("UCX_LOG_LEVEL", "error")
     iface = env.get("FI_TCP_IFACE")
     if iface and not env.get("UCX_NET_DEVICES"):
         env["UCX_NET_DEVICES"] = iface
