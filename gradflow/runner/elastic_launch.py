@@ -73,6 +73,10 @@ def check_elastic(args: argparse.Namespace) -> HostManager:
     if args.slots_per_host is not None and args.slots_per_host < 1:
         raise ValueError(f"--slots-per-host must be >= 1, got {args.slots_per_host}")
     cooldown = parse_cooldown(args.blacklist_cooldown_range)
+    for flag, value in (("--monitor", getattr(args, "monitor", None)),
+                        ("--output-filename", args.output_filename)):
+        if value is not None:
+            raise ValueError(f"{flag} is not supported in elastic mode yet (docs/elastic.md)")
     if args.launcher not in ("auto", "mpiexec"):
         raise ValueError(f"elastic mode starts workers with MPICH's mpiexec; --launcher "
                          f"{args.launcher} is not supported there")

@@ -8,6 +8,8 @@ environment:
   ELASTIC_LOG          a directory: each worker appends one JSON object per line
                        (events: kill, step, reset, result) to worker-<id>.jsonl
   ELASTIC_STEP_SLEEP   seconds to sleep per step (to give a test time to act)
+  ELASTIC_OPTIMIZER    DistributedOptimizer options: "csc" (sparse_ratio=0.1,
+                       fp16 wire), "bpps2" (backward_passes_per_step=2)
 
 Each rank's final parameters are hashed; the test checks that every rank of
 the last generation ends with the same hash and that the accuracy is close
@@ -61,7 +63,11 @@ def main():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    variant = os.environ.get("ELASTIC_OPTIMIZER", "")
+    options = {"csc": dict(sparse_ratio=0.1, compression=hvd.Compression.fp16),
+               "bpps2": dict(backward_passes_per_step=2)}.get(variant, {})
+    passes = options.get("backward_passes_per_step", 1)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **options)
     dataset = torch.utils.data.TensorDataset(xtr, ytr)
     sampler = elastic.ElasticSampler(dataset, shuffle=True, seed=1)
     state = elastic.TorchState(model, opt, sampler=sampler, epoch=0, batch=0, step=0)
@@ -78,7 +84,8 @@ def main():
                     log(event="kill", step=state.step)
                     os.kill(os.getpid(), signal.SIGKILL)
                 opt.zero_grad()
-                F.cross_entropy(model(x), y).backward()
+                for part in torch.chunk(torch.arange(len(x)), passes):
+                    (F.cross_entropy(model(x[part]), y[part]) * len(part) / len(x)).backward()
                 opt.step()
                 state.step += 1
                 state.batch += 1

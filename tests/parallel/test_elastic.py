@@ -17,6 +17,8 @@ import sys
 import time
 
 
+import pytest
+
 from _launch import ROOT, in_place_build, rank_env, run_cwd, skip_unless_hydra
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -157,7 +159,6 @@ def test_four_emulated_hosts_lose_one(tmp_path):
     namespaces, 1 Gbit/s, one worker per host): the worker on host 3 is
     SIGKILLed at step 30; the 3 survivors finish with identical parameters,
     recover in < 10 s, and end within 1 point of a fault-free run."""
-    import pytest  # noqa: PLC0415
     sys.path.insert(0, ROOT)  # benchmarks/ is not installed: take it from the tree
     try:
         import benchmarks.cluster as cl
@@ -218,3 +219,15 @@ def test_removed_host_is_dismissed_and_the_rest_go_on(tmp_path):
     check_identical(res, 2)
     assert "2" not in {e["worker"] for e in res}
     assert "exited with code" not in out, out  # nobody failed
+
+
+@pytest.mark.parametrize("variant", ["csc", "bpps2"])
+def test_sigkill_with_pool_csc_fp16_or_accumulation(tmp_path, variant):
+    """Recovery where features meet: the DistributedOptimizer with CSC and the
+    fp16 wire (pool path, residuals) or with backward_passes_per_step=2 (a
+    kill may land between the two passes). It re-binds to the re-formed
+    group; the survivors end identical."""
+    r = gradflowrun(["--min-np", "2", "-np", "3", "--max-np", "3"], tmp_path, ELASTIC_EPOCHS=4,
+                    ELASTIC_KILL="2:30", ELASTIC_OPTIMIZER=variant)
+    assert r.returncode == 0, r.stdout + r.stderr
+    check_identical(results(tmp_path), 2)

@@ -27,6 +27,9 @@ def parse(argv):
      "not both"),
     (["--min-np", "2", "--launcher", "openmpi", "python", "x.py"], "--launcher openmpi"),
     (["--min-np", "2"], "no command given"),
+    (["--min-np", "2", "--monitor", "5", "python", "x.py"], "--monitor is not supported"),
+    (["--min-np", "2", "--output-filename", "logs", "python", "x.py"],
+     "--output-filename is not supported"),
 ])
 def test_bad_elastic_options_are_refused(argv, message, capsys):
     args = parse(argv)
