@@ -5,7 +5,8 @@ commit every 4 batches); the worker on the last host SIGKILLs itself at
 step KILL_STEP. Reported per run: recovery time (the kill to the first
 completed step on N-1 ranks), steps lost (rolled back to the last commit),
 final accuracy against a fault-free run of the same N, and whether the
-survivors' parameters are identical.
+survivors' parameters are identical. For N > 2 also a growing job: the
+discovery script lists N-1 hosts, then the last one too (run_grow_job).
 
     python -m benchmarks.elastic_recovery --hosts 2 4 --repeats 3   # needs root (netns)
 """
@@ -16,6 +17,7 @@ import glob
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -75,6 +77,70 @@ def run_job(c, n: int, log_dir: str, kill: bool, epochs: int,
     return out
 
 
+def run_grow_job(c, n: int, log_dir: str, epochs: int,
+                 source_tree: Optional[bool] = None) -> dict:
+    """Start on hosts 0..n-2 (the discovery script lists them), add host n-1
+    to the script's output once training runs: the new worker starts there,
+    joins at the running workers' next commit and gets the state. Reports
+    the time from the change to the first step on n ranks (it includes the
+    new worker's Python/torch start-up) and whether all n end identical."""
+    if source_tree is None:
+        source_tree = bool(glob.glob(os.path.join(ROOT, "gradflow", "_native*.so")))
+    env = c.env(n)
+    env.update(ELASTIC_LOG=log_dir, ELASTIC_EPOCHS=str(epochs), ELASTIC_STEP_SLEEP="0.05",
+               OMP_NUM_THREADS="1", MPIR_CVAR_POLLS_BEFORE_YIELD="10")
+    if source_tree:
+        env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    hosts_file = os.path.join(log_dir, "hosts.txt")
+    with open(hosts_file, "w") as f:
+        f.write("".join(f"{c.host_ip(k)}:1\n" for k in range(n - 1)))
+    script = os.path.join(log_dir, "discover.sh")
+    with open(script, "w") as f:
+        f.write(f"#!/bin/sh\ncat {hosts_file}\n")
+    os.chmod(script, 0o755)
+    h0 = c.host_ip(0)
+    cmd = c.host_command(0, [sys.executable, "-m", "gradflow.runner.launch",
+                             "--min-np", str(n - 1), "--max-np", str(n),
+                             "--host-discovery-script", script,
+                             "--network-interface", cl.IFACE, "--mpi-args",
+                             f"-launcher rsh -launcher-exec {cl.RSH} -localhost {h0}",
+                             sys.executable, SCRIPT])
+    p = subprocess.Popen(cmd, cwd=ROOT if source_tree else tempfile.gettempdir(), env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not _events(log_dir, "step"):
+            time.sleep(0.2)
+        added = time.time()
+        with open(hosts_file, "a") as f:
+            f.write(f"{c.host_ip(n - 1)}:1\n")
+        out, _ = p.communicate(timeout=600)
+    except BaseException:
+        c.kill_jobs(p)
+        raise
+    ev = _events(log_dir)
+    res = [e for e in ev if e["event"] == "result"]
+    grown = [e for e in ev if e["event"] == "step" and e["size"] == n]
+    row = {"n": n, "grow": True, "rc": p.returncode, "final_size": res[0]["size"] if res else None,
+           "identical": len({e["hash"] for e in res}) == 1 and len(res) > 0,
+           "acc": res[0]["acc"] if res else None}
+    if grown:
+        row["join_s"] = round(min(e["t"] for e in grown) - added, 3)
+    if p.returncode != 0:
+        row["output"] = out[-2000:]
+    return row
+
+
+def _events(log_dir: str, kind: Optional[str] = None) -> list:
+    ev = []
+    for path in glob.glob(os.path.join(log_dir, "worker-*.jsonl")):
+        with open(path) as f:
+            ev += [json.loads(line) for line in f if line.strip()]
+    ev.sort(key=lambda e: e["t"])
+    return [e for e in ev if kind is None or e["event"] == kind]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", type=int, nargs="+", default=[2, 4])
@@ -96,14 +162,20 @@ def main() -> int:
                     row["repeat"] = rep
                     rows.append(row)
                     print(json.dumps(row), flush=True)
+                if n > 2:
+                    with tempfile.TemporaryDirectory() as d:
+                        row = run_grow_job(c, n, d, args.epochs)
+                    row["repeat"] = rep
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.1f}, "
           f"{os.cpu_count()} cores, rate {args.rate}")
     print("| N | recovery s (median, min-max) | steps lost | acc fault-free | acc with a kill | "
           "survivors identical |")
     print("|---|---|---|---|---|---|")
     for n in args.hosts:
-        clean = [r for r in rows if r["n"] == n and not r["kill"]]
-        faulty = [r for r in rows if r["n"] == n and r["kill"] and "recovery_s" in r]
+        clean = [r for r in rows if r["n"] == n and not r.get("kill") and not r.get("grow")]
+        faulty = [r for r in rows if r["n"] == n and r.get("kill") and "recovery_s" in r]
         if not faulty:
             print(f"| {n} | failed | | | | |")
             continue
@@ -113,6 +185,14 @@ def main() -> int:
               f"{statistics.median(r['acc'] for r in clean if r['acc'] is not None):.4f} | "
               f"{statistics.median(r['acc'] for r in faulty):.4f} | "
               f"{all(r['identical'] for r in faulty)} |")
+    grows = [r for r in rows if r.get("grow") and "join_s" in r]
+    if grows:
+        print("\n| N | host added: change -> first step on N ranks, s (median, min-max) | "
+              "all N identical |\n|---|---|---|")
+        for n in sorted({r["n"] for r in grows}):
+            js = [r["join_s"] for r in grows if r["n"] == n]
+            print(f"| {n - 1} -> {n} | {statistics.median(js):.2f} ({min(js):.2f}-{max(js):.2f}) | "
+                  f"{all(r['identical'] and r['final_size'] == n for r in grows if r['n'] == n)} |")
     return 0 if all(r["rc"] == 0 for r in rows) else 1
 
 

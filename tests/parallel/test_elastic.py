@@ -154,15 +154,17 @@ def test_below_min_np_ends_with_a_message(tmp_path):
     assert time.time() - t0 < 90
 
 
-def test_four_emulated_hosts_lose_one(tmp_path):
-    """The issue's scenario on the project's emulated cluster (4 network
+def test_four_emulated_hosts_lose_one_gain_one(tmp_path):
+    """The issue's scenarios on the project's emulated cluster (4 network
     namespaces, 1 Gbit/s, one worker per host): the worker on host 3 is
     SIGKILLed at step 30; the 3 survivors finish with identical parameters,
-    recover in < 10 s, and end within 1 point of a fault-free run."""
+    recover in < 10 s, and end within 1 point of a fault-free run. Then a
+    job that starts on 3 hosts while the discovery script adds the fourth
+    ends on 4 with identical parameters."""
     sys.path.insert(0, ROOT)  # benchmarks/ is not installed: take it from the tree
     try:
         import benchmarks.cluster as cl
-        from benchmarks.elastic_recovery import run_job
+        from benchmarks.elastic_recovery import run_grow_job, run_job
     finally:
         sys.path.remove(ROOT)
     why = cl.unavailable_reason()
@@ -178,6 +180,9 @@ def test_four_emulated_hosts_lose_one(tmp_path):
             d = tmp_path / f"kill{kill}"
             d.mkdir()
             rows.append(run_job(c, 4, str(d), kill, epochs=10, source_tree=in_place_build()))
+        d = tmp_path / "grow"
+        d.mkdir()
+        grown = run_grow_job(c, 4, str(d), epochs=10, source_tree=in_place_build())
     finally:
         c.down()
     clean, faulty = rows
@@ -185,6 +190,8 @@ def test_four_emulated_hosts_lose_one(tmp_path):
     assert faulty["rc"] == 0 and faulty["identical"] and faulty["final_size"] == 3, faulty
     assert faulty["recovery_s"] < 10, faulty
     assert abs(faulty["acc"] - clean["acc"]) <= 0.01 + 1e-9, (faulty, clean)
+    assert grown["rc"] == 0 and grown["identical"] and grown["final_size"] == 4, grown
+    assert "join_s" in grown, grown
 
 
 def test_removed_host_is_dismissed_and_the_rest_go_on(tmp_path):
