@@ -88,7 +88,8 @@ def run_grow_job(c, n: int, log_dir: str, epochs: int,
         source_tree = bool(glob.glob(os.path.join(ROOT, "gradflow", "_native*.so")))
     env = c.env(n)
     env.update(ELASTIC_LOG=log_dir, ELASTIC_EPOCHS=str(epochs), ELASTIC_STEP_SLEEP="0.05",
-               OMP_NUM_THREADS="1", MPIR_CVAR_POLLS_BEFORE_YIELD="10")
+               ELASTIC_WAIT=f"{n}:1", OMP_NUM_THREADS="1",
+               MPIR_CVAR_POLLS_BEFORE_YIELD="10")
     if source_tree:
         env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     hosts_file = os.path.join(log_dir, "hosts.txt")
@@ -127,6 +128,9 @@ def run_grow_job(c, n: int, log_dir: str, epochs: int,
            "acc": res[0]["acc"] if res else None}
     if grown:
         row["join_s"] = round(min(e["t"] for e in grown) - added, 3)
+    ready = [line for line in out.splitlines() if "ready" in line and "after its start" in line]
+    if ready:
+        row["newcomer"] = ready[0].split("elastic: ", 1)[-1]
     if p.returncode != 0:
         row["output"] = out[-2000:]
     return row

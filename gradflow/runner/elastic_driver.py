@@ -101,6 +101,7 @@ class ElasticDriver:
         self.port = ""                       # rank 0's MPI port of the forming generation
         self.members: List[Worker] = []      # the running generation, by rank
         self.resets = 0
+        self.notified_gen = -1               # generation told about waiting newcomers
         self.finished = False                # a worker ended its training successfully
         self.lost: List[str] = []            # what failed, for the final message
         self.aborted: Optional[str] = None
@@ -220,6 +221,18 @@ class ElasticDriver:
         self.note(f"generation {self.gen}: {len(members)} worker(s) on "
                   + ", ".join(sorted({w.host for w in members})))
 
+    def _notify_newcomers(self) -> None:
+        """A worker is ready but not in the running generation (it started
+        late, or became ready while a generation formed): tell the running
+        ones once per generation; they re-form at their next commit."""
+        if not self.members or self.forming or self.notified_gen == self.gen:
+            return
+        if any(w.state == "ready" and not w.dismiss and w not in self.members
+               for w in self._alive()):
+            self.notified_gen = self.gen
+            for m in self.members:
+                m.send({"op": "hosts_updated", "gen": self.gen, "removed": False})
+
     def _lost_text(self) -> str:
         return ("; lost: " + "; ".join(self.lost)) if self.lost else ""
 
@@ -258,11 +271,11 @@ class ElasticDriver:
             if w.dismiss:
                 w.send({"op": "exit"})
                 return
-            newcomer = w.gen < 0
+            if w.gen < 0 and self.gen >= 0:
+                self.note(f"worker {w.id} on host {w.host} ready "
+                          f"{time.monotonic() - w.started:.1f} s after its start; it joins at "
+                          "the running workers' next commit")
             w.state = "ready"
-            if newcomer and self.members and not self.forming:
-                for m in self.members:  # the running ones re-form at their next commit
-                    m.send({"op": "hosts_updated", "gen": self.gen, "removed": False})
         elif op == "port" and msg.get("gen") == self.gen and self.forming:
             # Connects go one at a time: rank r gets the port once rank r-1
             # has joined (concurrent connects to one port crashed MPICH 5.0
@@ -355,6 +368,7 @@ class ElasticDriver:
                 except queue.Empty:
                     pass
                 self._try_form()
+                self._notify_newcomers()
                 if self.aborted and time.monotonic() > self.abort_deadline:
                     for w in self._alive():
                         self._kill(w)

@@ -8,6 +8,10 @@ environment:
   ELASTIC_LOG          a directory: each worker appends one JSON object per line
                        (events: kill, step, reset, result) to worker-<id>.jsonl
   ELASTIC_STEP_SLEEP   seconds to sleep per step (to give a test time to act)
+  ELASTIC_WAIT         "SIZE:RESETS": keep training past ELASTIC_EPOCHS (up to 200
+                       epochs) until, after at least RESETS resets, the group has
+                       had SIZE workers (a joiner may take a while to start on a
+                       loaded machine)
   ELASTIC_OPTIMIZER    DistributedOptimizer options: "csc" (sparse_ratio=0.1,
                        fp16 wire), "bpps2" (backward_passes_per_step=2)
 
@@ -35,6 +39,8 @@ LOG = os.environ.get("ELASTIC_LOG")
 EPOCHS = int(os.environ.get("ELASTIC_EPOCHS", "6"))
 KILL = os.environ.get("ELASTIC_KILL", "")
 SLEEP = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))
+WAIT_SIZE, _, WAIT_RESETS = os.environ.get("ELASTIC_WAIT", "0:0").partition(":")
+WAIT_SIZE, WAIT_RESETS = int(WAIT_SIZE), int(WAIT_RESETS or 0)
 BATCH = 32  # per rank
 
 
@@ -58,10 +64,13 @@ def data():
 
 
 def main():
-    hvd.init()
+    # The expensive set-up before init(): a worker that joins a running job
+    # makes the others wait from the moment it joins until its state sync.
     (xtr, ytr), (xte, yte) = data()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    hvd.init()
+    log(event="init", size=hvd.size(), rank=hvd.rank())
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     variant = os.environ.get("ELASTIC_OPTIMIZER", "")
     options = {"csc": dict(sparse_ratio=0.1, compression=hvd.Compression.fp16),
@@ -70,14 +79,23 @@ def main():
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **options)
     dataset = torch.utils.data.TensorDataset(xtr, ytr)
     sampler = elastic.ElasticSampler(dataset, shuffle=True, seed=1)
-    state = elastic.TorchState(model, opt, sampler=sampler, epoch=0, batch=0, step=0)
+    state = elastic.TorchState(model, opt, sampler=sampler, epoch=0, batch=0, step=0,
+                               grown=False, resets=0)
     kill_worker, _, kill_step = KILL.partition(":")
-    state.register_reset_callbacks([lambda: log(event="reset", size=hvd.size(), rank=hvd.rank())])
+
+    def on_reset():
+        state.resets += 1  # after restore(), before sync(): joiners get rank 0's count
+        log(event="reset", size=hvd.size(), rank=hvd.rank())
+
+    state.register_reset_callbacks([on_reset])
 
     @elastic.run
     def train(state):
+        log(event="train", size=hvd.size(), rank=hvd.rank(), step=state.step)
         first_step_of_generation = True
-        while state.epoch < EPOCHS:
+        # hvd.size() is the same on every rank, so they all agree to go on
+        state.grown = state.grown or (hvd.size() >= WAIT_SIZE and state.resets >= WAIT_RESETS)
+        while state.epoch < EPOCHS or (not state.grown and state.epoch < 200):
             loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=state.sampler)
             for i, (x, y) in enumerate(loader):
                 if kill_worker == WORKER and state.step == int(kill_step or -1):

@@ -97,7 +97,8 @@ def test_host_added_by_discovery_joins_and_gets_the_state(tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
     env = rank_env()
-    env.update(ELASTIC_LOG=str(logs), ELASTIC_EPOCHS="4", ELASTIC_STEP_SLEEP="0.05")
+    env.update(ELASTIC_LOG=str(logs), ELASTIC_EPOCHS="4", ELASTIC_STEP_SLEEP="0.05",
+               ELASTIC_WAIT="3:1")
     cmd = [sys.executable, "-m", "gradflow.runner.launch", "--min-np", "2", "--max-np", "3",
            "--host-discovery-script", str(script), sys.executable, SCRIPT]
     p = subprocess.Popen(cmd, env=env, cwd=run_cwd(), stdout=subprocess.PIPE,
@@ -129,7 +130,8 @@ def test_blacklisted_host_returns_after_cooldown_and_max_np(tmp_path):
     logs.mkdir()
     r = gradflowrun(["--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script),
                      "--blacklist-cooldown-range", "2", "4"], logs,
-                    ELASTIC_EPOCHS="5", ELASTIC_KILL="2:20", ELASTIC_STEP_SLEEP="0.1")
+                    ELASTIC_EPOCHS="5", ELASTIC_KILL="2:20", ELASTIC_STEP_SLEEP="0.1",
+                    ELASTIC_WAIT="3:2")
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert "generation 0: 3 worker(s)" in out, out
