@@ -186,6 +186,8 @@ class System:
     cpu_s_per_elem: float = 0.0    # on the critical path, per gradient element per step (CSC pass, DDP hook)
     bucket_wait_s: float = 0.0     # extra wait per bucket (Horovod cycle)
     bucket_choices: Tuple[int, ...] = ()  # non-empty: use the fastest of these bucket sizes (autotune-like)
+    coord_step_s: float = 0.0      # coordination cost per step (N > 1), x contention
+    coord_collective_s: float = 0.0  # coordination cost per collective (N > 1), x contention
 
 
 @dataclass
@@ -251,6 +253,8 @@ def step_time(tensors: Sequence[int], n: int, system: System, link: Link, comput
         done = link_free
         comm += t
     cpu = system.cpu_s_per_elem * total * contention
+    if n > 1:
+        cpu += (system.coord_step_s + system.coord_collective_s * colls) * contention
     finish = max(compute_s, done)
     return StepBreakdown(compute=compute_s, cpu=cpu, comm=comm, exposed=finish - compute_s,
                          step=finish + cpu, bytes_per_rank=sent, collectives=colls)
@@ -259,6 +263,7 @@ def step_time(tensors: Sequence[int], n: int, system: System, link: Link, comput
 # ---------------------------------------------------------------- calibration on this machine
 
 FIT_RUNS = ("scaling.json", "scaling-2026-11-23-run1.json")   # full scaling runs: N = 1, 2, 4, nocomm rows
+COORD_FIT = ("scaling-2026-11-23-run1.json", 2)   # variant 2: gradflow rows of this run and N fit c0, c1
 
 
 def _load(name: str) -> dict:
@@ -274,6 +279,8 @@ class Calibration:
     codec_s_per_elem: float        # gradflow fp16 encode+decode, per element through the ring
     csc_s_per_elem: Dict[str, float] = field(default_factory=dict)      # per run, from its N = 1 rows
     ddp_hook_s_per_elem: Dict[str, float] = field(default_factory=dict)  # per run, from its N = 1 rows
+    coord_step_s: float = 0.0      # gradflow coordination per step   (variant 2, fitted on COORD_FIT)
+    coord_collective_s: float = 0.0  # gradflow coordination per collective (variant 2)
     sources: List[str] = field(default_factory=list)
 
 
@@ -317,7 +324,38 @@ def calibrate() -> Calibration:
             if a and b:
                 hook.append(max(0.0, a["step_seconds_median"] - b["step_seconds_median"]) / a["params"])
         cal.ddp_hook_s_per_elem[runname] = max(hook)  # the MLP's (25 M elements) dominates; resnet's is noise
+    cal.coord_step_s, cal.coord_collective_s = fit_coordination(cal)
     return cal
+
+
+def _machine_step(cal: Calibration, rows: Dict[Tuple[str, str, int], dict], runname: str, model: str,
+                  system: str, n: int, overlap: float, coord: bool, cores: int = 2) -> StepBreakdown:
+    c1 = compute_reference(rows, model, 1, cores)
+    cn = compute_reference(rows, model, n, cores)
+    sysm, link = machine_systems(cal, runname)[system]
+    sysm = replace(sysm, overlap=overlap)
+    if coord and system.startswith("gf-"):
+        sysm = replace(sysm, coord_step_s=cal.coord_step_s, coord_collective_s=cal.coord_collective_s)
+    return step_time(TENSORS[model](), n, sysm, link, compute_s=cn, contention=cn / c1)
+
+
+def fit_coordination(cal: Calibration) -> Tuple[float, float]:
+    """Variant 2: gradflow's coordination cost per step (c0) and per collective (c1), fitted (non-negative
+    least squares) to what the base model misses on the gradflow rows of COORD_FIT only."""
+    from scipy.optimize import nnls
+    runname, n = COORD_FIT
+    run = _load(runname)
+    rows = _rows(run)
+    a, y = [], []
+    for (model, system, k), r in sorted(rows.items()):
+        if k != n or not system.startswith("gf-"):
+            continue
+        bd = _machine_step(cal, rows, runname, model, system, n, overlap=0.0, coord=False)
+        cont = compute_reference(rows, model, n, 2) / compute_reference(rows, model, 1, 2)
+        a.append([cont, cont * bd.collectives])
+        y.append(r["step_seconds_median"] - bd.step)
+    x, _ = nnls(np.array(a), np.array(y))
+    return float(x[0]), float(x[1])
 
 
 def machine_systems(cal: Calibration, runname: str) -> Dict[str, Tuple[System, Link]]:
@@ -345,13 +383,19 @@ class ValidationRow:
     system: str
     n: int
     measured: float     # samples/s
-    predicted: float    # samples/s
+    predicted: float    # samples/s, base model
+    predicted2: float   # samples/s, variant 2 (+ gradflow coordination terms)
+    fit2: bool          # this row was used to fit variant 2's terms
     bytes_model: float
     bytes_measured: Optional[float]
 
     @property
     def error(self) -> float:
         return self.predicted / self.measured - 1.0
+
+    @property
+    def error2(self) -> float:
+        return self.predicted2 / self.measured - 1.0
 
 
 def compute_reference(rows: Dict[Tuple[str, str, int], dict], model: str, n: int, cores: int) -> float:
@@ -373,16 +417,14 @@ def validate(cal: Calibration, overlap: float = 0.0) -> List[ValidationRow]:
             if n < 2 or system not in systems:
                 continue
             cores = int(run["machine"].get("cores", 2))
-            c1 = compute_reference(rows, model, 1, cores)
-            cn = compute_reference(rows, model, n, cores)
-            sysm, link = systems[system]
-            sysm = replace(sysm, overlap=overlap)
-            bd = step_time(TENSORS[model](), n, sysm, link, compute_s=cn, contention=cn / c1)
+            bd = _machine_step(cal, rows, runname, model, system, n, overlap, False, cores)
+            bd2 = _machine_step(cal, rows, runname, model, system, n, overlap, True, cores)
+            fit2 = (runname, n) == COORD_FIT and system.startswith("gf-")
             batch = r["batch_per_rank"]
             stats = r.get("stats") or {}
             meas_bytes = stats.get("bytes_sent")
             out.append(ValidationRow(runname, model, system, n, r["throughput"], n * batch / bd.step,
-                                     bd.bytes_per_rank,
+                                     n * batch / bd2.step, fit2, bd.bytes_per_rank,
                                      meas_bytes / (r["reps"] * r["steps"]) if meas_bytes else None))
     return out
 
@@ -452,6 +494,10 @@ def sensitivity(cal: Calibration, n: int = 512) -> List[Tuple[str, Dict[str, Lis
             PAPER_MODELS.update(saved)
     out.append(("CSC pass at this machine's CPU cost", project(
         cal, ns=(n,), systems=projection_systems(csc_s_per_elem=cal.csc_s_per_elem[FIT_RUNS[0]]))))
+    coord = {k: (replace(v, coord_step_s=cal.coord_step_s, coord_collective_s=cal.coord_collective_s)
+                 if v.name == "gf-all" else v) for k, v in projection_systems().items()}
+    out.append(("gradflow with this machine's coordination cost (model 2's c0, c1)",
+                project(cal, ns=(n,), systems=coord)))
     return out
 
 
@@ -486,23 +532,38 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "N = 1 rows' seconds_sparse"]))
         print(_fmt_row([f"DDP fp16 hook per element ({run})", f"{cal.ddp_hook_s_per_elem[run] * 1e9:.2f} ns",
                         "ddp-fp16 minus ddp step, N = 1"]))
+    print(_fmt_row(["model 2: gradflow coordination per step (c0)", f"{cal.coord_step_s * 1e3:.1f} ms",
+                    f"{COORD_FIT[0]} gradflow rows at N = {COORD_FIT[1]} only"]))
+    print(_fmt_row(["model 2: gradflow coordination per collective (c1)", f"{cal.coord_collective_s * 1e3:.2f} ms",
+                    f"{COORD_FIT[0]} gradflow rows at N = {COORD_FIT[1]} only"]))
     print("\ncompute per step: each run's nocomm row at N, floored at ceil(N/2) x its median N = 1 step\n")
 
     rows = validate(cal, overlap=args.overlap)
     ideal = validate(cal, overlap=1.0)
     print(f"## Validation: measured N = 2, 4 rows (not used by the fit); overlap share {args.overlap:g}\n")
-    print(_fmt_row(["run", "model", "system", "N", "measured samples/s", "predicted", "error",
-                    "error if overlap 1", "MiB/step/rank model / measured"]))
-    print(_fmt_row(["---"] * 9))
+    print(_fmt_row(["run", "model", "system", "N", "measured samples/s", "model", "error",
+                    "error if overlap 1", "model 2", "error 2", "MiB/step/rank model / measured"]))
+    print(_fmt_row(["---"] * 11))
     for r, q in zip(rows, ideal):
         mb = f"{r.bytes_model / 2**20:.2f} / " + (f"{r.bytes_measured / 2**20:.2f}" if r.bytes_measured else "—")
+        e2 = f"{100 * r.error2:+.0f} %" + (" (fit)" if r.fit2 else "")
         print(_fmt_row([r.run.replace(".json", ""), r.model, r.system, r.n, f"{r.measured:.1f}",
-                        f"{r.predicted:.1f}", f"{100 * r.error:+.0f} %", f"{100 * q.error:+.0f} %", mb]))
-    for model in ("mlp", "resnet"):
-        sel = [r for r in rows if r.model == model]
-        ok = sum(abs(r.error) <= 0.15 for r in sel)
-        print(f"\n{model}: {ok} of {len(sel)} rows within 15 %; median |error| "
-              f"{100 * statistics.median(abs(r.error) for r in sel):.0f} %")
+                        f"{r.predicted:.1f}", f"{100 * r.error:+.0f} %", f"{100 * q.error:+.0f} %",
+                        f"{r.predicted2:.1f}", e2, mb]))
+    print()
+    for label, err, skip in (("model", "error", False), ("model 2", "error2", True)):
+        for run in FIT_RUNS:
+            for model in ("mlp", "resnet"):
+                sel = [r for r in rows if r.model == model and r.run == run and not (skip and r.fit2)]
+                ok = sum(abs(getattr(r, err)) <= 0.15 for r in sel)
+                miss = ", ".join(f"{r.system} N={r.n} {100 * getattr(r, err):+.0f} %" for r in sel
+                                 if abs(getattr(r, err)) > 0.15)
+                print(f"{label}, {run}, {model}: {ok} of {len(sel)} rows within 15 %, median |error| "
+                      f"{100 * statistics.median(abs(getattr(r, err)) for r in sel):.0f} %; "
+                      f"misses: {miss or 'none'}")
+        sel = [r for r in rows if not (skip and r.fit2)]
+        print(f"{label}: {sum(abs(getattr(r, err)) <= 0.15 for r in sel)} of {len(sel)} validation rows "
+              f"within 15 %\n")
 
     ns = PROJECT_N
     proj = project(cal)
@@ -564,15 +625,19 @@ def _plot(rows: List[ValidationRow], proj: Dict[str, Dict[str, List[float]]], ns
     import matplotlib.ticker
     fig, axes = plt.subplots(1, 3, figsize=(17, 5))
     ax = axes[0]
-    for model, mk in (("mlp", "o"), ("resnet", "s")):
+    for model, mk, c in (("mlp", "o", "C0"), ("resnet", "s", "C1")):
         sel = [r for r in rows if r.model == model]
-        ax.scatter([r.measured for r in sel], [r.predicted for r in sel], marker=mk, label=f"{model} (N = 2, 4)")
-    lim = [0, max(max(r.measured, r.predicted) for r in rows) * 1.1]
+        ax.scatter([r.measured for r in sel], [r.predicted for r in sel], marker=mk, color=c,
+                   label=f"{model}, model")
+        sel = [r for r in sel if not r.fit2]
+        ax.scatter([r.measured for r in sel], [r.predicted2 for r in sel], marker=mk, facecolors="none",
+                   edgecolors=c, label=f"{model}, model 2 (held-out rows)")
+    lim = [0, max(max(r.measured, r.predicted, r.predicted2) for r in rows) * 1.1]
     ax.plot(lim, lim, "k-", lw=0.8)
     ax.fill_between(lim, [x * 0.85 for x in lim], [x * 1.15 for x in lim], color="0.85", label="±15 %")
     ax.set_xlabel("measured samples/s (1 Gbit/s, this machine)")
     ax.set_ylabel("model samples/s")
-    ax.set_title("validation: model vs measured")
+    ax.set_title("validation: N = 2, 4 rows, model vs measured")
     ax.legend()
     for ax, (model, sysd) in zip(axes[1:], proj.items()):
         for name, sp in sysd.items():

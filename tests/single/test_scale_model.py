@@ -86,3 +86,15 @@ def test_step_time_overlap_and_n1():
     assert fp16.bytes_per_rank == pytest.approx(none.bytes_per_rank / 2)
     csc = sm.step_time(t, 4, sm.System("x", sm.POOL_BUCKET_BYTES, sparse_ratio=0.01), link, 0.2)
     assert csc.bytes_per_rank < none.bytes_per_rank / 50 and csc.collectives == 2 * none.collectives
+
+
+def test_coordination_terms_only_with_peers():
+    link = sm.Link(bandwidth=1e8, latency=0.0, overhead=0.0)
+    t = sm.mlp_tensors()
+    base = sm.System("x", sm.POOL_BUCKET_BYTES, sparse_ratio=0.01, overlap=0.0)
+    coord = sm.System("x", sm.POOL_BUCKET_BYTES, sparse_ratio=0.01, overlap=0.0,
+                      coord_step_s=0.01, coord_collective_s=0.002)
+    assert sm.step_time(t, 1, coord, link, 0.2).step == sm.step_time(t, 1, base, link, 0.2).step
+    a = sm.step_time(t, 2, base, link, 0.2, contention=1.5)
+    b = sm.step_time(t, 2, coord, link, 0.2, contention=1.5)
+    assert b.step - a.step == pytest.approx((0.01 + 0.002 * a.collectives) * 1.5)
