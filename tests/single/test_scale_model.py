@@ -1,4 +1,4 @@
-"""The cost model's pure functions (benchmarks/scale_model.py): ring-time limits, bucket and CSC
+"""The cost model's pure functions (benchmarks/_costmodel.py, used by benchmarks/scale_model.py): ring-time limits, bucket and CSC
 chunk arithmetic against what gradflow measured, the fit recovering known parameters, and the
 step simulation's monotonicity. No measurement, no MPI."""
 import importlib.util
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location("scale_model", os.path.join(ROOT, "benchmarks", "scale_model.py"))
+_spec = importlib.util.spec_from_file_location("_costmodel", os.path.join(ROOT, "benchmarks", "_costmodel.py"))
 sm = importlib.util.module_from_spec(_spec)
-sys.modules["scale_model"] = sm   # dataclasses look their module up there
+sys.modules["_costmodel"] = sm   # dataclasses look their module up there
 _spec.loader.exec_module(sm)
 
 pytest.importorskip("scipy")
