@@ -131,6 +131,7 @@ def run_grow_job(c, n: int, log_dir: str, epochs: int,
     ready = [line for line in out.splitlines() if "ready" in line and "after its start" in line]
     if ready:
         row["newcomer"] = ready[0].split("elastic: ", 1)[-1]
+        row["ready_s"] = float(row["newcomer"].split(" ready ")[1].split(" s ")[0])
     if p.returncode != 0:
         row["output"] = out[-2000:]
     return row
@@ -192,10 +193,13 @@ def main() -> int:
     grows = [r for r in rows if r.get("grow") and "join_s" in r]
     if grows:
         print("\n| N | host added: change -> first step on N ranks, s (median, min-max) | "
-              "all N identical |\n|---|---|---|")
+              "of which the joiner's start-up (launch to ready), s | all N identical |\n"
+              "|---|---|---|---|")
         for n in sorted({r["n"] for r in grows}):
             js = [r["join_s"] for r in grows if r["n"] == n]
+            rs = [r["ready_s"] for r in grows if r["n"] == n and "ready_s" in r] or [float("nan")]
             print(f"| {n - 1} -> {n} | {statistics.median(js):.2f} ({min(js):.2f}-{max(js):.2f}) | "
+                  f"{statistics.median(rs):.1f} ({min(rs):.1f}-{max(rs):.1f}) | "
                   f"{all(r['identical'] and r['final_size'] == n for r in grows if r['n'] == n)} |")
     return 0 if all(r["rc"] == 0 for r in rows) else 1
 
