@@ -99,7 +99,7 @@ class ElasticDriver:
         self.gen = -1
         self.forming: List[Worker] = []
         self.port = ""                       # rank 0's MPI port of the forming generation
-        self.members: List[Worker] = []      # the running generation, by rank
+        self.members: List[Worker] = []      # the last formed generation, by rank
         self.resets = 0
         self.notified_gen = -1               # generation told about waiting newcomers
         self.finished = False                # a worker ended its training successfully
@@ -225,10 +225,11 @@ class ElasticDriver:
         """A worker is ready but not in the running generation (it started
         late, or became ready while a generation formed): tell the running
         ones once per generation; they re-form at their next commit."""
-        if not self.members or self.forming or self.notified_gen == self.gen:
+        if self.forming or self.notified_gen == self.gen:
             return
-        if any(w.state == "ready" and not w.dismiss and w not in self.members
-               for w in self._alive()):
+        running = [m for m in self.members if m.state == "running"]
+        if running and any(w.state == "ready" and not w.dismiss and w not in self.members
+                           for w in self._alive()):
             self.notified_gen = self.gen
             for m in self.members:
                 m.send({"op": "hosts_updated", "gen": self.gen, "removed": False})
@@ -331,7 +332,6 @@ class ElasticDriver:
             for m in self.members:
                 if m is not w and m.state == "running":
                     m.send({"op": "failure", "gen": self.gen, "message": msg})
-            self.members = []
         self._fill_slots()
 
     def _on_hosts(self, known: Dict[str, int]) -> None:
@@ -345,7 +345,6 @@ class ElasticDriver:
         if any(w in self.members for w in removed):
             for m in self.members:
                 m.send({"op": "hosts_updated", "gen": self.gen, "removed": True})
-            self.members = []  # the ones left form the next generation
         self._fill_slots()
 
     # ------------------------------------------------------------ main loop
