@@ -26,7 +26,6 @@ import signal
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
