@@ -34,6 +34,21 @@ Life of the wrapper:
   use_pool=False keeps the copy path for ever (the core fuses small tensors
     through its fusion buffer: that is the copy the pool avoids).
 
+Note [One rank]: when the optimizer's process set has one rank (and no
+  user Compressor is given), nothing is exchanged and the reduced gradient
+  is the gradient itself, bit for bit, as with Horovod and DDP: averaging
+  over one rank is the identity, so no pool, no background-loop round trip,
+  no 16-bit wire cast and no CSC (with one rank every chunk "is sent", so
+  the residual would stay zero: error feedback changes nothing; CSC's
+  selection would only delay gradient mass, which plain torch does not).
+  gradient_predivide_factor and a grad_scaler's scale cancel exactly.
+  param.grad is the tensor autograd produced (not a pool view), so
+  zero_grad(set_to_none=True) drops it as plain torch does; wire_overflow
+  stays False. Hooks still count passes (backward_passes_per_step errors
+  and "step() without backward" raise as on N ranks); sparse_as_dense still
+  densifies. A user Compressor keeps the normal path (its compress /
+  decompress may be lossy on purpose).
+
 Invariants:
   * Every rank creates the same pools (same parameters, same order, same
     range sizes, same bucket size), so bucket names
@@ -68,7 +83,7 @@ from .. import monitor as _monitor
 from .._runtime import GradflowError
 from ..collectives import Adasum, Average, check_adasum_options, reduce_op
 from .compression import Compression, split as split_compression
-from ..process_sets import ProcessSet, global_process_set, member_id
+from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
 from .functions import check_same_everywhere
 from .optimizer_groups import GroupTracker, Once, form_groups
 from .optimizer_state import _State, build_pools, destroy_pools, repatch_scheduler_step
@@ -134,6 +149,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # (the pool's buckets are reduced in place by the core).
         s.use_pool = use_pool and all(p.device.type == "cpu" for p in s.params) \
             and user_compressor is None and s.groups is None
+        # One rank (Note [One rank]): the reduced gradient is the gradient.
+        s.solo = process_set_size(process_set, "DistributedOptimizer") == 1 and user_compressor is None
+        if s.solo:
+            s.use_pool = s.csc = False
         if use_pool and not all(p.device.type == "cpu" for p in s.params):
             warnings.warn("gradflow: the gradient pool is CPU-only; CUDA parameters use the copy path")
         check_same_everywhere([(n, tuple(p.shape), str(p.dtype)) for n, p in zip(s.names, s.params)],
@@ -206,6 +225,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _gradflow_submit(self, p: torch.Tensor) -> None:
         s = self._gradflow
+        if s.solo:
+            # Nothing to exchange: p.grad already is the average over one
+            # rank. Only the options that change what the optimizer sees
+            # still apply (sparse_as_dense).
+            if s.sparse_as_dense and p.grad.is_sparse:
+                p.grad = p.grad.to_dense()
+            s.handles[id(p)] = None  # submitted: synchronize() waits for nothing
+            return
         i = s.index[id(p)]
         slot = s.range_of.get(id(p))
         if slot is not None:
@@ -464,6 +491,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       (Horovod Adasum-combines the wrapped step's deltas instead: the same for
       plain SGD, not for momentum/Adam; docs/horovod_compat.md). Copy path
       (use_pool ignored), compression none, power-of-two rank counts.
+    One rank (the process set has one member): plain torch, bit for bit —
+      no pool, no wire cast, no CSC, nothing sent (Note [One rank] above).
     process_set: reduce over this registered ProcessSet's members only
       (Average divides by its size); only members may wrap, and every
       member must (the pool, CSC and the 16-bit wire work in a set as on

@@ -45,6 +45,8 @@ class _State:
         self.marked: set = set()                  # id(param) of pooled ranges marked this step
         self.loss_scale = 1.0                     # grad_scaler's scale for this step (CSC only)
         self.groups: Optional[GroupTracker] = None  # Horovod's groups=, or None
+        self.solo = False                         # one-rank set: nothing is exchanged
+        self.csc = False                          # CSC in effect (residuals exist)
 
 
 def destroy_pools(ids: List[int], bufs: Tuple = (), handles: List[int] = (),
