@@ -38,10 +38,11 @@ Note [One rank]: when the optimizer's process set has one rank (and no
   user Compressor is given), nothing is exchanged and the reduced gradient
   is the gradient itself, bit for bit, as with Horovod and DDP: averaging
   over one rank is the identity, so no pool, no background-loop round trip,
-  no 16-bit wire cast and no CSC (with one rank every chunk "is sent", so
-  the residual would stay zero: error feedback changes nothing; CSC's
-  selection would only delay gradient mass, which plain torch does not).
-  gradient_predivide_factor and a grad_scaler's scale cancel exactly.
+  no 16-bit wire cast and no CSC. CSC's ratio saves bytes on a link; with
+  one rank there is none, and its error feedback would only delay gradient
+  mass that plain torch applies at once, so the one-rank result is as if
+  every chunk were sent (the residual stays zero). gradient_predivide_factor
+  and a grad_scaler's scale are not applied (they would cancel: g / f * f).
   param.grad is the tensor autograd produced (not a pool view), so
   zero_grad(set_to_none=True) drops it as plain torch does; wire_overflow
   stays False. Hooks still count passes (backward_passes_per_step errors
