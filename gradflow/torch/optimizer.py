@@ -34,21 +34,13 @@ Life of the wrapper:
   use_pool=False keeps the copy path for ever (the core fuses small tensors
     through its fusion buffer: that is the copy the pool avoids).
 
-Note [One rank]: when the optimizer's process set has one rank (and no
-  user Compressor is given), nothing is exchanged and the reduced gradient
-  is the gradient itself, bit for bit, as with Horovod and DDP: averaging
-  over one rank is the identity, so no pool, no background-loop round trip,
-  no 16-bit wire cast and no CSC. CSC's ratio saves bytes on a link; with
-  one rank there is none, and its error feedback would only delay gradient
-  mass that plain torch applies at once, so the one-rank result is as if
-  every chunk were sent (the residual stays zero). gradient_predivide_factor
-  and a grad_scaler's scale are not applied (they would cancel: g / f * f).
-  param.grad is the tensor autograd produced (not a pool view), so
-  zero_grad(set_to_none=True) drops it as plain torch does; wire_overflow
-  stays False. Hooks still count passes (backward_passes_per_step errors
-  and "step() without backward" raise as on N ranks); sparse_as_dense still
-  densifies. A user Compressor keeps the normal path (its compress /
-  decompress may be lossy on purpose).
+Note [One rank]: over a one-rank process set (no user Compressor) the
+  reduced gradient is the gradient, bit for bit, as in Horovod and DDP: no
+  pool, loop round trip, wire cast or CSC (no link to save bytes on; error
+  feedback would only delay gradient mass), no predivide or loss-scale
+  factors (they cancel). param.grad stays autograd's tensor; hooks still
+  count passes, so the step-protocol errors raise as on N ranks
+  (docs/performance.md, "One rank costs nothing").
 
 Invariants:
   * Every rank creates the same pools (same parameters, same order, same
@@ -227,9 +219,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _gradflow_submit(self, p: torch.Tensor) -> None:
         s = self._gradflow
         if s.solo:
-            # Nothing to exchange: p.grad already is the average over one
-            # rank. Only the options that change what the optimizer sees
-            # still apply (sparse_as_dense).
+            # p.grad is the one-rank average; only sparse_as_dense applies
             if s.sparse_as_dense and p.grad.is_sparse:
                 p.grad = p.grad.to_dense()
             s.handles[id(p)] = None  # submitted: synchronize() waits for nothing
