@@ -34,6 +34,14 @@ Life of the wrapper:
   use_pool=False keeps the copy path for ever (the core fuses small tensors
     through its fusion buffer: that is the copy the pool avoids).
 
+Note [One rank]: over a one-rank process set (no user Compressor) the
+  reduced gradient is the gradient, bit for bit, as in Horovod and DDP: no
+  pool, loop round trip, wire cast or CSC (no link to save bytes on; error
+  feedback would only delay gradient mass), no predivide or loss-scale
+  factors (they cancel). param.grad stays autograd's tensor; hooks still
+  count passes, so the step-protocol errors raise as on N ranks
+  (docs/performance.md, "One rank costs nothing").
+
 Invariants:
   * Every rank creates the same pools (same parameters, same order, same
     range sizes, same bucket size), so bucket names
@@ -68,7 +76,7 @@ from .. import monitor as _monitor
 from .._runtime import GradflowError
 from ..collectives import Adasum, Average, check_adasum_options, reduce_op
 from .compression import Compression, split as split_compression
-from ..process_sets import ProcessSet, global_process_set, member_id
+from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
 from .functions import check_same_everywhere
 from .optimizer_groups import GroupTracker, Once, form_groups
 from .. import _runtime
@@ -138,6 +146,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # (the pool's buckets are reduced in place by the core).
         s.use_pool = use_pool and all(p.device.type == "cpu" for p in s.params) \
             and user_compressor is None and s.groups is None
+        # One rank (Note [One rank]): the reduced gradient is the gradient.
+        s.wanted, s.user_compressor = (s.use_pool, s.csc), user_compressor
+        s.solo = process_set_size(process_set, "DistributedOptimizer") == 1 and user_compressor is None
+        if s.solo:
+            s.use_pool = s.csc = False
         if use_pool and not all(p.device.type == "cpu" for p in s.params):
             warnings.warn("gradflow: the gradient pool is CPU-only; CUDA parameters use the copy path")
         if _elastic_worker.current() is None:
@@ -224,6 +237,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _gradflow_submit(self, p: torch.Tensor) -> None:
         s = self._gradflow
+        if s.solo:
+            # p.grad is the one-rank average; only sparse_as_dense applies
+            if s.sparse_as_dense and p.grad.is_sparse:
+                p.grad = p.grad.to_dense()
+            s.handles[id(p)] = None  # submitted: synchronize() waits for nothing
+            return
         i = s.index[id(p)]
         slot = s.range_of.get(id(p))
         if slot is not None:
@@ -483,6 +502,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       (Horovod Adasum-combines the wrapped step's deltas instead: the same for
       plain SGD, not for momentum/Adam; docs/horovod_compat.md). Copy path
       (use_pool ignored), compression none, power-of-two rank counts.
+    One rank (the process set has one member): plain torch, bit for bit —
+      no pool, no wire cast, no CSC, nothing sent (Note [One rank] above).
     process_set: reduce over this registered ProcessSet's members only
       (Average divides by its size); only members may wrap, and every
       member must (the pool, CSC and the 16-bit wire work in a set as on

@@ -46,6 +46,10 @@ class _State:
         self.loss_scale = 1.0                     # grad_scaler's scale for this step (CSC only)
         self.groups: Optional[GroupTracker] = None  # Horovod's groups=, or None
         self.runtime_gen = 0                      # _runtime.generation() the pools belong to
+        self.solo = False                         # one-rank set: nothing is exchanged
+        self.csc = False                          # CSC in effect (residuals exist)
+        self.wanted = (False, False)              # (use_pool, csc) asked for, before Note [One rank]
+        self.user_compressor = None               # a Horovod-style Compressor, if given
 
 
 def destroy_pools(ids: List[int], bufs: Tuple = (), handles: List[int] = (),
@@ -126,6 +130,9 @@ def rebind_after_elastic_reset(self) -> None:
     s.loss_scale = 1.0
     if s.groups is not None:
         s.groups = GroupTracker(s.groups.groups)
+    # The group may have shrunk to one worker or grown from one (Note [One rank]).
+    s.solo = _runtime.size() == 1 and s.user_compressor is None
+    s.use_pool, s.csc = (False, False) if s.solo else s.wanted
     s.runtime_gen = _runtime.generation()
 
 

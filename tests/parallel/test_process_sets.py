@@ -44,7 +44,7 @@ def test_registration_and_use_errors(n):
 
 
 @pytest.mark.parametrize("variant,n", [("pool", 2), ("pool", 3), ("pool", 4), ("copy", 3),
-                                       ("fp16", 3), ("csc", 2), ("csc", 4)])
+                                       ("fp16", 3), ("csc", 3), ("csc", 4)])  # csc 3: sets of 2 and 1 rank
 def test_torch_optimizer_per_set(variant, n):
     pytest.importorskip("torch")
     pytest.importorskip("sklearn")

@@ -69,3 +69,10 @@ def test_torch_horovod_parity(n):
     # grouped_allgather / grouped_reducescatter, reducescatter pre/postscale
     out = run_mpi(n, "torch_hvd_parity_script.py", timeout=180)
     assert len(_oks(out, n)) == 10, out.stdout
+
+
+def test_torch_one_rank_is_plain_torch():
+    # issue 16: with one rank every mode (pool, copy, 16-bit wire, CSC, groups,
+    # Adasum, accumulation) is plain torch bit for bit and sends nothing
+    out = run_mpi(1, "torch_one_rank_script.py", timeout=150)
+    assert len(_oks(out, 1)) == 4, out.stdout
