@@ -85,12 +85,16 @@ def test_sigkill_survivors_roll_back_and_finish(tmp_path):
     assert abs(res[0]["acc"] - r0[0]["acc"]) <= 0.01 + 1e-9, (res[0]["acc"], r0[0]["acc"])
 
 
-def test_host_added_by_discovery_joins_and_gets_the_state(tmp_path):
-    """The discovery script first offers 2 slots, then 3: the third worker
-    starts, the running two are interrupted at a commit, and all 3 finish
-    with the same parameters (the newcomer received them by broadcast)."""
+@pytest.mark.parametrize("start", [2, 1])
+def test_host_added_by_discovery_joins_and_gets_the_state(tmp_path, start):
+    """The discovery script first offers `start` slots, then one more: the
+    new worker starts, the running ones are interrupted at a commit, and all
+    finish with the same parameters (the newcomer received them by
+    broadcast). From 1: the optimizer leaves its one-rank mode (no pool, no
+    CSC) for the pooled path."""
+    n = start + 1
     hosts = tmp_path / "hosts.txt"
-    hosts.write_text("localhost:2\n")
+    hosts.write_text(f"localhost:{start}\n")
     script = tmp_path / "discover.sh"
     script.write_text(f"#!/bin/sh\ncat {hosts}\n")
     script.chmod(0o755)
@@ -98,24 +102,24 @@ def test_host_added_by_discovery_joins_and_gets_the_state(tmp_path):
     logs.mkdir()
     env = rank_env()
     env.update(ELASTIC_LOG=str(logs), ELASTIC_EPOCHS="4", ELASTIC_STEP_SLEEP="0.05",
-               ELASTIC_WAIT="3:1")
-    cmd = [sys.executable, "-m", "gradflow.runner.launch", "--min-np", "2", "--max-np", "3",
-           "--host-discovery-script", str(script), sys.executable, SCRIPT]
+               ELASTIC_WAIT=f"{n}:1", ELASTIC_OPTIMIZER="csc")
+    cmd = [sys.executable, "-m", "gradflow.runner.launch", "--min-np", str(start),
+           "--max-np", str(n), "--host-discovery-script", str(script), sys.executable, SCRIPT]
     p = subprocess.Popen(cmd, env=env, cwd=run_cwd(), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 120
         while not any(e["event"] == "step" for e in events(logs)) and time.time() < deadline:
             time.sleep(0.2)
-        hosts.write_text("localhost:3\n")
+        hosts.write_text(f"localhost:{n}\n")
         out, _ = p.communicate(timeout=240)
     finally:
         if p.poll() is None:
             p.kill()
     assert p.returncode == 0, out
-    assert "generation 1: 3 worker(s)" in out, out
-    check_identical(results(logs), 3)
-    joined = [e for e in events(logs) if e["event"] == "step" and e["worker"] == "2"]
+    assert f"generation 1: {n} worker(s)" in out, out
+    check_identical(results(logs), n)
+    joined = [e for e in events(logs) if e["event"] == "step" and e["worker"] == str(start)]
     assert joined and joined[0]["step"] > 1, "the new worker did not start from the state"
 
 
