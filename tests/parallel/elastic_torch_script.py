@@ -41,6 +41,7 @@ SLEEP = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))
 WAIT_SIZE, _, WAIT_RESETS = os.environ.get("ELASTIC_WAIT", "0:0").partition(":")
 WAIT_SIZE, WAIT_RESETS = int(WAIT_SIZE), int(WAIT_RESETS or 0)
 BATCH = 32  # per rank
+TRACE = bool(os.environ.get("ELASTIC_TRACE"))  # debugging: log every step
 
 
 def log(**event):
@@ -63,6 +64,9 @@ def data():
 
 
 def main():
+    if os.environ.get("ELASTIC_DUMP_AFTER"):  # debugging a hang: every thread's stack
+        import faulthandler
+        faulthandler.dump_traceback_later(float(os.environ["ELASTIC_DUMP_AFTER"]))
     # The expensive set-up before init(): a worker that joins a running job
     # makes the others wait from the moment it joins until its state sync.
     (xtr, ytr), (xte, yte) = data()
@@ -83,14 +87,19 @@ def main():
     kill_worker, _, kill_step = KILL.partition(":")
 
     def on_reset():
-        state.resets += 1  # after restore(), before sync(): joiners get rank 0's count
+        # After restore(), before sync(). sync() broadcasts rank 0's *saved*
+        # state (Horovod's ObjectState), so the count is saved here, or
+        # every rank would go back to the last commit's count.
+        state.resets += 1
+        state.save()
         log(event="reset", size=hvd.size(), rank=hvd.rank())
 
     state.register_reset_callbacks([on_reset])
 
     @elastic.run
     def train(state):
-        log(event="train", size=hvd.size(), rank=hvd.rank(), step=state.step)
+        log(event="train", size=hvd.size(), rank=hvd.rank(), step=state.step,
+            resets=state.resets, grown=state.grown)
         first_step_of_generation = True
         # hvd.size() is the same on every rank, so they all agree to go on
         state.grown = state.grown or (hvd.size() >= WAIT_SIZE and state.resets >= WAIT_RESETS)
@@ -108,8 +117,12 @@ def main():
                 state.batch += 1
                 state.sampler.record_batch(i, BATCH)
                 if first_step_of_generation:
-                    log(event="step", step=state.step, size=hvd.size(), rank=hvd.rank())
+                    g = opt._gradflow
+                    log(event="step", step=state.step, size=hvd.size(), rank=hvd.rank(),
+                        mode=[g.solo, g.use_pool, g.pool_built, g.csc])
                     first_step_of_generation = False
+                elif TRACE:
+                    log(event="trace", step=state.step, epoch=state.epoch, batch=state.batch)
                 if SLEEP:
                     time.sleep(SLEEP)
                 if state.batch % 4 == 0:

@@ -167,12 +167,13 @@ def test_four_emulated_hosts_lose_one_gain_one(tmp_path):
     recover in < 10 s, and end within 1 point of a fault-free run. Then a
     job that starts on 3 hosts while the discovery script adds the fourth
     ends on 4 with identical parameters."""
-    sys.path.insert(0, ROOT)  # benchmarks/ is not installed: take it from the tree
+    saved = list(sys.path)  # benchmarks/ is not installed: take it from the tree
+    sys.path.insert(0, ROOT)
     try:
         import benchmarks.cluster as cl
         from benchmarks.elastic_recovery import run_grow_job, run_job
     finally:
-        sys.path.remove(ROOT)
+        sys.path[:] = saved  # elastic_recovery adds ROOT too: leave no trace of the tree
     why = cl.unavailable_reason()
     if why:
         pytest.skip(why)

@@ -17,7 +17,11 @@ MPI = pytest.importorskip("mpi4py.MPI")
 
 def _run_check_build():
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the gradflow under test
+    # The gradflow under test first: another test may have left the source
+    # tree (no _native there when the installed package is tested) on sys.path.
+    import gradflow
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(gradflow.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([pkg_parent] + [p for p in sys.path if p])
     # Not from the source tree: `-m` would import its gradflow, not the one under test.
     return subprocess.run([sys.executable, "-m", "gradflow.runner.launch", "--check-build"],
                           capture_output=True, text=True, timeout=120, env=env,
