@@ -51,7 +51,7 @@ def test_keras_fit_survives_sigkill(tmp_path):
     assert sorted(clean_results) == ["worker-0", "worker-1", "worker-2"], out
     assert len({r["hash"] for r in clean_results.values()}) == 1, clean_results
     clean_acc = clean_results["worker-0"]["acc"]
-    assert clean_acc > 0.85, clean_results  # 3 epochs of SGD on digits (measured 0.93)
+    assert clean_acc > 0.85, clean_results  # 3 epochs of SGD on digits (measured 0.922)
 
     faulty, out = _run(tmp_path, "faulty", kill=f"2:{KILL_STEP}")
     assert any(e["event"] == "kill" and e["step"] == KILL_STEP for e in faulty["worker-2"]), out
