@@ -22,10 +22,14 @@ def _run(tmp_path, name, kill=""):
     log_dir.mkdir()
     env = rank_env()
     env.update(ELASTIC_EPOCHS=str(EPOCHS), ELASTIC_LOG=str(log_dir), ELASTIC_KILL=kill)
+    # --start-timeout: generation 0 must hold all 3 workers (the step and
+    # reset counts below assume it); on a loaded host importing TensorFlow
+    # can take longer than the default 30 s, and a late worker would join as
+    # a newcomer (a correct elastic run, but a different one).
     cmd = [sys.executable, "-m", "gradflow.runner.launch", *gradflowrun_args(), "--min-np", "2",
-           "-np", "3", "--max-np", "3", sys.executable, SCRIPT]
+           "-np", "3", "--max-np", "3", "--start-timeout", "150", sys.executable, SCRIPT]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env,
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env,
                               cwd=run_cwd())
     except subprocess.TimeoutExpired as e:
         raise AssertionError(f"{' '.join(cmd)} timed out\nstdout:\n{e.stdout}\n"
