@@ -1,0 +1,78 @@
+"""Elastic Keras 3 model.fit (gradflow.keras.elastic): 3 workers under
+`gradflowrun --min-np 2 -np 3 --max-np 3`, one SIGKILLed mid-epoch, after a
+mid-epoch commit; the 2 survivors roll back to that commit, re-form, finish
+the epoch's remaining samples and end with bitwise-identical weights and an
+accuracy close to a fault-free run's (elastic_keras_script.py)."""
+import json
+import os
+import subprocess
+import sys
+
+from _launch import HERE, gradflowrun_args, rank_env, run_cwd, skip_unless_hydra
+
+SCRIPT = os.path.join(HERE, "elastic_keras_script.py")
+EPOCHS = 3
+# 1400 samples, 32 per rank: 14 steps per epoch with 3 ranks. Step 35 is the
+# 8th batch of epoch 2 (steps 28..41); commits every 4 batches (step 32).
+KILL_STEP, COMMIT_STEP = 35, 32
+
+
+def _run(tmp_path, name, kill=""):
+    log_dir = tmp_path / name
+    log_dir.mkdir()
+    env = rank_env()
+    env.update(ELASTIC_EPOCHS=str(EPOCHS), ELASTIC_LOG=str(log_dir), ELASTIC_KILL=kill)
+    # --start-timeout: generation 0 must hold all 3 workers (the step and
+    # reset counts below assume it); on a loaded host importing TensorFlow
+    # can take longer than the default 30 s, and a late worker would join as
+    # a newcomer (a correct elastic run, but a different one).
+    cmd = [sys.executable, "-m", "gradflow.runner.launch", *gradflowrun_args(), "--min-np", "2",
+           "-np", "3", "--max-np", "3", "--start-timeout", "150", sys.executable, SCRIPT]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env,
+                              cwd=run_cwd())
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"{' '.join(cmd)} timed out\nstdout:\n{e.stdout}\n"
+                             f"stderr:\n{e.stderr}") from None
+    out = f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, f"gradflowrun exited with {proc.returncode}\n{out}"
+    events = {}
+    for path in log_dir.iterdir():
+        with open(path) as f:
+            events[path.stem] = [json.loads(line) for line in f]
+    return events, out
+
+
+def _results(events):
+    return {w: next(e for e in evs if e["event"] == "result")
+            for w, evs in events.items() if any(e["event"] == "result" for e in evs)}
+
+
+@skip_unless_hydra("elastic workers are started with the mpich wheel's mpiexec")
+def test_keras_fit_survives_sigkill(tmp_path):
+    clean, out = _run(tmp_path, "clean")
+    clean_results = _results(clean)
+    assert sorted(clean_results) == ["worker-0", "worker-1", "worker-2"], out
+    assert len({r["hash"] for r in clean_results.values()}) == 1, clean_results
+    clean_acc = clean_results["worker-0"]["acc"]
+    assert clean_acc > 0.85, clean_results  # 3 epochs of SGD on digits (measured 0.922)
+
+    faulty, out = _run(tmp_path, "faulty", kill=f"2:{KILL_STEP}")
+    assert any(e["event"] == "kill" and e["step"] == KILL_STEP for e in faulty["worker-2"]), out
+    results = _results(faulty)
+    assert sorted(results) == ["worker-0", "worker-1"], out
+    assert {r["size"] for r in results.values()} == {2}, results
+    assert {r["rank"] for r in results.values()} == {0, 1}, results
+    assert len({r["hash"] for r in results.values()}) == 1, results
+    for w in ("worker-0", "worker-1"):
+        evs = faulty[w]
+        resets = [e for e in evs if e["event"] == "reset"]
+        assert len(resets) == 1 and resets[0]["size"] == 2, evs
+        # The first step after the reset redoes the first batch after the
+        # commit (rolled back from step 35 to 32).
+        steps = [e for e in evs if e["event"] == "step"]
+        assert [s["step"] for s in steps] == [1, COMMIT_STEP + 1], evs
+        # Epoch 2's remaining 1400 - 4*96 samples in 64-sample global batches.
+        r = results[w]
+        assert r["steps"] == 2 * 14 + 4 + (1400 - 4 * 96) // 64, r
+        assert abs(r["acc"] - clean_acc) < 0.05, (r, clean_acc)
