@@ -9,6 +9,9 @@ elastic_torch_script.py:
   ELASTIC_LOG          a directory: each worker appends one JSON object per line
                        (events: kill, step, reset, result) to worker-<id>.jsonl
   ELASTIC_STEP_SLEEP   seconds to sleep per step (to give a test time to act)
+  ELASTIC_WAIT         "SIZE:RESETS": keep training past ELASTIC_EPOCHS (up to 200
+                       epochs) until, after at least RESETS resets, the group has
+                       had SIZE workers (a joiner may take a while to start)
 
 Each epoch's samples are shuffled (seed + epoch, the same on every worker);
 `state.processed` counts the samples of the epoch already trained, so a
@@ -39,6 +42,8 @@ LOG = os.environ.get("ELASTIC_LOG")
 EPOCHS = int(os.environ.get("ELASTIC_EPOCHS", "6"))
 KILL = os.environ.get("ELASTIC_KILL", "")
 SLEEP = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))
+WAIT_SIZE, _, WAIT_RESETS = os.environ.get("ELASTIC_WAIT", "0:0").partition(":")
+WAIT_SIZE, WAIT_RESETS = int(WAIT_SIZE), int(WAIT_RESETS or 0)
 BATCH = 32  # per rank
 
 
@@ -98,8 +103,17 @@ def main():
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=0.05, momentum=0.9))
     model.compile(optimizer=opt, jit_compile=False,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    state = elastic.KerasState(model, epoch=0, batch=0, step=0, processed=0)
-    state.register_reset_callbacks([lambda: log(event="reset", size=hvd.size(), rank=hvd.rank())])
+    state = elastic.KerasState(model, epoch=0, batch=0, step=0, processed=0, grown=False,
+                               end_epoch=EPOCHS, resets=0)
+
+    def on_reset():
+        # sync() broadcasts rank 0's *saved* state: save the count, or every
+        # rank would go back to the last commit's.
+        state.resets += 1
+        state.save()
+        log(event="reset", size=hvd.size(), rank=hvd.rank())
+
+    state.register_reset_callbacks([on_reset])
 
     @elastic.run
     def train(state):
@@ -107,7 +121,11 @@ def main():
         callbacks = [step_cb, elastic.UpdateEpochStateCallback(state),
                      elastic.UpdateBatchStateCallback(state),
                      elastic.CommitStateCallback(state, batches_per_commit=4)]
-        while state.epoch < EPOCHS:
+        # hvd.size() and the synced reset count are the same on every rank: all
+        # agree; the grown group trains at least one epoch
+        if not state.grown and hvd.size() >= WAIT_SIZE and state.resets >= WAIT_RESETS:
+            state.grown, state.end_epoch = True, max(EPOCHS, state.epoch + 1)
+        while state.epoch < state.end_epoch or (not state.grown and state.epoch < 200):
             # What is left of this epoch, split over the current ranks in
             # whole global batches (every rank takes the same number of steps).
             order = np.random.default_rng(1 + state.epoch).permutation(len(xtr))[state.processed:]

@@ -83,7 +83,7 @@ def main():
     dataset = torch.utils.data.TensorDataset(xtr, ytr)
     sampler = elastic.ElasticSampler(dataset, shuffle=True, seed=1)
     state = elastic.TorchState(model, opt, sampler=sampler, epoch=0, batch=0, step=0,
-                               grown=False, resets=0)
+                               grown=False, end_epoch=EPOCHS, resets=0)
     kill_worker, _, kill_step = KILL.partition(":")
 
     def on_reset():
@@ -101,9 +101,11 @@ def main():
         log(event="train", size=hvd.size(), rank=hvd.rank(), step=state.step,
             resets=state.resets, grown=state.grown)
         first_step_of_generation = True
-        # hvd.size() is the same on every rank, so they all agree to go on
-        state.grown = state.grown or (hvd.size() >= WAIT_SIZE and state.resets >= WAIT_RESETS)
-        while state.epoch < EPOCHS or (not state.grown and state.epoch < 200):
+        # hvd.size() and the synced reset count are the same on every rank: all
+        # agree; the grown group trains at least one epoch
+        if not state.grown and hvd.size() >= WAIT_SIZE and state.resets >= WAIT_RESETS:
+            state.grown, state.end_epoch = True, max(EPOCHS, state.epoch + 1)
+        while state.epoch < state.end_epoch or (not state.grown and state.epoch < 200):
             loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=state.sampler)
             for i, (x, y) in enumerate(loader):
                 if kill_worker == WORKER and state.step == int(kill_step or -1):

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from _launch import HERE, gradflowrun_args, rank_env, run_cwd, skip_unless_hydra
 
@@ -76,3 +77,51 @@ def test_keras_fit_survives_sigkill(tmp_path):
         r = results[w]
         assert r["steps"] == 2 * 14 + 4 + (1400 - 4 * 96) // 64, r
         assert abs(r["acc"] - clean_acc) < 0.05, (r, clean_acc)
+
+
+@skip_unless_hydra("elastic workers are started with the mpich wheel's mpiexec")
+def test_keras_fit_grows_onto_an_added_host(tmp_path):
+    """The discovery script offers 2 slots, then 3 once training runs: the
+    new worker starts, the running ones are interrupted at a commit (inside
+    fit, by CommitStateCallback), and all 3 finish with the same weights; the
+    newcomer's first step continues the global step count (it received the
+    state by broadcast)."""
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost:2\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    env = rank_env()
+    env.update(ELASTIC_EPOCHS=str(EPOCHS), ELASTIC_LOG=str(log_dir), ELASTIC_STEP_SLEEP="0.05",
+               ELASTIC_WAIT="3:1")
+    cmd = [sys.executable, "-m", "gradflow.runner.launch", "--min-np", "2", "--max-np", "3",
+           "--start-timeout", "150", "--host-discovery-script", str(script),
+           sys.executable, SCRIPT]
+    p = subprocess.Popen(cmd, env=env, cwd=run_cwd(), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 200
+        while time.time() < deadline and p.poll() is None:
+            if any('"step"' in f.read_text() for f in log_dir.iterdir()):
+                break
+            time.sleep(0.2)
+        hosts.write_text("localhost:3\n")
+        out, _ = p.communicate(timeout=400)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, out
+    assert "generation 1: 3 worker(s)" in out, out
+    events = {}
+    for path in log_dir.iterdir():
+        with open(path) as f:
+            events[path.stem] = [json.loads(line) for line in f]
+    results = _results(events)
+    assert sorted(results) == ["worker-0", "worker-1", "worker-2"], out
+    assert {r["size"] for r in results.values()} == {3}, results
+    assert len({r["hash"] for r in results.values()}) == 1, results
+    first = [e for e in events["worker-2"] if e["event"] == "step"]
+    assert first and first[0]["step"] > 1, "the new worker did not start from the state"
+    assert results["worker-0"]["acc"] > 0.85, results
