@@ -2,7 +2,7 @@
 # horovod.tensorflow.keras.elastic / horovod.keras.elastic): KerasState, the
 # commit / batch / epoch state callbacks and the `run` decorator for model.fit.
 # The generations, rollback and re-forming live in gradflow.elastic.
-"""Elastic `model.fit` (docs/elastic_keras.md):
+"""Elastic `model.fit` (docs/elastic.md, Keras):
 
     state = gradflow.keras.elastic.KerasState(model, epoch=0, batch=0)
 
@@ -179,7 +179,7 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
     """Keep `state.batch` = batches done in the current epoch (counting from
     the value it had when the epoch (re)started), 0 at the end of the epoch.
     Keras 3's fit fixes its steps before callbacks run: to resume mid-epoch,
-    give fit only the batches not yet done (see docs/elastic_keras.md)."""
+    give fit only the batches not yet done (see docs/elastic.md, Keras)."""
 
     def __init__(self, state: KerasState):
         super().__init__()

@@ -20,6 +20,7 @@ from .functions import (allgather_object, broadcast_global_variables, broadcast_
                         broadcast_object_fn, broadcast_variables)
 # Horovod has it here (horovod.tensorflow); it is a Keras layer, kept in gradflow.keras.
 from ..keras.sync_batch_norm import SyncBatchNormalization
+from . import elastic  # hvd.elastic.run / TensorFlowState / TensorFlowKerasState, as Horovod
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",

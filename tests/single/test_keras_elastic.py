@@ -77,3 +77,22 @@ def test_run_maps_only_peer_loss_to_internal_error(monkeypatch):
     monkeypatch.setattr(elastic, "_peer_lost", lambda: False)
     with pytest.raises(tf.errors.UnknownError):  # no peer lost: fails as it is
         raises(tf_error)(None)
+
+
+def test_tensorflow_state_commits_and_restores_variables():
+    import gradflow.tensorflow.elastic as tf_elastic
+    v = tf.Variable(np.arange(4, dtype=np.float32))
+    state = tf_elastic.TensorFlowState([v], epoch=0)
+    v.assign_add(np.ones(4, np.float32))
+    state.epoch = 1
+    state.commit()  # outside elastic mode: save only
+    v.assign(np.zeros(4, np.float32))
+    state.epoch = 2
+    state.restore()
+    np.testing.assert_array_equal(v.numpy(), np.arange(4, dtype=np.float32) + 1)
+    assert state.epoch == 1
+    with pytest.raises(ValueError, match="needs its variables"):
+        tf_elastic.TensorFlowState()
+    with pytest.raises(TypeError, match="tf.Variables"):
+        tf_elastic.TensorFlowState([np.zeros(2)])
+    assert tf_elastic.TensorFlowKerasState is elastic.KerasState
