@@ -310,7 +310,13 @@ def build_launch(args: argparse.Namespace, config_keys: Sequence[Any], *,
                      "--nodelist", ",".join(h.rpartition(":")[0] for h in used),
                      "--distribution", "block"]
     elif flavor == "openmpi":
-        argv += ["-np", str(args.np), "--oversubscribe"]
+        # Open MPI's analogue of hydra's -disable-auto-cleanup: without these
+        # mpirun kills the whole job as soon as one rank exits non-zero (the
+        # wrapper reports a signal death as 128+n) or without MPI_Finalize,
+        # before the survivors can raise naming the dead rank.
+        argv += ["-np", str(args.np), "--oversubscribe",
+                 "--mca", "orte_abort_on_non_zero_status", "0",
+                 "--mca", "orte_allowed_exit_without_sync", "1"]
         if host_list:
             argv += ["-H", _hosts.hydra_hosts_arg(host_list, args.np)]
         if iface:

@@ -225,6 +225,10 @@ def test_build_launch_openmpi():
     assert argv[:3] == ["mpirun", "-np", "2"]
     assert argv[argv.index("-H") + 1] == "a:1,b:1"
     assert "GRADFLOW_WIRE_DTYPE=bf16" in argv
+    # survivors of a dead rank must live to raise (hydra: -disable-auto-cleanup)
+    joined = " ".join(argv)
+    assert "--mca orte_abort_on_non_zero_status 0" in joined
+    assert "--mca orte_allowed_exit_without_sync 1" in joined
 
 
 def test_find_mpiexec():
