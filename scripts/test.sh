@@ -13,4 +13,4 @@ fi
 # Run from outside the source tree so the *installed* package is what is tested.
 export MPIR_CVAR_POLLS_BEFORE_YIELD=10 OMP_NUM_THREADS=1 TF_CPP_MIN_LOG_LEVEL=2
 export GRADFLOW_TEST_INSTALLED=1
-exec .venv/bin/pytest -p no:cacheprovider -q tests "$@"
+exec .venv/bin/pytest -p no:cacheprovider -q --durations=40 tests "$@"
