@@ -80,8 +80,11 @@ def open_log(dir_fd: int, name: str) -> BinaryIO:
 
 
 def failed_peers(status_dir: Optional[str], rank: str) -> List[str]:
-    """How the other ranks that ended by themselves ended, failures first,
-    from their exit status files (for hydra's SIGUSR1, which names no rank)."""
+    """How the other ranks that ended by themselves ended, from their exit
+    status files (for hydra's SIGUSR1, which names no rank): failures first,
+    the ranks that failed without being told of another failure before those
+    that were, then in the order they ended (the files' times), so the rank
+    that died first is named first, not the lowest rank number."""
     out = []
     if not status_dir:
         return out
@@ -95,12 +98,15 @@ def failed_peers(status_dir: Optional[str], rank: str) -> List[str]:
             continue
         try:
             with open(os.path.join(status_dir, name), encoding="utf-8") as f:
-                code, stopped = f.read().split()[:2]
+                ended = os.fstat(f.fileno()).st_mtime
+                fields = f.read().split()
+            code, stopped = fields[:2]
+            told = fields[2:3] == ["1"]  # it failed after being told of another failure
             int(code)
         except (OSError, ValueError):
             continue
         if stopped == "0":
-            out.append((code == "0", _notice.describe_exit(parts[1], int(code))))
+            out.append(((code == "0", told, ended), _notice.describe_exit(parts[1], int(code))))
     # Failures first; a rank that exited with code 0 may not have finalized MPI.
     return [text for _, text in sorted(out, key=lambda item: item[0])]
 

@@ -460,6 +460,18 @@ def test_hydra_notice_names_the_failed_peer(tmp_path):
     (tmp_path / "rank.1.exit").write_text("137 0 0\n")
     (tmp_path / "rank.2.exit").write_text("0 0 0\n")
     assert W._hydra_notice(str(tmp_path), "0") == "rank 1 was killed by SIGKILL"
+    # Rank 0 raised after being told (third field 1) and ended later: rank 1,
+    # the first failure, is named first whatever the rank numbers say.
+    (tmp_path / "rank.0.exit").write_text("1 0 1\n")
+    os.utime(tmp_path / "rank.1.exit", (1000.0, 1000.0))
+    os.utime(tmp_path / "rank.0.exit", (1001.0, 1001.0))
+    assert W._hydra_notice(str(tmp_path), "2") == (
+        "rank 1 was killed by SIGKILL; rank 0 exited with code 1")
+    (tmp_path / "rank.0.exit").write_text("1 0 0\n")  # not told, but ended later
+    os.utime(tmp_path / "rank.0.exit", (1001.0, 1001.0))
+    assert W._hydra_notice(str(tmp_path), "2") == (
+        "rank 1 was killed by SIGKILL; rank 0 exited with code 1")
+    (tmp_path / "rank.0.exit").unlink()
     (tmp_path / "rank.1.exit").unlink()
     assert W._hydra_notice(str(tmp_path), "0") == (
         "a rank ended without finalizing MPI (hydra sent SIGUSR1); rank 2 exited with code 0")
