@@ -191,13 +191,12 @@ void Runtime::validate_submit(const SubmitArgs& a) const {
     GF_CHECK_ARG(!a.in_pool, "gradflow: gradient pools do not support op=Adasum");
   } else if (a.kind == OpKind::kAllreduce || a.kind == OpKind::kReducescatter) {
     GF_CHECK_ARG(reduce_supported(a.dtype, a.op, &why), "gradflow: " << what << " '" << a.name << "': " << why);
-    // Scaling multiplies in the tensor's own dtype: only floating types can.
+    // Scaling is defined for every numeric dtype (integers as Horovod: in
+    // double, truncated); bool has no product with a factor.
     for (double f : {a.prescale, a.postscale})
-      GF_CHECK_ARG(f == 1.0 || is_floating(a.dtype),
+      GF_CHECK_ARG(f == 1.0 || a.dtype != DataType::kBool,
                    "gradflow: " << what << " '" << a.name << "': prescale_factor/postscale_factor "
-                                << f << " on a " << dtype_name(a.dtype)
-                                << " tensor is not supported (only floating tensors can be scaled); "
-                                   "scale the result in your own code");
+                                << f << " on a bool tensor is not supported");
   }
   if (a.kind == OpKind::kBroadcast)
     GF_CHECK_ARG(a.root >= 0 && a.root < comm_->size(),

@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "wire_codec.h"
 
@@ -60,6 +61,7 @@ template <typename T, typename U>
 void reduce_integer(T* d, const T* s, size_t n, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
+    case ReduceOp::kAverage:  // the caller scales by 1/size once, as Horovod
       combine(d, s, n, [](T a, T b) { return static_cast<T>(static_cast<U>(a) + static_cast<U>(b)); });
       return;
     case ReduceOp::kProduct:
@@ -67,7 +69,6 @@ void reduce_integer(T* d, const T* s, size_t n, ReduceOp op) {
       return;
     case ReduceOp::kMin: combine(d, s, n, [](T a, T b) { return b < a ? b : a; }); return;
     case ReduceOp::kMax: combine(d, s, n, [](T a, T b) { return b > a ? b : a; }); return;
-    case ReduceOp::kAverage:
     case ReduceOp::kAdasum: return;  // refused by reduce_supported
   }
 }
@@ -108,6 +109,25 @@ void scale_16bit(uint16_t* buf, size_t n, WireDtype w, float factor) {
   }
 }
 
+// Integer scaling as Horovod's ScaleBufferCPUImpl does it (Average is a
+// postscale of 1/size there too): the product factor * x in double, then the
+// conversion back to T, which truncates toward zero. Where the product leaves
+// T's range that conversion is undefined in C++; here it saturates (NaN gives
+// 0), so every rank writes the same bytes whatever the compiler.
+template <typename T>
+void scale_integer(T* p, size_t n, double factor) {
+  const double lo = static_cast<double>(std::numeric_limits<T>::min());
+  // For int64 this rounds up to 2^63, the first value out of range.
+  const double hi = static_cast<double>(std::numeric_limits<T>::max());
+  for (size_t i = 0; i < n; ++i) {
+    const double v = factor * static_cast<double>(p[i]);
+    if (v != v) p[i] = 0;
+    else if (v <= lo) p[i] = std::numeric_limits<T>::min();
+    else if (v >= hi) p[i] = std::numeric_limits<T>::max();
+    else p[i] = static_cast<T>(v);
+  }
+}
+
 bool known_dtype(DataType dt) {
   return static_cast<int32_t>(dt) >= 0 && static_cast<int32_t>(dt) <= static_cast<int32_t>(DataType::kUInt16);
 }
@@ -131,9 +151,6 @@ bool reduce_supported(DataType dt, ReduceOp op, std::string* why) {
   } else if (dt == DataType::kBool && op != ReduceOp::kMin && op != ReduceOp::kMax) {
     reason = std::string(reduce_op_name(op)) +
              " of bool tensors is not supported; use Min (logical and) or Max (logical or)";
-  } else if (!is_floating(dt) && op == ReduceOp::kAverage) {
-    reason = std::string("average of ") + dtype_name(dt) +
-             " tensors is not supported; use Sum and divide in your own code";
   }
   if (reason.empty()) return true;
   if (why) *why = reason;
@@ -190,13 +207,10 @@ void reduce_into(void* dst, const void* src, size_t count, DataType dt, ReduceOp
 }
 
 void scale_buffer(void* buf, size_t count, DataType dt, double factor) {
-  // factor == 1 is what Sum passes; accept it for every dtype so callers need
-  // not special-case integers.
+  // factor == 1 is what Sum passes: a no-op for every dtype, bool included.
   if (factor == 1.0) return;
   GF_CHECK(known_dtype(dt), "scale_buffer: unknown dtype code " << static_cast<int32_t>(dt));
-  GF_CHECK(is_floating(dt), "scale_buffer: cannot scale " << dtype_name(dt) << " tensors by "
-                                << factor << "; averaging is only supported for floating "
-                                   "dtypes (use Sum for integer tensors)");
+  GF_CHECK(dt != DataType::kBool, "scale_buffer: cannot scale bool tensors by " << factor);
   switch (dt) {
     case DataType::kFloat16:
       scale_16bit(static_cast<uint16_t*>(buf), count, WireDtype::kFloat16, static_cast<float>(factor));
@@ -215,7 +229,13 @@ void scale_buffer(void* buf, size_t count, DataType dt, double factor) {
       for (size_t i = 0; i < count; ++i) p[i] *= factor;
       return;
     }
-    default: return;  // integers refused above
+    case DataType::kUInt8: scale_integer(static_cast<uint8_t*>(buf), count, factor); return;
+    case DataType::kInt8: scale_integer(static_cast<int8_t*>(buf), count, factor); return;
+    case DataType::kInt16: scale_integer(static_cast<int16_t*>(buf), count, factor); return;
+    case DataType::kUInt16: scale_integer(static_cast<uint16_t*>(buf), count, factor); return;
+    case DataType::kInt32: scale_integer(static_cast<int32_t*>(buf), count, factor); return;
+    case DataType::kInt64: scale_integer(static_cast<int64_t*>(buf), count, factor); return;
+    default: return;  // bool refused above
   }
 }
 

@@ -15,7 +15,10 @@ namespace gradflow {
 // Throws GradflowError for unsupported (dtype, op) pairs.
 void reduce_into(void* dst, const void* src, size_t count, DataType dt, ReduceOp op);
 
-// buf[i] *= factor for floating types (fp16/bf16 via fp32). No-op if factor == 1.
+// buf[i] *= factor. Floating types multiply in their own precision (fp16/bf16
+// via fp32, the factor rounded to float); integer types follow Horovod: the
+// product in double, truncated toward zero (saturating out of range). bool
+// cannot be scaled. No-op if factor == 1, for every dtype.
 void scale_buffer(void* buf, size_t count, DataType dt, double factor);
 
 // Whether (dt, op) is supported by reduce_into; `why` explains a refusal.

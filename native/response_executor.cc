@@ -230,7 +230,7 @@ void ResponseExecutor::run_group(const std::vector<const Response*>& group,
       continue;
     }
     GF_CHECK(reduce_supported(r->dtype, r->op, &why), "gradflow: " << why);
-    GF_CHECK(is_floating(r->dtype) || (r->prescale == 1.0 && r->postscale == 1.0),
+    GF_CHECK(r->dtype != DataType::kBool || (r->prescale == 1.0 && r->postscale == 1.0),
              "gradflow: cannot scale " << dtype_name(r->dtype) << " tensors");
   }
   if (group[0]->kind == OpKind::kAllreduce) {
@@ -400,7 +400,10 @@ void ResponseExecutor::run_other(const Response& r, TensorEntry* e, HandleResult
       }
       reducescatter(comm_, in, result->data->data(), rows, row, r.dtype, r.op, opt, scratch_,
                     &ts);
-      double post = r.postscale * (r.op == ReduceOp::kAverage ? 1.0 / n : 1.0);
+      // Horovod's order: Average divides the postscale factor by the size
+      // (one multiplication afterwards; integers truncate once, see scale_buffer).
+      double post = r.postscale;
+      if (r.op == ReduceOp::kAverage) post /= n;
       scale_buffer(result->data->data(), rows[comm_.rank()] * row, r.dtype, post);
       result->shape = out_shape;
       break;

@@ -9,10 +9,12 @@ verdicts are allgathered back, so hypothesis (on rank 0 alone) decides what
 to try next and shrinks a failure to a minimal batch while the other ranks
 follow. Properties:
   - valid collectives match a numpy reference computed from (seed, rank);
-  - a locally invalid one (Average of ints, Sum of bools, reducescatter of a
-    0-d array, a prescale/postscale factor on an integer tensor) raises at
+  - a locally invalid one (Average or Sum of bools, reducescatter of a
+    0-d array, a prescale/postscale factor on a bool tensor) raises at
     submit on every rank, and the runtime keeps working;
-  - pre/postscale factors scale floating results; big-endian inputs give
+  - pre/postscale factors scale floating results, and integer ones as
+    Horovod does (in double, truncated toward zero; Average of integers is
+    a postscale of 1/size); big-endian inputs give
     the same results as native ones;
   - a cross-rank mismatch raises GradflowError naming the tensor on every
     rank, within --error-bound seconds; the runtime keeps working after it.
@@ -73,9 +75,7 @@ def locally_invalid(kind, dtype, op, shape, name="", scale=(1.0, 1.0)):
     if kind in ("allreduce", "reducescatter"):
         if dtype == "bool" and op not in (gf.Min, gf.Max):
             return gf.GradflowError
-        if dtype not in FLOAT and op == gf.Average:
-            return gf.GradflowError
-        if dtype not in FLOAT and scale != (1.0, 1.0):
+        if dtype == "bool" and scale != (1.0, 1.0):
             return ValueError  # not computable: used to kill the background loop
     return None
 
@@ -208,11 +208,34 @@ def reduce_ref(stack, op, dtype):
     return np.asarray(out).astype(np_dtype(dtype))
 
 
+def trunc_cast(v, dtype):
+    """Horovod's double -> integer conversion (truncation toward zero);
+    gradflow saturates where C++ would be undefined."""
+    info = np.iinfo(dtype)
+    t = np.trunc(np.asarray(v, np.float64))
+    hi, lo = t >= float(info.max), t <= float(info.min)
+    out = np.where(hi | lo, 0, t).astype(dtype)
+    out[hi], out[lo] = info.max, info.min
+    return out
+
+
+def int_reference(xs, op, pre, post, dtype):
+    """Integer allreduce as Horovod computes it: prescale each input, reduce
+    in the dtype (wrapping), then one postscale (divided by N for Average)."""
+    if pre != 1.0:
+        xs = [trunc_cast(x.astype(np.float64) * pre, dtype) for x in xs]
+    out = reduce_ref(np.stack(xs), gf.Sum if op == gf.Average else op, dtype)
+    factor = post / N if op == gf.Average else post
+    return out if factor == 1.0 else trunc_cast(out.astype(np.float64) * factor, dtype)
+
+
 def expected(c):
     kind, dtype = c["kind"], c["dtype"]
     if kind == "allreduce":
         pre, post = scale_of(c)
-        if (pre, post) != (1.0, 1.0):  # floating only (integers are refused)
+        if dtype not in FLOAT and dtype != "bool":
+            return int_reference([inputs(c, r) for r in range(N)], c["op"], pre, post, dtype)
+        if (pre, post) != (1.0, 1.0):  # floating here (bool is refused)
             stack = np.stack([inputs(c, r).astype(np.float64) * pre for r in range(N)])
             return (reduce_ref(stack, c["op"], "float64") * post).astype(np_dtype(dtype))
         return reduce_ref(np.stack([inputs(c, r) for r in range(N)]), c["op"], dtype)
@@ -228,7 +251,9 @@ def expected(c):
             start = sum(c["splits"][r][:R])
             blocks.append(x[start:start + c["splits"][r][R]])
         return np.concatenate(blocks), np.array([c["splits"][r][R] for r in range(N)])
-    full = reduce_ref(np.stack([inputs(c, r) for r in range(N)]), c["op"], dtype)  # reducescatter
+    xs = [inputs(c, r) for r in range(N)]  # reducescatter
+    full = int_reference(xs, c["op"], 1.0, 1.0, dtype) if dtype not in FLOAT and dtype != "bool" \
+        else reduce_ref(np.stack(xs), c["op"], dtype)
     rows = c["shape"][0]
     counts = [rows // N + (1 if q < rows % N else 0) for q in range(N)]
     return full[sum(counts[:R]):sum(counts[:R + 1])]

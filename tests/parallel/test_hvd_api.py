@@ -1,5 +1,6 @@
 """Horovod API gaps closed in gradflow.torch and the core (issue 14): int8 /
-int16 / uint16 collectives (every allreduce algorithm), Horovod's basics
+int16 / uint16 collectives and Horovod's integer Average / scale factors
+(every allreduce algorithm), Horovod's basics
 (build queries, run-time timeline, exception types), user Compressors and
 DistributedOptimizer groups — on 2 and 3 ranks against numpy or
 single-process references (the scripts check the numbers and that ranks
@@ -31,6 +32,22 @@ def test_small_ints_numpy(n, algo):
 @pytest.mark.parametrize("n", [2, 3])
 def test_small_ints_torch(n):
     out = run_mpi(n, "small_ints_script.py", "torch", timeout=300)
+    for what in ("numpy", "torch", "done"):
+        assert _oks(out, n, what) == n, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("algo", ["ring", "two-sync", "mpi"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_int_scaling_numpy(n, algo):
+    out = run_mpi(n, "int_scaling_script.py", env={"GRADFLOW_ALLREDUCE_ALGO": algo}, timeout=300)
+    for what in ("numpy", "done"):
+        assert _oks(out, n, what) == n, out.stdout + out.stderr
+
+
+@needs_torch
+@pytest.mark.parametrize("n", [2, 3])
+def test_int_scaling_torch(n):
+    out = run_mpi(n, "int_scaling_script.py", "torch", timeout=300)
     for what in ("numpy", "torch", "done"):
         assert _oks(out, n, what) == n, out.stdout + out.stderr
 
