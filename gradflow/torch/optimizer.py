@@ -360,7 +360,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         gradients follow `set_to_none`. With CSC's residual in the pool
         (see DistributedOptimizer's sparse_ratio) nothing is zeroed: a
         pooled param.grad becomes the view of the pool again, which holds
-        the residual (the gradient not sent yet), and backward adds to it."""
+        the residual (the gradient not sent yet), and backward adds to it:
+        what backward added since the last step is not discarded."""
+        self._gradflow_check_runtime()  # an elastic reset drops the pools first
         s = self._gradflow
         for pool in s.pools:
             if pool.out is None:
