@@ -17,9 +17,10 @@ namespace gradflow {
 // chunk_elems): the L1 norm of a fixed sample of the chunk, scaled by
 // (chunk length / sample length). The sample depends only on (count,
 // chunk_elems, chunk index), so every rank reads the same positions. Rule:
-// blocks of b = max(1, chunk_elems / 64) elements; each group of 8
+// blocks of b = max(1, chunk_elems / 16) elements; each group of 8
 // consecutive blocks of a chunk (the last group may have m < 8) contributes
-// block 8g + ((c + 3g) mod m) — 1/8 of the chunk, spread over it.
+// block 8g + ((c + 3g) mod m) — 1/8 of the chunk in two pieces (default
+// chunk: 2 x 8 KiB), at positions that move from chunk to chunk.
 void sampled_chunk_importance(const float* values, size_t count, size_t chunk_elems,
                               std::vector<float>* importance);
 

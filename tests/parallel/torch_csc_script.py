@@ -38,9 +38,9 @@ def layout(opt):
 
 def sample(c, length):
     """The positions native/sparse_pool_residual.cc samples in chunk c of
-    `length` elements: blocks of max(1, CHUNK // 64); in each group of 8
+    `length` elements: blocks of max(1, CHUNK // 16); in each group of 8
     blocks (the last may have m < 8) block 8g + (c + 3g) % m."""
-    b = max(1, CHUNK // 64)
+    b = max(1, CHUNK // 16)
     nb = -(-length // b)
     out = []
     for g in range(-(-nb // 8)):
