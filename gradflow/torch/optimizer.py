@@ -83,13 +83,13 @@ from ..collectives import Adasum, Average, check_adasum_options, reduce_op
 from .compression import Compression, split as split_compression
 from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
 from .functions import check_same_everywhere
-from .optimizer_groups import GroupTracker, Once, form_groups
+from .optimizer_groups import GroupTracker, form_groups, submit_group
 from . import optimizer_residual as _residual
 from .. import _runtime
 from ..elastic import worker as _elastic_worker
 from .optimizer_state import (_State, build_pools, destroy_pools, parameter_names,
                               rebind_after_elastic_reset, repatch_scheduler_step)
-from .ops import allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async
+from .ops import allreduce_async_, sparse_allreduce_async
 
 __all__ = ["DistributedOptimizer"]
 
@@ -245,7 +245,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 return
             p.grad = grad = grad.to_dense()
         if s.groups is not None:
-            self._gradflow_submit_group(i)
+            submit_group(s, i)
             return
         # Before the pool exists (step 1 of use_pool) the step is dense: a
         # residual under the parameter's name would never be delivered once
@@ -256,22 +256,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                             postscale_factor=s.postscale * s.loss_scale,
                                             compression=s.compression, sparse_ratio=ratio,
                                             process_set=s.process_set)
-
-    def _gradflow_submit_group(self, i: int) -> None:
-        """Gradient i is ready: once its whole group is, the group goes out as
-        one grouped allreduce (the core fuses it), as Horovod's groups do."""
-        s = self._gradflow
-        members = s.groups.mark(i, excluded=s.sparse)
-        if members is None:
-            return
-        h = Once(grouped_allreduce_async_([s.params[j].grad for j in members],
-                                          name=f"{s.prefix}.group{s.groups.group_of[i]}", op=s.op,
-                                          prescale_factor=s.prescale / s.loss_scale,
-                                          postscale_factor=s.postscale * s.loss_scale,
-                                          process_set=s.process_set,
-                                          compression=s.compression))
-        for j in members:
-            s.handles[id(s.params[j])] = h
 
     # ------------------------------------------------------------ step protocol
     def synchronize(self) -> None:
