@@ -3,6 +3,8 @@
 // the copy path, pools with grad_scaler= or sparse momentum) and the one
 // whose residual lives in the gradient pool (Note [Residual in the pool],
 // sparse_pool_residual.cc). The collectives themselves are allreduce_dense's.
+#include "response_executor.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -10,7 +12,6 @@
 #include <sstream>
 
 #include "reduce_kernels.h"
-#include "response_executor.h"
 #include "sparse_pool_residual.h"
 
 namespace gradflow {
@@ -96,7 +97,8 @@ void ResponseExecutor::allreduce_sparse(SparseResidual* res, float* buf, ReduceO
   }
   // 3. the new residual takes effect; its chosen chunks leave it, are
   //    reduced densely and unpacked into buf (zero elsewhere).
-  std::vector<uint32_t> chosen = select_top_chunks(importance, chunks_to_send(ratio, importance.size()));
+  std::vector<uint32_t> chosen =
+      select_top_chunks(importance, chunks_to_send(ratio, importance.size()));
   std::vector<float> packed(packed_size(chosen, count, chunk));
   res->commit(chosen, packed.data());
   cpu_seconds += now_seconds() - t0;
@@ -159,7 +161,8 @@ void ResponseExecutor::allreduce_pool_residual(const Response& r, TensorEntry* e
     return;
   }
   // 3. the chosen chunks leave P, are reduced densely and land in G.
-  std::vector<uint32_t> chosen = select_top_chunks(importance, chunks_to_send(r.sparse_ratio, importance.size()));
+  std::vector<uint32_t> chosen =
+      select_top_chunks(importance, chunks_to_send(r.sparse_ratio, importance.size()));
   std::vector<float> packed(packed_size(chosen, count, chunk));
   res->take_chunks(pool, chosen, packed.data());
   scale_buffer(packed.data(), packed.size(), DataType::kFloat32, r.prescale);
