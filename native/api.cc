@@ -156,6 +156,7 @@ int64_t Runtime::submit_checked(const SubmitArgs& a) {
       r.splits.push_back(rows / comm_->size() + (p < rows % comm_->size() ? 1 : 0));
   }
   e.sparse_residual = a.sparse_residual;
+  e.pool_residual = a.pool_residual;
   e.input = reinterpret_cast<const void*>(a.input);
   e.output = reinterpret_cast<void*>(a.output);
   return queue_.submit(std::move(e));
@@ -243,12 +244,17 @@ void Runtime::abort(const std::string& message) {
 
 int64_t Runtime::pool_create(uintptr_t data, DataType dt, const std::vector<int64_t>& range_elems,
                              int64_t bucket_bytes, ReduceOp op, int wire, double prescale,
-                             double postscale, double sparse_ratio) {
+                             double postscale, double sparse_ratio, uintptr_t output) {
   std::string why;
   GF_CHECK_ARG(op != ReduceOp::kAdasum,
                "gradflow: gradient pools do not support op=Adasum (a bucket holds several "
                "gradients, each needing its own dot products); submit the gradients one by one");
   GF_CHECK(reduce_supported(dt, op, &why), "gradflow: gradient pool: " << why);
+  const double ratio = sparse_ratio < 0 ? cfg_.sparse_ratio : sparse_ratio;
+  const bool sparse = ratio < 1.0 && dt == DataType::kFloat32;
+  GF_CHECK_ARG(output == 0 || (sparse && cfg_.sparse_momentum == 0.0),
+               "gradflow: a gradient pool keeps its residual in place only for CSC on float32 "
+               "without GRADFLOW_SPARSE_MOMENTUM");
   std::lock_guard<std::mutex> lock(pools_mu_);
   int index = next_pool_++;
   int64_t id = (generation_ << kPoolIndexBits) | index;
@@ -269,8 +275,12 @@ int64_t Runtime::pool_create(uintptr_t data, DataType dt, const std::vector<int6
   t.in_pool = true;
   // Sparse pools own their error-feedback residuals, one per bucket (one
   // float per gradient element): freed with the pool, never keyed by name.
-  const double ratio = sparse_ratio < 0 ? cfg_.sparse_ratio : sparse_ratio;
-  if (ratio < 1.0 && dt == DataType::kFloat32)
+  if (output != 0) {
+    p.output = reinterpret_cast<uint8_t*>(output);
+    for (size_t b = 0; b < p.pool->num_buckets(); ++b)
+      p.pool_residuals.push_back(std::make_shared<PoolResidual>(
+          p.pool->bucket_elems(static_cast<int>(b)), static_cast<size_t>(cfg_.sparse_chunk)));
+  } else if (sparse)
     for (size_t b = 0; b < p.pool->num_buckets(); ++b)
       p.residuals.push_back(std::make_shared<SparseResidual>(
           p.pool->bucket_elems(static_cast<int>(b)), static_cast<size_t>(cfg_.sparse_chunk),
@@ -293,8 +303,12 @@ int64_t Runtime::submit_bucket(PoolState& p, int b) {
   a.name = p.pool->bucket_name(b);
   a.input = a.output = reinterpret_cast<uintptr_t>(p.pool->bucket_data(b));
   a.shape = {static_cast<int64_t>(p.pool->bucket_elems(b))};
-  if (!p.residuals.empty()) {
-    a.sparse_residual = p.residuals[b];
+  if (!p.pool_residuals.empty()) {
+    a.pool_residual = p.pool_residuals[b];
+    a.output = reinterpret_cast<uintptr_t>(p.output + p.pool->bucket_offset(b) * sizeof(float));
+  }
+  if (!p.residuals.empty() || !p.pool_residuals.empty()) {
+    if (!p.residuals.empty()) a.sparse_residual = p.residuals[b];
     // Warm-up counts the pool's steps; every rank's pool has run as many.
     if (p.steps < cfg_.sparse_warmup_steps) {
       a.sparse_ratio = 1.0;
@@ -332,6 +346,11 @@ void Runtime::pool_set_scale(int64_t pool, double prescale, double postscale) {
   PoolState& p = find_pool(pool);
   p.bucket_template.prescale = prescale;
   p.bucket_template.postscale = postscale;
+}
+
+void Runtime::pool_output_dirty(int64_t pool) {
+  std::lock_guard<std::mutex> lock(pools_mu_);
+  for (auto& r : find_pool(pool).pool_residuals) r->mark_output_dirty();
 }
 
 void Runtime::pool_destroy(int64_t pool) {

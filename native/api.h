@@ -19,6 +19,7 @@
 #include "mpi_comm.h"
 #include "process_sets.h"
 #include "sparse_chunks.h"
+#include "sparse_pool_residual.h"
 #include "stats.h"
 #include "tensor_queue.h"
 #include "timeline.h"
@@ -44,6 +45,7 @@ struct SubmitArgs {
   double sparse_ratio = -1.0;   // < 0: GRADFLOW_SPARSE_RATIO
   bool in_pool = false;         // a gradient-pool bucket: in place, never fused
   std::shared_ptr<SparseResidual> sparse_residual;  // a sparse pool bucket's (owned by the pool)
+  std::shared_ptr<PoolResidual> pool_residual;  // or its in-pool residual's (output != input)
 };
 
 class Runtime : public std::enable_shared_from_this<Runtime> {
@@ -92,15 +94,21 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // the process: a runtime's generation in the high 32 bits, its pool index
   // (which names the buckets, the same on every rank) in the low bits, so an
   // id from before shutdown() + init() is refused, never taken for a new pool.
+  // `output` != 0 (sparse float32 pools, no sparse momentum): the residual
+  // is the pool buffer itself and results go to `output`, a second buffer
+  // of the same size (Note [Residual in the pool], sparse_pool_residual.cc).
   int64_t pool_create(uintptr_t data, DataType dt, const std::vector<int64_t>& range_elems,
                       int64_t bucket_bytes, ReduceOp op, int wire, double prescale,
-                      double postscale, double sparse_ratio);
+                      double postscale, double sparse_ratio, uintptr_t output = 0);
   int64_t pool_mark_ready(int64_t pool, int64_t range);  // handle, or -1 if no bucket completed
   std::vector<int64_t> pool_flush(int64_t pool);         // handles of the remaining buckets
   void pool_reset(int64_t pool);  // ends a step (counts it towards the sparse warm-up)
   // Scales for the buckets submitted from now on (the torch binding divides
   // by the AMP loss scale here so a sparse pool's residual stays unscaled).
   void pool_set_scale(int64_t pool, double prescale, double postscale);
+  // Something other than the core wrote into a residual-in-pool pool's
+  // output since its last step: the next step zeroes all of it first.
+  void pool_output_dirty(int64_t pool);
   // Frees its sparse residuals once no bucket is in flight; ids of other
   // runtimes are ignored.
   void pool_destroy(int64_t pool);
@@ -112,6 +120,8 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
     SubmitArgs bucket_template;
     int64_t steps = 0;  // pool_reset calls: dense while < GRADFLOW_SPARSE_WARMUP_STEPS
     std::vector<std::shared_ptr<SparseResidual>> residuals;  // per bucket, if sparse
+    std::vector<std::shared_ptr<PoolResidual>> pool_residuals;  // instead, residual in the pool
+    uint8_t* output = nullptr;  // the results' buffer when the residual is in the pool
   };
   int64_t submit_bucket(PoolState& p, int bucket);
   PoolState& find_pool(int64_t id);  // caller holds pools_mu_

@@ -15,6 +15,7 @@
 #include "fusion_buffer.h"
 #include "reduce_kernels.h"
 #include "sparse_chunks.h"
+#include "sparse_pool_residual.h"
 #include "wire_codec.h"
 
 namespace py = pybind11;
@@ -318,16 +319,20 @@ PYBIND11_MODULE(_native, m) {
 
   m.def("pool_create",
         [](uintptr_t data, int dtype, std::vector<int64_t> ranges, int64_t bucket_bytes, int op,
-           int wire, double prescale, double postscale, double sparse_ratio, int process_set) {
+           int wire, double prescale, double postscale, double sparse_ratio, int process_set,
+           uintptr_t output) {
           return engine(process_set)->pool_create(data, static_cast<DataType>(dtype), ranges, bucket_bytes,
                                        static_cast<ReduceOp>(op), wire, prescale, postscale,
-                                       sparse_ratio);
+                                       sparse_ratio, output);
         },
         py::arg("data"), py::arg("dtype"), py::arg("ranges"), py::arg("bucket_bytes"),
         py::arg("op"), py::arg("wire"), py::arg("prescale"), py::arg("postscale"),
-        py::arg("sparse_ratio"), py::arg("process_set") = 0,
+        py::arg("sparse_ratio"), py::arg("process_set") = 0, py::arg("output") = 0,
         "Register a contiguous gradient pool (reduced over process set `process_set`); ranges "
-        "are element counts in layout order.");
+        "are element counts in layout order. `output` != 0: the CSC residual stays in the pool "
+        "buffer and results go to `output` (Note [Residual in the pool]).");
+  m.def("pool_output_dirty", [](int64_t pool) { pool_engine(pool)->pool_output_dirty(pool); },
+        "Something else wrote into the pool's output buffer: its next step zeroes all of it.");
   m.def("pool_mark_ready", [](int64_t pool, int64_t r) { return pool_engine(pool)->pool_mark_ready(pool, r); },
         "Mark a range ready; returns a handle if a bucket was submitted, else -1.");
   m.def("pool_flush", [](int64_t pool) { return pool_engine(pool)->pool_flush(pool); },
@@ -418,12 +423,19 @@ PYBIND11_MODULE(_native, m) {
   m.def("codec_simd_available", &codec_simd_available);
   m.def("codec_impl_name", &codec_impl_name);
   m.def("select_top_chunks", &select_top_chunks);
-  m.def("sparse_residual_elements", &SparseResidual::live_elements,
+  m.def("sparse_residual_elements",
+        [] { return SparseResidual::live_elements() + PoolResidual::live_elements(); },
         "Elements held by live CSC residuals in this process (for tests).");
   m.def("chunk_importance", [](py::array_t<float, py::array::c_style | py::array::forcecast> a,
                                size_t chunk) {
           std::vector<float> imp;
           chunk_importance(a.data(), a.size(), chunk, &imp);
+          return imp;
+        });
+  m.def("sampled_chunk_importance",
+        [](py::array_t<float, py::array::c_style | py::array::forcecast> a, size_t chunk) {
+          std::vector<float> imp;
+          sampled_chunk_importance(a.data(), a.size(), chunk, &imp);
           return imp;
         });
   m.def("plan_fusion", [](std::vector<std::tuple<int, int, int, double, double, size_t, bool>> items,

@@ -123,91 +123,6 @@ void ResponseExecutor::allreduce_dense(void* buf, size_t count, DataType dt, Red
   ts->wire_overflow = ts->wire_overflow || local.wire_overflow;
 }
 
-SparseResidual* ResponseExecutor::sparse_residual(const Response& r, TensorEntry* e, size_t count,
-                                                 std::unique_ptr<SparseResidual>* temp,
-                                                 std::string* error) {
-  const size_t chunk = static_cast<size_t>(cfg_.sparse_chunk);
-  const float momentum = static_cast<float>(cfg_.sparse_momentum);
-  if (r.in_pool) {
-    // A pool bucket's residual belongs to its pool (api.cc): freed with the
-    // pool, one per gradient element. A rank that has joined has no entry:
-    // it contributes zeros, through a zero residual of its own.
-    if (e && e->sparse_residual && e->sparse_residual->count() == count)
-      return e->sparse_residual.get();
-    *temp = std::make_unique<SparseResidual>(count, chunk, momentum);
-    return temp->get();
-  }
-  // Ad-hoc allreduce(..., sparse_ratio=) and the optimizer's copy path: one
-  // residual per name, kept for the life of the runtime.
-  SparseState& st = sparse_[r.name];
-  if (st.residual && st.residual->count() != count) {
-    std::ostringstream m;
-    m << "gradflow: allreduce '" << r.name << "' with sparse_ratio " << r.sparse_ratio << " has "
-      << count << " elements, but earlier calls under this name had " << st.residual->count()
-      << "; its sparse residual (gradient not sent yet) would be lost: give tensors of another "
-         "size another name";
-    *error = m.str();
-    return nullptr;
-  }
-  if (!st.residual) st.residual = std::make_unique<SparseResidual>(count, chunk, momentum);
-  return st.residual.get();
-}
-
-bool ResponseExecutor::sparse_warmup(const Response& r) {
-  // Pools decide warm-up at submission (the request's sparse_ratio is 1 on
-  // their warm-up steps); named residuals count their own steps here.
-  if (r.in_pool) return false;
-  return ++sparse_[r.name].steps <= cfg_.sparse_warmup_steps;
-}
-
-void ResponseExecutor::allreduce_sparse(SparseResidual* res, float* buf, ReduceOp op,
-                                        WireDtype wire, double ratio, double postscale,
-                                        TransferStats* ts) {
-  const size_t count = res->count(), chunk = res->chunk_elems();
-  // CPU time of the sparse passes (absorb, select, commit, unpack) is
-  // reported as codec time: like a wire conversion it is work the bytes
-  // saved must pay for.
-  double cpu_seconds = 0.0;
-  double t0 = now_seconds();
-  // 1. importance of residual + this step's gradient (written aside; buf is
-  //    zeroed); every rank must choose the same chunks, so the per-rank L1
-  //    norms are summed (a tiny allreduce).
-  std::vector<float> importance;
-  res->absorb(buf, &importance);
-  cpu_seconds += now_seconds() - t0;
-  allreduce_dense(importance.data(), importance.size(), DataType::kFloat32, ReduceOp::kSum,
-                  WireDtype::kNative, ts);
-  t0 = now_seconds();
-  // 2. some rank overflowed (inf/NaN): send nothing, keep the residual as it
-  //    was, hand every rank the same non-finite output (Note [Coarse-grained
-  //    sparse communication], sparse_chunks.cc).
-  if (any_non_finite(importance)) {
-    mark_overflow(importance, count, chunk, buf);
-    cpu_seconds += now_seconds() - t0;
-    ts->codec_seconds += cpu_seconds;
-    stats_.add("sparse.overflow_steps", 1);
-    return;
-  }
-  // 3. the new residual takes effect; its chosen chunks leave it, are
-  //    reduced densely and unpacked into buf (zero elsewhere).
-  size_t k = static_cast<size_t>(std::ceil(ratio * static_cast<double>(importance.size())));
-  k = std::max<size_t>(1, std::min(k, importance.size()));
-  std::vector<uint32_t> chosen = select_top_chunks(importance, k);
-  std::vector<float> packed(packed_size(chosen, count, chunk));
-  res->commit(chosen, packed.data());
-  cpu_seconds += now_seconds() - t0;
-  allreduce_dense(packed.data(), packed.size(), DataType::kFloat32, op, wire, ts);
-  t0 = now_seconds();
-  scale_buffer(packed.data(), packed.size(), DataType::kFloat32, postscale);
-  unpack_chunks(packed.data(), count, chunk, chosen, buf);
-  cpu_seconds += now_seconds() - t0;
-  ts->codec_seconds += cpu_seconds;
-  stats_.add("seconds_sparse", cpu_seconds);
-  stats_.add("sparse.steps", 1);
-  stats_.add("sparse.chunks_sent", static_cast<double>(chosen.size()));
-  stats_.add("sparse.chunks_total", static_cast<double>(importance.size()));
-}
-
 void ResponseExecutor::run_group(const std::vector<const Response*>& group,
                                  const std::vector<TensorEntry*>& entries,
                                  std::vector<HandleResult>* results) {
@@ -256,6 +171,15 @@ void ResponseExecutor::run_allreduces(const std::vector<const Response*>& group,
   // bytes_sent / allreduce.bytes_input is the effective compression.
   stats_.add("allreduce.bytes_input", static_cast<double>(total * esize));
   const bool single = group.size() == 1;
+  if (single && entries[0] && entries[0]->pool_residual) {
+    // A sparse pool bucket whose residual is the pool itself (Note
+    // [Residual in the pool]): input P, output G, no pass over the buffer.
+    allreduce_pool_residual(first, entries[0], &ts);
+    for (auto& r : *results) r.wire_overflow = ts.wire_overflow;
+    last_.transfer = ts;
+    last_.sparse = true;
+    return;
+  }
   const uint64_t copied_before = fusion_.bytes_copied();
   if (single) {
     TensorEntry* e = entries[0];

@@ -67,6 +67,10 @@ class ResponseExecutor {
   // CSC itself).
   void allreduce_sparse(SparseResidual* res, float* buf, ReduceOp op, WireDtype wire,
                         double ratio, double postscale, TransferStats* ts);
+  // The same for a pool bucket whose residual is the pool itself (Note
+  // [Residual in the pool], sparse_pool_residual.cc): reads the entry's
+  // input P, leaves the result in its output G.
+  void allreduce_pool_residual(const Response& r, TensorEntry* e, TransferStats* ts);
   // The residual a sparse response uses: its pool's (via the entry), a zero
   // one for a joined rank, or the per-name one. Sets *error (and returns
   // null) if a name's size changed.

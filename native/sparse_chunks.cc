@@ -94,6 +94,8 @@ struct MoreImportant {
   }
 };
 
+}  // namespace
+
 // sum |x[i]|. Eight float lanes over blocks of 256 elements (vectorizable,
 // no serial dependency chain), blocks combined in double: a chunk of 32768
 // floats summed serially in float would lose ~3 digits, and serially in
@@ -113,8 +115,6 @@ double l1_norm(const float* x, size_t n) {
   }
   return sum;
 }
-
-}  // namespace
 
 size_t num_chunks(size_t count, size_t chunk_elems) {
   GF_CHECK(chunk_elems > 0, "sparse chunk size must be > 0 elements (GRADFLOW_SPARSE_CHUNK)");

@@ -15,6 +15,9 @@ namespace gradflow {
 // Number of chunks covering `count` elements (last chunk may be short).
 size_t num_chunks(size_t count, size_t chunk_elems);
 
+// sum_i |x[i]|: eight float lanes over blocks of 256, blocks combined in double.
+double l1_norm(const float* x, size_t n);
+
 // importance[c] = sum_{i in chunk c} |values[i]| (as float, accumulated in double).
 void chunk_importance(const float* values, size_t count, size_t chunk_elems,
                       std::vector<float>* importance);

@@ -25,6 +25,7 @@
 namespace gradflow {
 
 class SparseResidual;
+class PoolResidual;
 
 // One submitted collective on this rank. Buffers belong to the caller, who
 // keeps them alive until the handle completes (gradflow/_handles.py does).
@@ -37,6 +38,9 @@ struct TensorEntry {
   // A sparse pool bucket's error-feedback residual, owned with its pool:
   // the entry's reference keeps it alive while the bucket is in flight.
   std::shared_ptr<SparseResidual> sparse_residual;
+  // Instead, a sparse pool bucket whose residual is the pool itself (input
+  // P; the result goes to output G): its bookkeeping, owned with its pool.
+  std::shared_ptr<PoolResidual> pool_residual;
 };
 
 // What a finished handle yields.

@@ -29,8 +29,13 @@ Life of the wrapper:
     back as p.grad on every rank, so every rank updates it alike), waits every
     handle, then `pool_reset`, then runs the wrapped optimizer's step.
   CSC (sparse_ratio < 1): step 1 is dense; from step 2 each pool bucket
-    has its residual, owned by the pool (api.cc) and freed with it. With
-    use_pool=False the core keeps one residual per parameter name.
+    has its residual. Float32 pools without grad_scaler= or sparse momentum
+    keep it in the pool buffer itself (optimizer_residual.py, Note [Residual
+    in the pool] in native/sparse_pool_residual.cc): param.grad is a view of
+    the pool P (residual + this step's gradients) from zero_grad() until
+    synchronize() ends, then a view of a second buffer G (the reduced sent
+    chunks). Others keep the classic residual, owned by the pool (api.cc).
+    With use_pool=False the core keeps one residual per parameter name.
   use_pool=False keeps the copy path for ever (the core fuses small tensors
     through its fusion buffer: that is the copy the pool avoids).
 
@@ -78,12 +83,13 @@ from ..collectives import Adasum, Average, check_adasum_options, reduce_op
 from .compression import Compression, split as split_compression
 from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
 from .functions import check_same_everywhere
-from .optimizer_groups import GroupTracker, Once, form_groups
+from .optimizer_groups import GroupTracker, form_groups, submit_group
+from . import optimizer_residual as _residual
 from .. import _runtime
 from ..elastic import worker as _elastic_worker
-from .optimizer_state import (_State, build_pools, destroy_pools, rebind_after_elastic_reset,
-                              repatch_scheduler_step)
-from .ops import allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async
+from .optimizer_state import (_State, build_pools, destroy_pools, parameter_names,
+                              rebind_after_elastic_reset, repatch_scheduler_step)
+from .ops import allreduce_async_, sparse_allreduce_async
 
 __all__ = ["DistributedOptimizer"]
 
@@ -138,7 +144,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     if p.requires_grad:
                         s.index[id(p)] = len(s.params)
                         s.params.append(p)
-        s.names = self._gradflow_names(named_parameters)
+        s.names = parameter_names(s, self.param_groups, named_parameters)
         formed = form_groups(s.params, groups)
         s.groups = None if formed is None else GroupTracker(formed)
         # A user Compressor runs in Python around each gradient's allreduce,
@@ -169,31 +175,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
         s.hook_handles = [p.register_post_accumulate_grad_hook(hook) for p in s.params]
         self._gradflow_finalizer = weakref.finalize(self, destroy_pools, [])
-
-    def _gradflow_names(self, named_parameters) -> List[str]:
-        s = self._gradflow
-        if named_parameters is None:
-            where = {}
-            for g, group in enumerate(self.param_groups):
-                for i, p in enumerate(group["params"]):
-                    where.setdefault(id(p), f"group{g}.param{i}")
-            return [f"{s.prefix}.{where[id(p)]}" for p in s.params]
-        named = list(named_parameters)
-        if any(not isinstance(x, tuple) or len(x) != 2 for x in named):
-            raise ValueError("gradflow: named_parameters should be a sequence of (name, parameter), "
-                             "usually model.named_parameters()")
-        names = [n for n, _ in named]
-        dups = sorted({n for n in names if names.count(n) > 1})
-        if dups:
-            raise ValueError(f"gradflow: named_parameters contains duplicate names: {dups}")
-        by_id = {}
-        for n, p in named:
-            by_id.setdefault(id(p), n)
-        missing = [i for i, p in enumerate(s.params) if id(p) not in by_id]
-        if missing:
-            raise ValueError(f"gradflow: named_parameters was given but {len(missing)} optimizer "
-                             "parameter(s) are not in it; name every parameter")
-        return [f"{s.prefix}.{by_id[id(p)]}" for p in s.params]
 
     # ------------------------------------------------------------ hooks
     def _gradflow_check_runtime(self) -> None:
@@ -234,6 +215,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             s.loss_scale = scale
             for pool in s.pools:
                 _native.pool_set_scale(pool.id, s.prescale / scale, s.postscale * scale)
+        _residual.begin_step(s)
 
     def _gradflow_submit(self, p: torch.Tensor) -> None:
         s = self._gradflow
@@ -246,17 +228,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         i = s.index[id(p)]
         slot = s.range_of.get(id(p))
         if slot is not None:
-            pool, r, view = slot
-            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
-                # replaced (e.g. model.zero_grad()): re-adopt the view, one copy
-                with torch.no_grad():
-                    if p.grad is None:
-                        view.zero_()
-                    else:
-                        view.copy_(p.grad.to_dense() if p.grad.is_sparse else p.grad)
-                p.grad = view
+            # p.grad replaced (e.g. model.zero_grad()): back into its view, one pass
+            _residual.adopt(s, p, slot)
             s.marked.add(id(p))
-            h = _native.pool_mark_ready(s.pools[pool].id, r)
+            h = _native.pool_mark_ready(s.pools[slot[0]].id, slot[1])
             if h >= 0:
                 s.pool_handles.append(h)
             return
@@ -270,7 +245,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 return
             p.grad = grad = grad.to_dense()
         if s.groups is not None:
-            self._gradflow_submit_group(i)
+            submit_group(s, i)
             return
         # Before the pool exists (step 1 of use_pool) the step is dense: a
         # residual under the parameter's name would never be delivered once
@@ -281,22 +256,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                             postscale_factor=s.postscale * s.loss_scale,
                                             compression=s.compression, sparse_ratio=ratio,
                                             process_set=s.process_set)
-
-    def _gradflow_submit_group(self, i: int) -> None:
-        """Gradient i is ready: once its whole group is, the group goes out as
-        one grouped allreduce (the core fuses it), as Horovod's groups do."""
-        s = self._gradflow
-        members = s.groups.mark(i, excluded=s.sparse)
-        if members is None:
-            return
-        h = Once(grouped_allreduce_async_([s.params[j].grad for j in members],
-                                          name=f"{s.prefix}.group{s.groups.group_of[i]}", op=s.op,
-                                          prescale_factor=s.prescale / s.loss_scale,
-                                          postscale_factor=s.postscale * s.loss_scale,
-                                          process_set=s.process_set,
-                                          compression=s.compression))
-        for j in members:
-            s.handles[id(s.params[j])] = h
 
     # ------------------------------------------------------------ step protocol
     def synchronize(self) -> None:
@@ -329,7 +288,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             except BaseException as e:  # keep draining so no buffer is left in flight
                 errors.append(e)
         overflow = False
-        self._gradflow_adopt_unmarked()
+        _residual.adopt_unmarked(s)
         for pool in s.pools:
             try:
                 s.pool_handles.extend(_native.pool_flush(pool.id))
@@ -342,6 +301,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 errors.append(e)
         for pool in s.pools:
             _native.pool_reset(pool.id)
+        _residual.point_at_output(s)
         s.handles.clear()
         s.pool_handles.clear()
         s.passes.clear()
@@ -352,26 +312,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if s.use_pool and not s.pool_built:
             build_pools(self)
         s.synchronized = True
-
-    def _gradflow_adopt_unmarked(self) -> None:
-        """Pooled parameters whose gradient no hook marked this step (unused
-        on this rank: a branch, a task head) still take part, as in Horovod:
-        their range holds p.grad, or zeros if p.grad is None (model.zero_grad()
-        drops it; the pool view may hold last step's result). Afterwards
-        p.grad is the view on every rank, so every rank's optimizer updates
-        the parameter with the same reduced gradient."""
-        s = self._gradflow
-        with torch.no_grad():
-            for p in s.params:
-                slot = s.range_of.get(id(p))
-                if slot is None or id(p) in s.marked:
-                    continue
-                view = slot[2]
-                if p.grad is None:
-                    view.zero_()
-                elif p.grad.data_ptr() != view.data_ptr():
-                    view.copy_(p.grad.to_dense() if p.grad.is_sparse else p.grad)
-                p.grad = view
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -401,10 +341,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the gradients. Pooled gradients are always zeroed in place
         (whatever `set_to_none` says) so they stay views of the pool; other
-        gradients follow `set_to_none`."""
+        gradients follow `set_to_none`. With CSC's residual in the pool
+        (see DistributedOptimizer's sparse_ratio) nothing is zeroed: a
+        pooled param.grad becomes the view of the pool again, which holds
+        the residual (the gradient not sent yet), and backward adds to it:
+        what backward added since the last step is not discarded."""
+        self._gradflow_check_runtime()  # an elastic reset drops the pools first
         s = self._gradflow
         for pool in s.pools:
-            pool.buf.zero_()
+            if pool.out is None:
+                pool.buf.zero_()
+        _residual.point_at_pool(s)
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -483,13 +430,31 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       when `groups` is None.
     sparse_ratio: CSC sparse communication ratio (None: GRADFLOW_SPARSE_RATIO).
       Error feedback loses nothing: what a step does not send stays in a
-      residual (one per gradient element, plus a spare of the same size the
-      next value is written to; a pool's residuals are freed with the
-      optimizer) and goes out on a later step. Step 1 runs before the
-      pool exists and is dense (it counts as a GRADFLOW_SPARSE_WARMUP_STEPS
-      step). If any rank's gradient has an inf/NaN, every rank gets
-      non-finite values in those chunks, nothing is sent and the residual is
-      left as it was, so a GradScaler skip loses nothing.
+      residual and goes out on a later step. Step 1 runs before the pool
+      exists and is dense (it counts as a GRADFLOW_SPARSE_WARMUP_STEPS step).
+      On the pool path (float32, no grad_scaler=, no sparse momentum) the
+      residual is the pool itself and a step costs CPU in proportion to the
+      chunks sent; what param.grad holds then:
+        * from zero_grad() to the end of synchronize() (so during backward
+          and in the hooks): a view of the pool = the residual (gradient not
+          sent in earlier steps) + this step's gradients. zero_grad() writes
+          nothing. Do not read, clip or scale it before synchronize().
+        * after synchronize() / step(): the averaged gradient of the chunks
+          sent this step, zero elsewhere (what the optimizer applies). It
+          may be modified in place (clipping, unscale_, weight decay): one
+          full zeroing of it next step is the only cost.
+        * a p.grad replaced meanwhile (model.zero_grad(), assignment) is
+          added into the pool at the hook; without any zero_grad() torch's
+          accumulation onto last step's param.grad is kept (it is added too).
+      Chunks are chosen by an estimate of their L1 norm from a fixed 1/8
+      sample (the same on every rank). If the sampled importance has an
+      inf/NaN, nothing is sent, every rank gets non-finite values in those
+      chunks, and those chunks of the residual are dropped (an inf outside
+      the sample reaches param.grad when its chunk is sent). With
+      grad_scaler=, sparse momentum or use_pool=False the classic residual
+      is used instead (one per gradient element plus a spare of the same
+      size; all chunks' exact norms): on inf/NaN the residual is left as it
+      was, so a GradScaler skip loses nothing.
     grad_scaler: with CSC and AMP, pass the GradScaler whose scale the
       gradients carry: the residual is then kept in unscaled units (the
       reduced gradient still comes back scaled, for scaler.unscale_). Without

@@ -1,13 +1,15 @@
 # optimizer_groups.py — Horovod's `groups=` for the torch DistributedOptimizer:
 # which parameters form a group (a pure function of the optimizer's parameter
 # order, so every rank forms the same groups) and when a group is complete.
-# The optimizer sends a complete group as one grouped allreduce.
+# A complete group goes out as one grouped allreduce (submit_group).
 """Parameter groups of ``hvd.DistributedOptimizer(groups=...)``."""
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set
 
 import torch
+
+from .ops import grouped_allreduce_async_
 
 
 def form_groups(params: Sequence[torch.Tensor], groups: Any) -> Optional[List[List[int]]]:
@@ -79,3 +81,20 @@ class Once:
             self.done = True  # also on error: the error is raised once, then drained
             self.result = self.handle.wait()
         return self.result
+
+
+def submit_group(s, i: int) -> None:
+    """Gradient i of the optimizer state `s` is ready: once its whole group
+    is, the group goes out as one grouped allreduce (the core fuses it), as
+    Horovod's groups do."""
+    members = s.groups.mark(i, excluded=s.sparse)
+    if members is None:
+        return
+    h = Once(grouped_allreduce_async_([s.params[j].grad for j in members],
+                                      name=f"{s.prefix}.group{s.groups.group_of[i]}", op=s.op,
+                                      prescale_factor=s.prescale / s.loss_scale,
+                                      postscale_factor=s.postscale * s.loss_scale,
+                                      process_set=s.process_set,
+                                      compression=s.compression))
+    for j in members:
+        s.handles[id(s.params[j])] = h

@@ -1,6 +1,6 @@
 # optimizer_state.py — the torch DistributedOptimizer's bookkeeping, kept
 # out of optimizer.py (which owns the hook/step protocol): the per-optimizer
-# state object, the gradient pools' layout and lifetime (build_pools,
+# state object, parameter names, the gradient pools' layout and lifetime (build_pools,
 # destroy_pools), and the LR-scheduler re-patch applied when wrapping.
 """State, gradient pools and wrapping helpers of gradflow.torch.DistributedOptimizer."""
 import weakref
@@ -13,13 +13,18 @@ from ..collectives import native_reduce_op
 from .functions import allgather_object
 from .ops import dtype_code
 from .optimizer_groups import GroupTracker
+from .optimizer_residual import residual_in_pool
 
 
 class _Pool:
-    """One dtype's flat gradient buffer and its native pool id."""
+    """One dtype's flat gradient buffer and its native pool id; with the CSC
+    residual in the pool (optimizer_residual.py), `buf` is P (residual +
+    gradients) and `out` is G (the reduced chunks), whose version counter
+    was `out_version` after gradflow's last write."""
 
-    def __init__(self, buf: torch.Tensor, pool_id: int):
-        self.buf, self.id = buf, pool_id
+    def __init__(self, buf: torch.Tensor, pool_id: int, out: Optional[torch.Tensor] = None):
+        self.buf, self.id, self.out = buf, pool_id, out
+        self.out_version = None if out is None else out._version
 
 
 class _State:
@@ -37,6 +42,7 @@ class _State:
         self.sparse: set = set()                  # indices whose grads are sparse (not pooled)
         self.pools: List[_Pool] = []
         self.range_of: Dict[int, Tuple[int, int, torch.Tensor]] = {}  # id -> (pool, range, view)
+        self.out_of: Dict[int, torch.Tensor] = {}  # id -> view of its pool's G (residual in pool)
         self.pool_built = False
         self.fired = False                        # a hook ran since the last synchronize
         self.synchronized = False                 # synchronize() ran since the last hook
@@ -50,6 +56,33 @@ class _State:
         self.csc = False                          # CSC in effect (residuals exist)
         self.wanted = (False, False)              # (use_pool, csc) asked for, before Note [One rank]
         self.user_compressor = None               # a Horovod-style Compressor, if given
+
+
+def parameter_names(s, param_groups, named_parameters) -> List[str]:
+    """'<prefix>.<name>' of each of s.params: from named_parameters (all
+    must be named, no duplicates), else 'group<g>.param<i>'."""
+    if named_parameters is None:
+        where = {}
+        for g, group in enumerate(param_groups):
+            for i, p in enumerate(group["params"]):
+                where.setdefault(id(p), f"group{g}.param{i}")
+        return [f"{s.prefix}.{where[id(p)]}" for p in s.params]
+    named = list(named_parameters)
+    if any(not isinstance(x, tuple) or len(x) != 2 for x in named):
+        raise ValueError("gradflow: named_parameters should be a sequence of (name, parameter), "
+                         "usually model.named_parameters()")
+    names = [n for n, _ in named]
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if dups:
+        raise ValueError(f"gradflow: named_parameters contains duplicate names: {dups}")
+    by_id = {}
+    for n, p in named:
+        by_id.setdefault(id(p), n)
+    missing = [i for i, p in enumerate(s.params) if id(p) not in by_id]
+    if missing:
+        raise ValueError(f"gradflow: named_parameters was given but {len(missing)} optimizer "
+                         "parameter(s) are not in it; name every parameter")
+    return [f"{s.prefix}.{by_id[id(p)]}" for p in s.params]
 
 
 def destroy_pools(ids: List[int], bufs: Tuple = (), handles: List[int] = (),
@@ -81,28 +114,36 @@ def build_pools(self) -> None:
     for dtype, idxs in by_dtype.items():
         total = sum(s.params[i].numel() for i in idxs)
         buf = torch.zeros(total, dtype=dtype)
+        # Residual in the pool: P (buf) starts as the zero residual and G
+        # (out) holds step 1's reduced gradients; else buf holds them.
+        out = torch.zeros(total, dtype=dtype) if residual_in_pool(s, dtype) else None
         off, ranges = 0, []
         pool_index = len(s.pools)
         with torch.no_grad():
             for r, i in enumerate(idxs):
                 p = s.params[i]
                 view = buf[off:off + p.numel()].view(p.shape)
+                seen = view if out is None else out[off:off + p.numel()].view(p.shape)
                 if p.grad is not None:
-                    view.copy_(p.grad)
-                p.grad = view
+                    seen.copy_(p.grad)
+                p.grad = seen
                 s.range_of[id(p)] = (pool_index, r, view)
+                if out is not None:
+                    s.out_of[id(p)] = seen
                 ranges.append(p.numel())
                 off += p.numel()
         pid = _native.pool_create(buf.data_ptr(), dtype_code(dtype), ranges, s.bucket_bytes,
                                   native_reduce_op(s.op), s.wire, s.prescale / s.loss_scale,
-                                  s.postscale * s.loss_scale, s.sparse_ratio, s.ps)
+                                  s.postscale * s.loss_scale, s.sparse_ratio, s.ps,
+                                  0 if out is None else out.data_ptr())
         # Step 1 (dense, copy path) counts towards GRADFLOW_SPARSE_WARMUP_STEPS.
         _native.pool_reset(pid)
-        s.pools.append(_Pool(buf, pid))
+        s.pools.append(_Pool(buf, pid, out))
         self._gradflow_finalizer.detach()
         self._gradflow_finalizer = weakref.finalize(self, destroy_pools,
                                                     [q.id for q in s.pools],
-                                                    tuple(q.buf for q in s.pools),
+                                                    tuple(q.buf for q in s.pools) +
+                                                    tuple(q.out for q in s.pools if q.out is not None),
                                                     s.pool_handles, s.ps)
     s.pool_built = True
 
@@ -121,7 +162,7 @@ def rebind_after_elastic_reset(self) -> None:
     s = self._gradflow
     self._gradflow_finalizer.detach()
     self._gradflow_finalizer = weakref.finalize(self, destroy_pools, [])
-    s.pools, s.range_of, s.pool_built, s.order = [], {}, False, []
+    s.pools, s.range_of, s.out_of, s.pool_built, s.order = [], {}, {}, False, []
     s.handles.clear()
     s.pool_handles.clear()
     s.passes.clear()

@@ -1,7 +1,10 @@
 # torch_csc_script.py — SPMD: coarse-grained sparse communication (CSC) in
 # DistributedOptimizer, against a numpy model of CSC with error feedback run
 # on rank 0 (every rank's gradient recomputed there), over many SGD steps on
-# the multi-bucket pool path; AMP overflow steps; residual bookkeeping.
+# the multi-bucket pool path: the residual kept in the pool (importance from
+# the native sample, followed by the model) with every zero_grad flavour, an
+# unused parameter, accumulation and in-place writes into param.grad; AMP
+# overflow steps on the classic path (grad_scaler=); residual bookkeeping.
 # Run with GRADFLOW_SPARSE_CHUNK=64 GRADFLOW_SPARSE_WARMUP_STEPS=0.
 import gc
 import math
@@ -33,14 +36,39 @@ def layout(opt):
     return [by_off[o] for o in where], list(zip(starts[:-1], starts[1:]))
 
 
+def sample(c, length):
+    """The positions native/sparse_pool_residual.cc samples in chunk c of
+    `length` elements: blocks of max(1, CHUNK // 16); in each group of 8
+    blocks (the last may have m < 8) block 8g + (c + 3g) % m."""
+    b = max(1, CHUNK // 16)
+    nb = -(-length // b)
+    out = []
+    for g in range(-(-nb // 8)):
+        j = 8 * g + (c + 3 * g) % min(8, nb - 8 * g)
+        out.append((j * b, min(j * b + b, length)))
+    return out
+
+
+def chunk_l1(x, c, sampled):
+    """float32 importance of chunk x (chunk index c): its L1 norm, or the
+    sampled estimate scaled by length / sampled length."""
+    x = np.abs(x.astype(np.float64))
+    if not sampled:
+        return np.float32(x.sum())
+    parts = sample(c, len(x))
+    n = sum(hi - lo for lo, hi in parts)
+    return np.float32(sum(x[lo:hi].sum() for lo, hi in parts) * len(x) / n)
+
+
 class CscModel:
     """numpy CSC: per rank residual; importance = float32 L1 of residual + grad
-    per chunk, summed over ranks; top-k by (importance desc, index asc); the
-    chosen chunks averaged, the rest kept. An overflow (non-finite global
-    importance) sends nothing and leaves every residual as it was."""
+    per chunk (sampled: the residual-in-pool path's estimate), summed over
+    ranks; top-k by (importance desc, index asc); the chosen chunks averaged,
+    the rest kept. An overflow (non-finite global importance) sends nothing
+    and leaves every residual as it was."""
 
-    def __init__(self, bounds, ratio):
-        self.bounds, self.ratio = bounds, ratio
+    def __init__(self, bounds, ratio, sampled):
+        self.bounds, self.ratio, self.sampled = bounds, ratio, sampled
         self.res = None
 
     def step(self, grads):  # grads: N float32 vectors; returns (averaged output, overflowed)
@@ -53,7 +81,7 @@ class CscModel:
             nch = math.ceil((hi - lo) / CHUNK)
             imp = np.zeros(nch, np.float32)
             for x in xs:
-                per = [np.abs(x[lo + c * CHUNK:min(lo + (c + 1) * CHUNK, hi)].astype(np.float64)).sum()
+                per = [chunk_l1(x[lo + c * CHUNK:min(lo + (c + 1) * CHUNK, hi)], c, self.sampled)
                        for c in range(nch)]
                 imp += np.array(per, np.float32)
             plans.append((lo, hi, nch, imp))
@@ -113,13 +141,15 @@ for ratio, bucket_mb in ((0.25, 0.004), (0.05, None)):
         if step == 0:
             order, bounds = layout(opt)
             assert (len(bounds) > 1) == (bucket_mb is not None), bounds
+            assert opt._gradflow.pools[0].out is not None, "residual in the pool expected"
+    assert gradflow.stats().get("sparse.in_pool_steps", 0) > 0
     assert_identical(m.parameters(), f"csc ratio {ratio}")
     if R == 0:
         ref = mlp()
         ref_opt = torch.optim.SGD(ref.parameters(), lr=LR, momentum=0.9)
         ref_order = [dict(ref.named_parameters())[n] for n in
                      [k for p in order for k, q in m.named_parameters() if q is p]]
-        csc = CscModel(bounds, ratio)
+        csc = CscModel(bounds, ratio, sampled=True)
         for step in range(STEPS):
             grads = rank_grads(ref, ref_order, step, plain_loss)
             out = np.mean(grads, 0, dtype=np.float32) if step == 0 else csc.step(grads)[0]
@@ -134,6 +164,88 @@ for ratio, bucket_mb in ((0.25, 0.004), (0.05, None)):
     gc.collect()
     assert _native.sparse_residual_elements() == 0, "residuals outlived their optimizer"
 ok("csc residuals freed with the optimizer")
+
+# 1b. Residual in the pool, the awkward protocol: two backward passes per
+# step, a head unused on every rank but 0, each zero_grad flavour (and none:
+# torch then accumulates onto last step's reduced gradient, which the pool
+# must take in), clipping and an in-place weight decay written into
+# param.grad after synchronize() (G's version guard must zero all of it).
+class TwoHeads(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.extra = mlp(), torch.nn.Linear(64, 3)
+
+    def forward(self, x, use_extra):
+        out = self.body(x)
+        return out, (self.extra(x).pow(2).mean() if use_extra else None)
+
+
+def two_head_loss(model, step, r, half):
+    xb, yb = batch(X, Y, 2 * step + half, r, N, PER // 2)
+    out, extra = model(xb, use_extra=(r == 0))
+    loss = F.cross_entropy(out, yb)
+    return loss if extra is None else loss + extra
+
+
+FLAVOURS = ["opt", "model_none", "none", "model_zero", "opt", "none", "model_none", "opt", "none"]
+CLIP, DECAY = {2: 0.05, 6: 0.05}, {3: 1e-3, 7: 1e-3}
+torch.manual_seed(1)
+m = TwoHeads()
+opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=LR), m.named_parameters(),
+                               sparse_ratio=0.2, bucket_mb=0.004, backward_passes_per_step=2)
+
+
+def after_sync(model, step):
+    if step in CLIP:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP[step])
+    if step in DECAY:
+        for p in model.parameters():
+            p.grad.add_(p.detach(), alpha=DECAY[step])
+
+
+for step, flavour in enumerate(FLAVOURS):
+    if flavour == "opt":
+        opt.zero_grad()
+    elif flavour == "model_none":
+        m.zero_grad()
+    elif flavour == "model_zero":
+        m.zero_grad(set_to_none=False)
+    for half in range(2):
+        two_head_loss(m, step, R, half).backward()
+    opt.synchronize()
+    after_sync(m, step)
+    with opt.skip_synchronize():
+        opt.step()
+assert all(pool.out is not None for pool in opt._gradflow.pools)
+assert_identical(m.parameters(), "csc residual in pool, awkward protocol")
+if R == 0:
+    order, bounds = layout(opt)
+    assert len(bounds) > 1, bounds
+    torch.manual_seed(1)
+    ref = TwoHeads()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=LR)
+    names = [k for p in order for k, q in m.named_parameters() if q is p]
+    ref_order = [dict(ref.named_parameters())[n] for n in names]
+    csc, prev = CscModel(bounds, 0.2, sampled=True), None
+    for step, flavour in enumerate(FLAVOURS):
+        grads = []
+        for r in range(N):
+            ref.zero_grad()
+            for half in range(2):
+                two_head_loss(ref, step, r, half).backward()
+            g = np.concatenate([(p.grad if p.grad is not None else torch.zeros_like(p))
+                                .reshape(-1).numpy() for p in ref_order]).astype(np.float32)
+            # no zeroing: torch accumulates onto last step's (reduced) param.grad
+            grads.append(g + prev if flavour == "none" and prev is not None else g)
+        out = np.mean(grads, 0, dtype=np.float32) if step == 0 else csc.step(grads)[0]
+        set_grads(ref_order, out)
+        after_sync(ref, step)
+        prev = np.concatenate([p.grad.reshape(-1).numpy() for p in ref_order]).copy()
+        ref_opt.step()
+    assert_close(flat(m.parameters()), flat(ref.parameters()), "csc residual in pool, awkward", 1e-5)
+ok("csc residual in pool: zero_grad flavours, unused head, accumulation, writes into grad")
+del opt
+gc.collect()
 
 # 2. AMP: autocast(bf16) + GradScaler + CSC; rank 1 overflows on step 3. The
 # scaler must skip exactly that step, the residual (kept in unscaled units)
@@ -172,7 +284,8 @@ if R == 0:
     ref_opt = torch.optim.SGD(ref.parameters(), lr=LR)
     ref_order = [dict(ref.named_parameters())[n] for n in
                  [k for p in order for k, q in m.named_parameters() if q is p]]
-    csc = CscModel(bounds, 0.1)
+    assert opt._gradflow.pools[0].out is None, "grad_scaler= keeps the classic residual"
+    csc = CscModel(bounds, 0.1, sampled=False)
     for step in range(STEPS):
         S = scales[step]
         grads = [g / np.float32(S) for g in

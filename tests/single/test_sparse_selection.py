@@ -1,5 +1,6 @@
 """Coarse-grained sparse chunk selection: importance and the global top-k."""
 import numpy as np
+import pytest
 
 from gradflow import _native
 
@@ -24,3 +25,38 @@ def test_top_k_matches_reference_on_random_vectors():
         k = int(rng.integers(1, 300))
         ref = sorted(sorted(range(300), key=lambda i: (-imp[i], i))[:k])
         assert _native.select_top_chunks(imp, k) == ref
+
+
+def _sampled_model(x, chunk):
+    """The sample rule of native/sparse_pool_residual.h in numpy: blocks of
+    max(1, chunk // 16); block 8g + (c + 3g) % m of each group g of (up to)
+    8 blocks; the sampled L1 norm scaled by chunk length / sample length."""
+    out = []
+    b = max(1, chunk // 16)
+    for c, lo in enumerate(range(0, len(x), chunk)):
+        part = np.abs(x[lo:lo + chunk].astype(np.float64))
+        nb = -(-len(part) // b)
+        total = n = 0
+        for g in range(-(-nb // 8)):
+            j = 8 * g + (c + 3 * g) % min(8, nb - 8 * g)
+            total += part[j * b:(j + 1) * b].sum()
+            n += len(part[j * b:(j + 1) * b])
+        out.append(total * len(part) / n)
+    return np.array(out, np.float32)
+
+
+@pytest.mark.parametrize("count,chunk", [(1000, 64), (100, 7), (70000, 32768), (5, 64), (33, 16)])
+def test_sampled_importance_follows_the_rule(count, chunk):
+    x = np.random.default_rng(count).standard_normal(count).astype(np.float32)
+    got = np.array(_native.sampled_chunk_importance(x, chunk))
+    np.testing.assert_allclose(got, _sampled_model(x, chunk), rtol=1e-5)
+
+
+def test_sampled_importance_reads_an_eighth():
+    # A spike outside the sample is invisible; one inside is seen, scaled.
+    x = np.zeros(64, np.float32)
+    x[1] = 1.0  # chunk 0, b = 4: group 0 samples block (0 + 0) % 8 = 0, i.e. x[0:4]
+    assert _native.sampled_chunk_importance(x, 64) == [pytest.approx(8.0)]
+    x[:] = 0
+    x[5] = 1.0  # block 1: outside the sample
+    assert _native.sampled_chunk_importance(x, 64) == [0.0]

@@ -1,0 +1,184 @@
+// executor_sparse.cc — the ResponseExecutor's coarse-grained sparse (CSC)
+// steps: the classic one with a SparseResidual (ad-hoc sparse allreduces,
+// the copy path, pools with grad_scaler= or sparse momentum) and the one
+// whose residual lives in the gradient pool (Note [Residual in the pool],
+// sparse_pool_residual.cc). The collectives themselves are allreduce_dense's.
+#include "response_executor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "reduce_kernels.h"
+#include "sparse_pool_residual.h"
+
+namespace gradflow {
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Chunks to send for `n` chunks at `ratio`: the same expression on every rank.
+size_t chunks_to_send(double ratio, size_t n) {
+  size_t k = static_cast<size_t>(std::ceil(ratio * static_cast<double>(n)));
+  return std::max<size_t>(1, std::min(k, n));
+}
+
+}  // namespace
+
+SparseResidual* ResponseExecutor::sparse_residual(const Response& r, TensorEntry* e, size_t count,
+                                                 std::unique_ptr<SparseResidual>* temp,
+                                                 std::string* error) {
+  const size_t chunk = static_cast<size_t>(cfg_.sparse_chunk);
+  const float momentum = static_cast<float>(cfg_.sparse_momentum);
+  if (r.in_pool) {
+    // A pool bucket's residual belongs to its pool (api.cc): freed with the
+    // pool, one per gradient element. A rank that has joined has no entry:
+    // it contributes zeros, through a zero residual of its own.
+    if (e && e->sparse_residual && e->sparse_residual->count() == count)
+      return e->sparse_residual.get();
+    *temp = std::make_unique<SparseResidual>(count, chunk, momentum);
+    return temp->get();
+  }
+  // Ad-hoc allreduce(..., sparse_ratio=) and the optimizer's copy path: one
+  // residual per name, kept for the life of the runtime.
+  SparseState& st = sparse_[r.name];
+  if (st.residual && st.residual->count() != count) {
+    std::ostringstream m;
+    m << "gradflow: allreduce '" << r.name << "' with sparse_ratio " << r.sparse_ratio << " has "
+      << count << " elements, but earlier calls under this name had " << st.residual->count()
+      << "; its sparse residual (gradient not sent yet) would be lost: give tensors of another "
+         "size another name";
+    *error = m.str();
+    return nullptr;
+  }
+  if (!st.residual) st.residual = std::make_unique<SparseResidual>(count, chunk, momentum);
+  return st.residual.get();
+}
+
+bool ResponseExecutor::sparse_warmup(const Response& r) {
+  // Pools decide warm-up at submission (the request's sparse_ratio is 1 on
+  // their warm-up steps); named residuals count their own steps here.
+  if (r.in_pool) return false;
+  return ++sparse_[r.name].steps <= cfg_.sparse_warmup_steps;
+}
+
+void ResponseExecutor::allreduce_sparse(SparseResidual* res, float* buf, ReduceOp op,
+                                        WireDtype wire, double ratio, double postscale,
+                                        TransferStats* ts) {
+  const size_t count = res->count(), chunk = res->chunk_elems();
+  // CPU time of the sparse passes (absorb, select, commit, unpack) is
+  // reported as codec time: like a wire conversion it is work the bytes
+  // saved must pay for.
+  double cpu_seconds = 0.0;
+  double t0 = now_seconds();
+  // 1. importance of residual + this step's gradient (written aside; buf is
+  //    zeroed); every rank must choose the same chunks, so the per-rank L1
+  //    norms are summed (a tiny allreduce).
+  std::vector<float> importance;
+  res->absorb(buf, &importance);
+  cpu_seconds += now_seconds() - t0;
+  allreduce_dense(importance.data(), importance.size(), DataType::kFloat32, ReduceOp::kSum,
+                  WireDtype::kNative, ts);
+  t0 = now_seconds();
+  // 2. some rank overflowed (inf/NaN): send nothing, keep the residual as it
+  //    was, hand every rank the same non-finite output (Note [Coarse-grained
+  //    sparse communication], sparse_chunks.cc).
+  if (any_non_finite(importance)) {
+    mark_overflow(importance, count, chunk, buf);
+    cpu_seconds += now_seconds() - t0;
+    ts->codec_seconds += cpu_seconds;
+    stats_.add("sparse.overflow_steps", 1);
+    return;
+  }
+  // 3. the new residual takes effect; its chosen chunks leave it, are
+  //    reduced densely and unpacked into buf (zero elsewhere).
+  std::vector<uint32_t> chosen =
+      select_top_chunks(importance, chunks_to_send(ratio, importance.size()));
+  std::vector<float> packed(packed_size(chosen, count, chunk));
+  res->commit(chosen, packed.data());
+  cpu_seconds += now_seconds() - t0;
+  allreduce_dense(packed.data(), packed.size(), DataType::kFloat32, op, wire, ts);
+  t0 = now_seconds();
+  scale_buffer(packed.data(), packed.size(), DataType::kFloat32, postscale);
+  unpack_chunks(packed.data(), count, chunk, chosen, buf);
+  cpu_seconds += now_seconds() - t0;
+  ts->codec_seconds += cpu_seconds;
+  stats_.add("seconds_sparse", cpu_seconds);
+  stats_.add("sparse.steps", 1);
+  stats_.add("sparse.chunks_sent", static_cast<double>(chosen.size()));
+  stats_.add("sparse.chunks_total", static_cast<double>(importance.size()));
+}
+
+
+void ResponseExecutor::allreduce_pool_residual(const Response& r, TensorEntry* e,
+                                               TransferStats* ts) {
+  PoolResidual* res = e->pool_residual.get();
+  float* pool = static_cast<float*>(const_cast<void*>(e->input));
+  float* out = static_cast<float*>(e->output);
+  const size_t count = res->count(), chunk = res->chunk_elems();
+  double post = r.postscale;
+  if (r.op == ReduceOp::kAverage) post /= comm_.size();
+  if (r.sparse_ratio >= 1.0) {
+    // Dense warm-up step (the pool's request says ratio 1): all of P goes
+    // and leaves it. Passes over the buffer, but only for the warm-up steps.
+    std::memcpy(out, pool, count * sizeof(float));
+    std::memset(pool, 0, count * sizeof(float));
+    scale_buffer(out, count, DataType::kFloat32, r.prescale);
+    allreduce_dense(out, count, DataType::kFloat32, r.op, r.wire, ts);
+    scale_buffer(out, count, DataType::kFloat32, post);
+    res->set_written_all();
+    return;
+  }
+  double t0 = now_seconds(), cpu_seconds = 0.0;
+  // 1. estimated importance of P = residual + this step's gradients; the
+  //    per-rank estimates are summed so every rank chooses the same chunks.
+  std::vector<float> importance;
+  sampled_chunk_importance(pool, count, chunk, &importance);
+  res->clear_output(out);
+  cpu_seconds += now_seconds() - t0;
+  allreduce_dense(importance.data(), importance.size(), DataType::kFloat32, ReduceOp::kSum,
+                  WireDtype::kNative, ts);
+  t0 = now_seconds();
+  // 2. overflow somewhere: nothing is sent (as on the classic path, so the
+  //    collectives match a joined rank's); the non-finite chunks are
+  //    marked in G and dropped from P (they cannot be restored).
+  if (any_non_finite(importance)) {
+    mark_overflow(importance, count, chunk, out);
+    std::vector<uint32_t> bad;
+    for (size_t c = 0; c < importance.size(); ++c)
+      if (!std::isfinite(importance[c])) bad.push_back(static_cast<uint32_t>(c));
+    res->drop_chunks(pool, bad);
+    res->set_written(std::move(bad));
+    cpu_seconds += now_seconds() - t0;
+    ts->codec_seconds += cpu_seconds;
+    stats_.add("seconds_sparse", cpu_seconds);
+    stats_.add("sparse.overflow_steps", 1);
+    return;
+  }
+  // 3. the chosen chunks leave P, are reduced densely and land in G.
+  std::vector<uint32_t> chosen =
+      select_top_chunks(importance, chunks_to_send(r.sparse_ratio, importance.size()));
+  std::vector<float> packed(packed_size(chosen, count, chunk));
+  res->take_chunks(pool, chosen, packed.data());
+  scale_buffer(packed.data(), packed.size(), DataType::kFloat32, r.prescale);
+  cpu_seconds += now_seconds() - t0;
+  allreduce_dense(packed.data(), packed.size(), DataType::kFloat32, r.op, r.wire, ts);
+  t0 = now_seconds();
+  scale_buffer(packed.data(), packed.size(), DataType::kFloat32, post);
+  unpack_chunks(packed.data(), count, chunk, chosen, out);
+  stats_.add("sparse.chunks_sent", static_cast<double>(chosen.size()));
+  res->set_written(std::move(chosen));
+  cpu_seconds += now_seconds() - t0;
+  ts->codec_seconds += cpu_seconds;
+  stats_.add("seconds_sparse", cpu_seconds);
+  stats_.add("sparse.steps", 1);
+  stats_.add("sparse.in_pool_steps", 1);
+  stats_.add("sparse.chunks_total", static_cast<double>(importance.size()));
+}
+
+}  // namespace gradflow
