@@ -227,6 +227,10 @@ def test_reset_limit_ends_the_job_after_the_limit(tmp_path):
     assert ("the elastic job ended: rank 1 (worker 1 on host localhost) exited with code 9 "
             "(SIGKILL, if it was killed); that is reset 2, more than --reset-limit 1; lost: "
             "rank 2 (worker 2 on host localhost) exited with code 9") in out, out
+    # the survivor, blocked in a collective with the dead worker, is told,
+    # prints the reason and leaves by itself (not SIGKILLed after a grace)
+    assert "\ngradflow elastic: the elastic job ended: rank 1 (worker 1" in out, out
+    assert "killed by SIGKILL" not in out, out
     ev = events(tmp_path)
     assert [e["worker"] for e in ev if e["event"] == "kill"] == ["2", "1"], ev
     assert any(e["event"] == "step" and e["size"] == 2 for e in ev), "no step after reset 1"
