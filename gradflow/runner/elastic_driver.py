@@ -243,6 +243,13 @@ class ElasticDriver:
         self.aborted = f"the elastic job ended: {why}"
         self.note(self.aborted)
         for w in self._alive():
+            if w.state == "running":
+                # It may be blocked in a collective with the peer that just
+                # died (--reset-limit): the failure notice interrupts it as for
+                # a reset; asking for the next generation, it reads the abort,
+                # prints it and exits 1 (else SIGKILL after ABORT_GRACE).
+                w.send({"op": "failure", "gen": w.gen,
+                        "message": f"gradflowrun elastic: {self.aborted}"})
             w.send({"op": "abort", "message": self.aborted})
         self.abort_deadline = time.monotonic() + ABORT_GRACE
 
@@ -297,8 +304,8 @@ class ElasticDriver:
     def _on_exit(self, w: Worker, code: int) -> None:
         was = w.state
         w.state = "exited"
-        if w.dismiss:
-            return
+        if w.dismiss or self.aborted:
+            return  # dismissed, or leaving as told after the abort: nothing to report
         if code == 0:
             if not self.finished and was in ("running", "ready"):
                 self.finished = True  # training ended: the others finish too; no more resets

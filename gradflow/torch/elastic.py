@@ -26,11 +26,13 @@ import torch
 import torch.utils.data
 
 from .. import _runtime
-from ..elastic import ObjectState, run_fn
+from ..elastic import ObjectState, State, run_fn
 from ..elastic.run import reset_runtime
 from .functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
 
-__all__ = ["run", "TorchState", "ElasticSampler"]
+# State and ObjectState are re-exported (Horovod users subclass them from here;
+# docs/horovod_compat.md lists them), tests/single/test_elastic_names.py keeps this in step.
+__all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler"]
 
 
 def run(func):

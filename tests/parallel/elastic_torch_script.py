@@ -3,8 +3,9 @@
 environment:
 
   ELASTIC_EPOCHS       epochs to train (default 6)
-  ELASTIC_KILL         "WORKER:STEP": the worker with that gradflowrun worker id
-                       SIGKILLs itself before global step STEP (first life only)
+  ELASTIC_KILL         "WORKER:STEP[,WORKER:STEP...]": the worker with that
+                       gradflowrun worker id SIGKILLs itself once STEP global steps
+                       are done, before the next one (worker ids are not reused)
   ELASTIC_LOG          a directory: each worker appends one JSON object per line
                        (events: kill, step, reset, result) to worker-<id>.jsonl
   ELASTIC_STEP_SLEEP   seconds to sleep per step (to give a test time to act)
@@ -14,6 +15,9 @@ environment:
                        loaded machine)
   ELASTIC_OPTIMIZER    DistributedOptimizer options: "csc" (sparse_ratio=0.1,
                        fp16 wire), "bpps2" (backward_passes_per_step=2)
+  ELASTIC_SAMPLES      if set, log a "batch" event per step: epoch, step, the
+                       reset count and the dataset indices this rank trained on
+                       (the test checks ElasticSampler's coverage with them)
 
 Each rank's final parameters are hashed; the test checks that every rank of
 the last generation ends with the same hash and that the accuracy is close
@@ -40,6 +44,9 @@ KILL = os.environ.get("ELASTIC_KILL", "")
 SLEEP = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))
 WAIT_SIZE, _, WAIT_RESETS = os.environ.get("ELASTIC_WAIT", "0:0").partition(":")
 WAIT_SIZE, WAIT_RESETS = int(WAIT_SIZE), int(WAIT_RESETS or 0)
+KILLS = {int(step) for w, _, step in (k.partition(":") for k in KILL.split(",") if k)
+         if w == WORKER}  # steps at which this worker kills itself
+SAMPLES = bool(os.environ.get("ELASTIC_SAMPLES"))
 BATCH = 32  # per rank
 TRACE = bool(os.environ.get("ELASTIC_TRACE"))  # debugging: log every step
 
@@ -80,12 +87,11 @@ def main():
                "bpps2": dict(backward_passes_per_step=2)}.get(variant, {})
     passes = options.get("backward_passes_per_step", 1)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **options)
-    dataset = torch.utils.data.TensorDataset(xtr, ytr)
+    # The third column is each sample's index, for the coverage log.
+    dataset = torch.utils.data.TensorDataset(xtr, ytr, torch.arange(len(xtr)))
     sampler = elastic.ElasticSampler(dataset, shuffle=True, seed=1)
     state = elastic.TorchState(model, opt, sampler=sampler, epoch=0, batch=0, step=0,
                                grown=False, end_epoch=EPOCHS, resets=0)
-    kill_worker, _, kill_step = KILL.partition(":")
-
     def on_reset():
         # After restore(), before sync(). sync() broadcasts rank 0's *saved*
         # state (Horovod's ObjectState), so the count is saved here, or
@@ -107,8 +113,8 @@ def main():
             state.grown, state.end_epoch = True, max(EPOCHS, state.epoch + 1)
         while state.epoch < state.end_epoch or (not state.grown and state.epoch < 200):
             loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=state.sampler)
-            for i, (x, y) in enumerate(loader):
-                if kill_worker == WORKER and state.step == int(kill_step or -1):
+            for i, (x, y, idx) in enumerate(loader):
+                if state.step in KILLS:
                     log(event="kill", step=state.step)
                     os.kill(os.getpid(), signal.SIGKILL)
                 opt.zero_grad()
@@ -118,6 +124,9 @@ def main():
                 state.step += 1
                 state.batch += 1
                 state.sampler.record_batch(i, BATCH)
+                if SAMPLES:
+                    log(event="batch", epoch=state.epoch, step=state.step, resets=state.resets,
+                        size=hvd.size(), rank=hvd.rank(), idx=idx.tolist())
                 if first_step_of_generation:
                     g = opt._gradflow
                     log(event="step", step=state.step, size=hvd.size(), rank=hvd.rank(),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import json
+from collections import Counter
 import os
 import subprocess
 import sys
@@ -26,11 +27,20 @@ SCRIPT = os.path.join(HERE, "elastic_torch_script.py")
 pytestmark = skip_unless_hydra("elastic mode starts each worker with MPICH's mpiexec")
 
 
+def command(args):
+    """gradflowrun's command line. --start-timeout 150: generation 0 must hold
+    every worker launched (the checks below count them: "generation 0: 3
+    worker(s)", who is rank 2); on a loaded 2-core host importing torch can
+    take longer than the default 30 s, and a late worker would join as a
+    newcomer (a correct elastic run, but a different one)."""
+    return [sys.executable, "-m", "gradflow.runner.launch", "--start-timeout", "150", *args,
+            sys.executable, SCRIPT]
+
+
 def gradflowrun(args, log_dir, timeout=240, **env_extra):
     env = rank_env()
     env.update(ELASTIC_LOG=str(log_dir), **{k: str(v) for k, v in env_extra.items()})
-    cmd = [sys.executable, "-m", "gradflow.runner.launch", *args, sys.executable, SCRIPT]
-    return subprocess.run(cmd, env=env, cwd=run_cwd(), capture_output=True, text=True,
+    return subprocess.run(command(args), env=env, cwd=run_cwd(), capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -53,6 +63,43 @@ def check_identical(res, size):
     assert len({r["hash"] for r in res}) == 1, "ranks ended with different parameters"
 
 
+def check_sample_coverage(log_dir, n_samples=1400):
+    """ElasticSampler's promise, from the "batch" events (ELASTIC_SAMPLES):
+    in the training that counts (a step rolled back and done again counts
+    in its last execution, the one with the highest reset count), every
+    epoch trains on every sample, and repeats only the padding a partition
+    adds to reach a multiple of the ranks (< size per partition; a
+    membership change mid-epoch re-partitions what is left)."""
+    final = {}  # step -> (resets, its batch events)
+    for e in events(log_dir):
+        if e["event"] != "batch":
+            continue
+        resets, evs = final.get(e["step"], (-1, []))
+        if e["resets"] > resets:
+            final[e["step"]] = (e["resets"], [e])
+        elif e["resets"] == resets:
+            evs.append(e)
+    assert final, "no batch events (ELASTIC_SAMPLES not set?)"
+    epochs = {}  # epoch -> {resets: size}, [indices]
+    for step, (resets, evs) in sorted(final.items()):
+        size = evs[0]["size"]
+        assert sorted(e["rank"] for e in evs) == list(range(size)), (step, evs)
+        assert len({e["epoch"] for e in evs}) == 1, (step, evs)
+        parts, idx = epochs.setdefault(evs[0]["epoch"], ({}, []))
+        parts[resets] = size
+        idx += [i for e in evs for i in e["idx"]]
+    assert sorted(epochs) == list(range(len(epochs))), sorted(epochs)
+    for epoch, (parts, idx) in epochs.items():
+        seen = Counter(idx)
+        missing = sorted(set(range(n_samples)) - set(seen))
+        assert not missing, f"epoch {epoch}: {len(missing)} samples never trained on: {missing[:20]}"
+        repeats = len(idx) - n_samples
+        allowed = sum(size - 1 for size in parts.values())
+        assert repeats <= allowed, (f"epoch {epoch}: {repeats} samples repeated, padding allows "
+                                    f"{allowed} (partitions by reset count: {parts})")
+    return epochs
+
+
 def test_sigkill_survivors_roll_back_and_finish(tmp_path):
     """3 workers, worker 2 SIGKILLed at step 30: the 2 survivors roll back to
     their last commit, re-form within seconds and finish; accuracy within 1
@@ -67,7 +114,7 @@ def test_sigkill_survivors_roll_back_and_finish(tmp_path):
     faulty = tmp_path / "faulty"
     faulty.mkdir()
     r = gradflowrun(["--min-np", "2", "-np", "3", "--max-np", "3"], faulty, ELASTIC_EPOCHS=8,
-                    ELASTIC_KILL="2:30")
+                    ELASTIC_KILL="2:30", ELASTIC_SAMPLES=1)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert "rank 2 (worker 2 on host localhost) exited with code 9 (SIGKILL" in out, out
@@ -83,6 +130,7 @@ def test_sigkill_survivors_roll_back_and_finish(tmp_path):
     # rolled back: the first step on 2 ranks repeats steps after the last commit
     assert min(e["step"] for e in after) <= 31
     assert abs(res[0]["acc"] - r0[0]["acc"]) <= 0.01 + 1e-9, (res[0]["acc"], r0[0]["acc"])
+    assert len(check_sample_coverage(faulty)) == 8
 
 
 @pytest.mark.parametrize("start", [2, 1])
@@ -103,8 +151,8 @@ def test_host_added_by_discovery_joins_and_gets_the_state(tmp_path, start):
     env = rank_env()
     env.update(ELASTIC_LOG=str(logs), ELASTIC_EPOCHS="4", ELASTIC_STEP_SLEEP="0.05",
                ELASTIC_WAIT=f"{n}:1", ELASTIC_OPTIMIZER="csc")
-    cmd = [sys.executable, "-m", "gradflow.runner.launch", "--min-np", str(start),
-           "--max-np", str(n), "--host-discovery-script", str(script), sys.executable, SCRIPT]
+    cmd = command(["--min-np", str(start), "--max-np", str(n), "--host-discovery-script",
+                   str(script)])
     p = subprocess.Popen(cmd, env=env, cwd=run_cwd(), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
     try:
@@ -124,9 +172,12 @@ def test_host_added_by_discovery_joins_and_gets_the_state(tmp_path, start):
 
 
 def test_blacklisted_host_returns_after_cooldown_and_max_np(tmp_path):
-    """Discovery offers 4 slots, --max-np 3 uses 3. Worker 1 dies: its host
-    (127.0.0.1) is blacklisted for the cooldown, then a new worker starts
-    there and joins; the job ends on 3 ranks with the same parameters."""
+    """Discovery offers 4 slots, --max-np 3 uses 3. Worker 2 dies at step 20
+    (one step after a commit): its host (127.0.0.1) is blacklisted for the
+    cooldown, then a new worker starts there and joins; the job ends on 3
+    ranks with the same parameters. ElasticSampler across the shrink and the
+    growth, both mid-epoch: every epoch covers every sample once (but for
+    padding)."""
     script = tmp_path / "discover.sh"
     script.write_text("#!/bin/sh\necho localhost:2\necho 127.0.0.1:2\n")
     script.chmod(0o755)
@@ -135,7 +186,7 @@ def test_blacklisted_host_returns_after_cooldown_and_max_np(tmp_path):
     r = gradflowrun(["--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script),
                      "--blacklist-cooldown-range", "2", "4"], logs,
                     ELASTIC_EPOCHS="5", ELASTIC_KILL="2:20", ELASTIC_STEP_SLEEP="0.1",
-                    ELASTIC_WAIT="3:2")
+                    ELASTIC_WAIT="3:2", ELASTIC_SAMPLES=1)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert "generation 0: 3 worker(s)" in out, out
@@ -143,6 +194,9 @@ def test_blacklisted_host_returns_after_cooldown_and_max_np(tmp_path):
     res = results(logs)
     check_identical(res, 3)
     assert "3" in {e["worker"] for e in res}, "no worker replaced the failed one"
+    epochs = check_sample_coverage(logs)
+    sizes = sorted({s for parts, _ in epochs.values() for s in parts.values()})
+    assert sizes == [2, 3], f"trained on group sizes {sizes}, expected the shrink to 2 and back to 3"
 
 
 def test_below_min_np_ends_with_a_message(tmp_path):
@@ -160,10 +214,34 @@ def test_below_min_np_ends_with_a_message(tmp_path):
     assert time.time() - t0 < 90
 
 
+def test_reset_limit_ends_the_job_after_the_limit(tmp_path):
+    """--reset-limit 1: the first lost worker costs reset 1 and the job goes
+    on with 2; the second loss would be reset 2: the job ends with a message
+    naming the limit and both losses, exit code 1, nobody finishes."""
+    r = gradflowrun(["--min-np", "1", "-np", "3", "--max-np", "3", "--reset-limit", "1"],
+                    tmp_path, ELASTIC_EPOCHS="4", ELASTIC_KILL="2:10,1:25", timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "generation 1: 2 worker(s)" in out, out
+    assert "generation 2" not in out, out
+    assert ("the elastic job ended: rank 1 (worker 1 on host localhost) exited with code 9 "
+            "(SIGKILL, if it was killed); that is reset 2, more than --reset-limit 1; lost: "
+            "rank 2 (worker 2 on host localhost) exited with code 9") in out, out
+    # the survivor, blocked in a collective with the dead worker, is told,
+    # prints the reason and leaves by itself (not SIGKILLed after a grace)
+    assert "\ngradflow elastic: the elastic job ended: rank 1 (worker 1" in out, out
+    assert "killed by SIGKILL" not in out, out
+    ev = events(tmp_path)
+    assert [e["worker"] for e in ev if e["event"] == "kill"] == ["2", "1"], ev
+    assert any(e["event"] == "step" and e["size"] == 2 for e in ev), "no step after reset 1"
+    assert not results(tmp_path), "a worker finished training past the reset limit"
+
+
 def test_four_emulated_hosts_lose_one_gain_one(tmp_path):
     """The issue's scenarios on the project's emulated cluster (4 network
     namespaces, 1 Gbit/s, one worker per host): the worker on host 3 is
-    SIGKILLed at step 30; the 3 survivors finish with identical parameters,
+    SIGKILLed after step 32 (2 steps past a commit); the 3 survivors roll
+    back those 2 steps, finish with identical parameters,
     recover in < 10 s, and end within 1 point of a fault-free run. Then a
     job that starts on 3 hosts while the discovery script adds the fourth
     ends on 4 with identical parameters."""
@@ -196,6 +274,7 @@ def test_four_emulated_hosts_lose_one_gain_one(tmp_path):
     assert clean["rc"] == 0 and clean["identical"] and clean["final_size"] == 4, clean
     assert faulty["rc"] == 0 and faulty["identical"] and faulty["final_size"] == 3, faulty
     assert faulty["recovery_s"] < 10, faulty
+    assert faulty["steps_lost"] == 2, faulty
     assert abs(faulty["acc"] - clean["acc"]) <= 0.01 + 1e-9, (faulty, clean)
     assert grown["rc"] == 0 and grown["identical"] and grown["final_size"] == 4, grown
     assert "join_s" in grown, grown
@@ -214,8 +293,7 @@ def test_removed_host_is_dismissed_and_the_rest_go_on(tmp_path):
     logs.mkdir()
     env = rank_env()
     env.update(ELASTIC_LOG=str(logs), ELASTIC_EPOCHS="4", ELASTIC_STEP_SLEEP="0.05")
-    cmd = [sys.executable, "-m", "gradflow.runner.launch", "--min-np", "2", "--max-np", "3",
-           "--host-discovery-script", str(script), sys.executable, SCRIPT]
+    cmd = command(["--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script)])
     p = subprocess.Popen(cmd, env=env, cwd=run_cwd(), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
     try:
