@@ -77,7 +77,8 @@ def main() -> int:
     if len(trees) == 2:
         print(f"ratio second/first: {med[trees[1]] / med[trees[0]]:.2f}")
     bu.record_result("csc_cpu_cost", {"elems": a.elems, "ratio": a.ratio, "iters": a.iters,
-                                      "seconds_per_call": res, "median": med})
+                                      "seconds_per_call": {bu.portable_path(t): v for t, v in res.items()},
+                                      "median": {bu.portable_path(t): v for t, v in med.items()}})
     return 0
 
 
