@@ -115,18 +115,35 @@ def machine_info() -> Dict[str, object]:
             "python": platform.python_version(), "platform": platform.platform()}
 
 
+def portable_path(p: object) -> object:
+    """p as recorded in results, without this machine's layout: an absolute
+    path in the project (or the project itself) relative to its root, any
+    other absolute path relative to the root too (`../old-tree`), except the
+    generic system folders (/tmp, /usr, ...), kept as they are. Non-strings
+    and relative paths are returned unchanged. tests/single/test_no_machine_paths.py
+    keeps committed files free of development-machine paths."""
+    if not isinstance(p, str) or not os.path.isabs(p):
+        return p
+    if p == ROOT or p.startswith(ROOT + os.sep) or p.split(os.sep)[1] not in GENERIC_DIRS:
+        return os.path.relpath(p, ROOT)
+    return p
+
+
+GENERIC_DIRS = ("tmp", "usr", "proc", "sys", "dev", "etc", "bin", "lib", "var", "opt")
+
+
 def portable_cmd(cmd: Sequence[str]) -> str:
     """cmd as a shell line without this machine's paths (it is printed and
-    recorded in results): files in the project relative to its root, this
-    interpreter as `python`, an mpiexec as `mpiexec`."""
+    recorded in results): files relative to the project root (portable_path),
+    this interpreter as `python`, an mpiexec as `mpiexec`."""
     out = []
     for c in cmd:
         if c == sys.executable:
             c = "python"
         elif os.path.isabs(c) and os.path.basename(c) == "mpiexec":
             c = "mpiexec"
-        elif c.startswith(ROOT + os.sep):
-            c = os.path.relpath(c, ROOT)
+        else:
+            c = portable_path(c)
         out.append(shlex.quote(c))
     return " ".join(out)
 
@@ -304,7 +321,7 @@ def record_result(name: str, payload: Dict[str, object], log_text: Optional[str]
     files, never pasted numbers."""
     out_dir = os.path.join(HERE, "results")
     os.makedirs(out_dir, exist_ok=True)
-    rec = {"command": " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
+    rec = {"command": portable_cmd([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
            "machine": machine_info(), "commit": git_commit(), **payload}
     path = os.path.join(out_dir, name + ".json")
     with open(path, "w") as f:

@@ -209,7 +209,7 @@ def driver(args) -> None:
 def run_driver(args, cluster) -> None:
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     info = bu.machine_info()
-    cmdline = "python " + " ".join([os.path.relpath(sys.argv[0], bu.ROOT)] + sys.argv[1:])
+    cmdline = "python " + bu.portable_cmd([os.path.relpath(sys.argv[0], bu.ROOT)] + sys.argv[1:])
     runs = {s: [] for s in systems}
     for rep in range(args.repeat):
         # interleaved repetitions (order rotated) so that load drift hits every system alike

@@ -156,7 +156,7 @@ def driver(args) -> None:
 def run_driver(args, cluster) -> None:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     info = bu.machine_info()
-    cmdline = "python " + " ".join([os.path.relpath(sys.argv[0], bu.ROOT)] + sys.argv[1:])
+    cmdline = "python " + bu.portable_cmd([os.path.relpath(sys.argv[0], bu.ROOT)] + sys.argv[1:])
     runs = {m: [] for m in modes}
     for rep in range(args.repeat):
         order = modes[rep % len(modes):] + modes[: rep % len(modes)]

@@ -140,9 +140,11 @@ def main() -> int:
     if len(trees) == 2:
         print(f"ratio second/first: {med[trees[1]] / med[trees[0]]:.2f}")
     name = "csc_cpu_cost" if a.mode == "tensor" else "csc_cpu_cost_pool"
+    portable = lambda d: {bu.portable_path(t): v for t, v in d.items()}  # noqa: E731
     bu.record_result(name, {"mode": a.mode, "elems": a.elems if a.mode == "tensor" else None,
-                            "ratio": a.ratio, "iters": a.iters, "seconds_per_call": res,
-                            "median": med, "step_seconds": steps, "load": os.getloadavg()})
+                            "ratio": a.ratio, "iters": a.iters,
+                            "seconds_per_call": portable(res), "median": portable(med),
+                            "step_seconds": portable(steps), "load": os.getloadavg()})
     return 0
 
 

@@ -125,7 +125,9 @@ def main() -> int:
     bu.record_result("one_rank_overhead", {
         "batch": a.batch, "warmup": a.warmup, "steps": a.steps, "reps": a.reps, "groups": a.groups,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t_start)),
-        "load_start": load0, "load_end": os.getloadavg()[0], "raw": raw, "summary": summary})
+        "load_start": load0, "load_end": os.getloadavg()[0],
+        "raw": {bu.portable_path(t): v for t, v in raw.items()},
+        "summary": {bu.portable_path(t): v for t, v in summary.items()}})
     return 0
 
 

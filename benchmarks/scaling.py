@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import signal
 import statistics
 import sys
@@ -127,7 +126,7 @@ def parse_args():
 
 def main() -> None:
     a = parse_args()
-    cmdline = "python benchmarks/scaling.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+    cmdline = "python benchmarks/scaling.py " + bu.portable_cmd(sys.argv[1:])
     info = bu.machine_info()
     info["cores"] = os.cpu_count() or 1
     gf = [s for s in a.systems if s.startswith("gf-")]
@@ -211,7 +210,8 @@ def main() -> None:
 def _save(a, info, cmdline, results, status):
     os.makedirs(os.path.dirname(os.path.abspath(a.json_out)), exist_ok=True)
     with open(a.json_out, "w") as f:
-        json.dump({"machine": info, "command": cmdline, "status": status, "args": vars(a),
+        json.dump({"machine": info, "command": cmdline, "status": status,
+                   "args": {k: bu.portable_path(v) for k, v in vars(a).items()},
                    "results": results}, f, indent=1)
 
 

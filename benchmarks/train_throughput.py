@@ -80,7 +80,7 @@ def main() -> None:
     print(md)
     os.makedirs(os.path.dirname(os.path.abspath(a.json_out)), exist_ok=True)
     with open(a.json_out, "w") as f:
-        json.dump({"machine": info, "args": vars(a), "rows": rows, "runs": runs}, f, indent=1)
+        json.dump({"machine": info, "args": {k: bu.portable_path(v) for k, v in vars(a).items()}, "rows": rows, "runs": runs}, f, indent=1)
     print(f"\nJSON: {a.json_out}")
     if a.markdown_out:
         with open(a.markdown_out, "w") as f:

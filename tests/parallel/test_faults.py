@@ -10,17 +10,19 @@ import time
 
 import pytest
 
-from _launch import (HERE, ROOT, gradflowrun_args, in_place_build, launcher, run_cwd, run_mpi,
-                     skip_unless_hydra)
+from _launch import HERE, ROOT, gradflowrun_args, in_place_build, launcher, run_cwd, run_mpi
 
-# Under Open MPI (scripts/openmpi_check.sh) mpirun aborts the whole job as soon
-# as one rank dies or exits non-zero, so with 3 ranks the survivors are killed
-# before they can raise; hydra keeps them (-disable-auto-cleanup). gradflowrun's
-# openmpi launcher now passes orte_abort_on_non_zero_status 0 and
-# orte_allowed_exit_without_sync 1 (launch.py), not yet run with these tests:
-# those cases still skip there.
-OPENMPI_KILLS_SURVIVORS = ("Open MPI's mpirun kills the surviving ranks when one dies "
-                           "(no -disable-auto-cleanup equivalent in --launcher openmpi yet)")
+# Under Open MPI (scripts/openmpi_check.sh) gradflowrun's openmpi launcher
+# passes orte_abort_on_non_zero_status 0 and orte_allowed_exit_without_sync 1
+# (launch.py), so mpirun leaves the survivors of a dead rank alive to raise, as
+# hydra's -disable-auto-cleanup does: these tests run there too. One case
+# cannot: Open MPI does not report a rank that exits 0 without MPI_Finalize
+# (measured, Open MPI 4.1.4: the survivors were not told and raised only at
+# GRADFLOW_TIMEOUT, 60 s; gradflowrun named rank 1 afterwards), so that case
+# stays hydra only.
+OPENMPI_EXIT_0_UNREPORTED = ("Open MPI's mpirun does not report a rank that exits 0 without "
+                             "MPI_Finalize (orte_allowed_exit_without_sync 1): the survivors "
+                             "only stop at GRADFLOW_TIMEOUT")
 
 
 def gradflowrun(*args, timeout=120, env=None):
@@ -75,8 +77,6 @@ def check_survivors(r, survivors, since, report):
     (3, 1, "idle", "ring"), (2, 0, "idle", "ring"), (3, 2, "busy", "ring"),
     (3, 1, "mid", "two-sync"), (2, 0, "mid", "two-sync")])
 def test_sigkill_stops_the_job_within_seconds(n, victim, mode, algo):
-    if n > 2 and launcher() == "openmpi":
-        pytest.skip(f"hydra only: {OPENMPI_KILLS_SURVIVORS}")
     r = gradflowrun("-np", str(n), "--allreduce-algo", algo, sys.executable,
                     os.path.join(HERE, "sigkill_rank_script.py"), str(victim), mode)
     ended = time.time()
@@ -108,9 +108,10 @@ def test_sigkill_stops_the_job_within_seconds(n, victim, mode, algo):
     assert r.returncode == 137, report
 
 
-@skip_unless_hydra(OPENMPI_KILLS_SURVIVORS)
 @pytest.mark.parametrize("exit_code", [3, 0])
 def test_rank_exiting_early_stops_the_job_within_seconds(exit_code):
+    if exit_code == 0 and launcher() == "openmpi":
+        pytest.skip(f"hydra only: {OPENMPI_EXIT_0_UNREPORTED}")
     t0 = time.time()
     r = gradflowrun("-np", "3", sys.executable, os.path.join(HERE, "dead_rank_script.py"),
                     str(exit_code))
@@ -120,7 +121,9 @@ def test_rank_exiting_early_stops_the_job_within_seconds(exit_code):
     assert elapsed < DEATH_TO_EXIT_S + 10, f"took {elapsed:.0f} s\n{report}"
     if exit_code:
         assert "gradflowrun reports that rank 1 exited with code 3" in r.stdout, report
-        assert "gradflowrun: rank 1 failed first; rank(s) 0, 2 failed after it" in r.stderr, report
+        # the survivors' own exits come in either order (Open MPI: often 2 first)
+        assert re.search(r"gradflowrun: rank 1 failed first; rank\(s\) (0, 2|2, 0) failed after it",
+                         r.stderr), report
         assert r.returncode == 3, report
     else:  # only hydra knows that rank 1 skipped MPI_Finalize; gradflowrun says who exited
         assert "rank 1 exited with code 0" in r.stdout, report
