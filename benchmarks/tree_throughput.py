@@ -81,8 +81,11 @@ def main() -> int:
                   f"ratio vs {os.path.basename(ref)} {statistics.median(ratios):.3f} "
                   f"(rounds {min(ratios):.3f}-{max(ratios):.3f})")
     bu.record_result("tree_throughput", {
-        "args": vars(a), "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t_start)),
-        "load_start": load0, "loads": loads, "throughput": tput, "summary": summary,
+        "args": {k: ([bu.portable_path(os.path.abspath(t)) for t in v] if k == "trees" else v)
+                 for k, v in vars(a).items()},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t_start)),
+        "load_start": load0, "loads": loads, "throughput": {bu.portable_path(t): v for t, v in tput.items()},
+        "summary": {bu.portable_path(t): v for t, v in summary.items()},
         "machine": bu.machine_info()})
     return 0 if all(summary[t] for t in trees) else 1
 
