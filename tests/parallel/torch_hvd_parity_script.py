@@ -84,8 +84,11 @@ for root in {0, N - 1}:
     if R % 2 == 0:  # odd ranks keep an empty state
         m(torch.tensor([[1, 2]])).sum().backward()
         opt.step()
-    ref = hvd.broadcast_object(opt.state_dict(), root_rank=root)
     hvd.broadcast_optimizer_state(opt, root, model=m)
+    # root's state after the call: an empty one was initialised first by one
+    # local step on zero gradients, as Horovod does (torch_optimizer_init_script.py)
+    ref = hvd.broadcast_object(opt.state_dict(), root_rank=root)
+    assert all(int(s["step"]) == 1 for s in ref["state"].values()) and ref["state"]
     got = opt.state_dict()
     assert got["param_groups"][0]["lr"] == ref["param_groups"][0]["lr"]
     assert set(got["state"]) == set(ref["state"])
