@@ -84,3 +84,10 @@ def test_torch_broadcast_optimizer_state_initialises_as_horovod(n):
     # gets one local step on zero gradients before its state is broadcast
     out = run_mpi(n, "torch_optimizer_init_script.py", timeout=180)
     assert len(_oks(out, n)) == 4, out.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_torch_alltoall_argument_errors_as_horovod(n):
+    # Horovod's torch suite (test_horovod_alltoall_*_error): ValueError at submit
+    out = run_mpi(n, "torch_alltoall_args_script.py", timeout=120)
+    assert len(_oks(out, n)) == 2, out.stdout
