@@ -210,9 +210,27 @@ void Runtime::validate_submit(const SubmitArgs& a) const {
     GF_CHECK_ARG(static_cast<int>(a.splits.size()) == comm_->size(),
                  "gradflow: alltoall '" << a.name << "': splits has " << a.splits.size()
                                         << " entries for " << comm_->size() << " ranks");
-    for (int64_t s : a.splits)
+    int64_t total = 0;
+    for (int64_t s : a.splits) {
       GF_CHECK_ARG(s >= 0, "gradflow: alltoall '" << a.name << "': negative split in "
                                                   << shape_string(a.splits));
+      total += s;
+    }
+    // Horovod refuses this at submit (ValueError); a sum below the first
+    // dimension is refused later, on every rank, by the coordinator.
+    const int64_t rows = a.shape.empty() ? 1 : a.shape[0];
+    GF_CHECK_ARG(total <= rows, "gradflow: alltoall '" << a.name << "': splits "
+                                    << shape_string(a.splits) << " sum to " << total
+                                    << ", more than the first dimension " << rows);
+  }
+  if (a.kind == OpKind::kAlltoall && a.splits.empty()) {
+    // As Horovod: without splits the first dimension must divide evenly
+    // (gradflow once split it unevenly, which Horovod code never expects).
+    const int64_t rows = a.shape.empty() ? 1 : a.shape[0];
+    GF_CHECK_ARG(rows % comm_->size() == 0,
+                 "gradflow: alltoall '" << a.name << "': no splits given and the first dimension "
+                                        << rows << " is not a multiple of the " << comm_->size()
+                                        << " ranks");
   }
   GF_CHECK_ARG(a.wire >= -1 && a.wire <= 2, "gradflow: unknown wire dtype code " << a.wire);
   GF_CHECK_ARG(a.sparse_ratio < 0 || (a.sparse_ratio > 0 && a.sparse_ratio <= 1),

@@ -149,14 +149,17 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     by an in-place broadcast; non-root ranks then `load_state_dict` it, so
     ranks whose state was still empty get root's.
 
-    `model` (Horovod's keyword) is accepted and only type-checked: Horovod
-    uses it to give sparse embedding parameters sparse zero gradients for
-    the dummy step() with which it initialises an empty state; gradflow runs
-    no dummy step (root's state, empty or not, is copied as it is), so the
-    state is the same with or without it."""
+    As Horovod, a rank whose state is still empty first initialises it
+    with one local step on zero gradients (see _init_empty_state); `model`
+    (Horovod's keyword) marks sparse embeddings, whose zero gradients are
+    then sparse for SGD."""
     if model is not None and not isinstance(model, torch.nn.Module):
         raise TypeError(f"gradflow: broadcast_optimizer_state: model must be a torch.nn.Module, "
                         f"got {type(model).__name__}")
+    # L-BFGS's step needs a closure: no initialising step (Horovod refuses
+    # L-BFGS altogether; gradflow copies its state like any other).
+    if len(optimizer.state_dict()["state"]) == 0 and not isinstance(optimizer, torch.optim.LBFGS):
+        _init_empty_state(optimizer, model)
     root = rank() == root_rank
     tensors: List[torch.Tensor] = []
     skeleton = _strip(optimizer.state_dict(), tensors) if root else None
@@ -182,3 +185,36 @@ def _collect_refs(obj: Any, out: List[_TensorRef]) -> None:
     elif isinstance(obj, (list, tuple)):
         for v in obj:
             _collect_refs(v, out)
+
+
+def _init_empty_state(optimizer: torch.optim.Optimizer, model: Optional[torch.nn.Module]) -> None:
+    """Horovod's initialisation of a fresh optimizer, reproduced because a
+    Horovod script's numbers depend on it: every parameter that requires a
+    gradient gets a zero gradient, then the optimizer's own step runs once,
+    locally (a DistributedOptimizer's synchronizing step would deadlock
+    unless every rank called it). Adam's step count is then 1, SGD's
+    momentum buffers exist, and weight decay moves the parameters once,
+    exactly as under Horovod; `p.grad` is a zero tensor afterwards, not None.
+    A gradient that is a view of a gradflow pool is zeroed in place so the
+    pool keeps it."""
+    sparse = set()
+    if model is not None:
+        for m in model.modules():
+            if isinstance(m, torch.nn.Embedding) and m.sparse:
+                sparse.update(id(p) for p in m.parameters())
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if not p.requires_grad:
+                continue
+            make_sparse = isinstance(optimizer, torch.optim.SparseAdam) or (
+                isinstance(optimizer, torch.optim.SGD) and id(p) in sparse)
+            if p.grad is not None and not p.grad.is_sparse and not make_sparse:
+                with torch.no_grad():
+                    p.grad.zero_()
+            else:
+                zero = torch.zeros_like(p)
+                p.grad = zero.to_sparse() if make_sparse else zero
+    if hasattr(optimizer, "_gradflow"):  # gradflow's wrapper: the wrapped class's step
+        super(type(optimizer), optimizer).step()
+    else:
+        optimizer.step()

@@ -389,6 +389,11 @@ def alltoall_async(tensor: torch.Tensor, splits=None, name: Optional[str] = None
     src = _staged(tensor)
     if src.dim() == 0:
         src = src.reshape(1)
+    if torch.is_tensor(splits) and (splits.dtype.is_floating_point or splits.dtype.is_complex
+                                    or splits.dtype == torch.bool):
+        # Horovod: "alltoall expects splits to contain 32-bit integer elements"
+        # (ValueError); gradflow also takes the other integer dtypes.
+        raise ValueError(f"gradflow: alltoall splits must hold integers, got {splits.dtype}")
     sp = [] if splits is None else [int(s) for s in (splits.tolist() if torch.is_tensor(splits)
                                                       else splits)]
     if any(s < 0 for s in sp):

@@ -330,8 +330,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         s = self._gradflow
         if s.should_sync:
             if s.synchronized:
-                warnings.warn("optimizer.step() called after optimizer.synchronize() outside "
-                              "optimizer.skip_synchronize(); not synchronizing again")
+                # Horovod's wording first: scripts and Horovod's tests match on it.
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize(). This can cause training "
+                              "slowdown. You may want to consider using "
+                              "optimizer.skip_synchronize() context if you use "
+                              "optimizer.synchronize() in your code. (gradflow: the reductions "
+                              "are already done; not synchronizing again)")
             else:
                 self.synchronize()
         s.synchronized = False

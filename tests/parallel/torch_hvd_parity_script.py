@@ -84,8 +84,11 @@ for root in {0, N - 1}:
     if R % 2 == 0:  # odd ranks keep an empty state
         m(torch.tensor([[1, 2]])).sum().backward()
         opt.step()
-    ref = hvd.broadcast_object(opt.state_dict(), root_rank=root)
     hvd.broadcast_optimizer_state(opt, root, model=m)
+    # root's state after the call: an empty one was initialised first by one
+    # local step on zero gradients, as Horovod does (torch_optimizer_init_script.py)
+    ref = hvd.broadcast_object(opt.state_dict(), root_rank=root)
+    assert all(int(s["step"]) == 1 for s in ref["state"].values()) and ref["state"]
     got = opt.state_dict()
     assert got["param_groups"][0]["lr"] == ref["param_groups"][0]["lr"]
     assert set(got["state"]) == set(ref["state"])
@@ -182,3 +185,22 @@ hvd.reducescatter(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=3.0).sum(
 assert torch.allclose(x.grad, torch.full((N,), 6.0))
 raises(lambda: hvd.reducescatter(torch.ones(N), process_set=object()), ValueError, "process_set")
 ok("reducescatter scaling float32 + gradient")
+
+# step() after synchronize() outside skip_synchronize(): one warning in
+# Horovod's words (Horovod's test_synchronize_step_warning matches on them)
+import warnings  # noqa: E402
+
+m = torch.nn.Linear(1, 1)
+hvd.broadcast_parameters(m.state_dict(), root_rank=0)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                               named_parameters=m.named_parameters())
+opt.zero_grad()
+torch.nn.functional.mse_loss(m(torch.zeros(1, 1) + R), torch.ones(1, 1)).backward()
+opt.synchronize()
+with warnings.catch_warnings(record=True) as ws:
+    warnings.simplefilter("always")
+    opt.step()
+assert len(ws) == 1 and "optimizer.step() called without optimizer.skip_synchronize()" \
+    in str(ws[0].message), [str(w.message) for w in ws]
+assert_identical(m.parameters(), "step after synchronize")
+ok("step() after synchronize() warns in Horovod's words")
