@@ -138,7 +138,7 @@ void ResponseExecutor::allreduce_pool_residual(const Response& r, TensorEntry* e
   // 1. estimated importance of P = residual + this step's gradients; the
   //    per-rank estimates are summed so every rank chooses the same chunks.
   std::vector<float> importance;
-  sampled_chunk_importance(pool, count, chunk, &importance);
+  sampled_chunk_importance(pool, count, chunk, &importance, res->next_phase());
   res->clear_output(out);
   cpu_seconds += now_seconds() - t0;
   allreduce_dense(importance.data(), importance.size(), DataType::kFloat32, ReduceOp::kSum,

@@ -433,11 +433,13 @@ PYBIND11_MODULE(_native, m) {
           return imp;
         });
   m.def("sampled_chunk_importance",
-        [](py::array_t<float, py::array::c_style | py::array::forcecast> a, size_t chunk) {
+        [](py::array_t<float, py::array::c_style | py::array::forcecast> a, size_t chunk,
+           uint64_t phase) {
           std::vector<float> imp;
-          sampled_chunk_importance(a.data(), a.size(), chunk, &imp);
+          sampled_chunk_importance(a.data(), a.size(), chunk, &imp, phase);
           return imp;
-        });
+        },
+        py::arg("values"), py::arg("chunk"), py::arg("phase") = 0);
   m.def("plan_fusion", [](std::vector<std::tuple<int, int, int, double, double, size_t, bool>> items,
                           size_t threshold) {
           std::vector<FusionItem> v;

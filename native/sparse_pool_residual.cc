@@ -14,12 +14,16 @@
 //   * the pool P is never zeroed; autograd adds each new gradient into
 //     P = residual in place (the add it does anyway), so after backward P is
 //     residual + this step's gradients, for free;
-//   * importance is estimated from a fixed 1/8 sample of each chunk
+//   * importance is estimated from a 1/8 sample of each chunk
 //     (sampled_chunk_importance): selection only decides *which* chunks go
 //     now, nothing is lost whichever are chosen, and every rank samples the
 //     same positions, so the allreduced estimates still make every rank
 //     choose the same chunks (Deep Gradient Compression samples for its
-//     top-k threshold the same way);
+//     top-k threshold the same way). The sample rotates with the bucket's
+//     sparse step count: with one fixed sample, a chunk whose sampled part
+//     stays near zero (a rarely used embedding row, a frozen slice) would
+//     never be chosen while its residual grew elsewhere in the chunk;
+//     rotated, every element is looked at once every 8 steps;
 //   * the chosen chunks are copied out of P and zeroed there (take_chunks):
 //     sent + P == sum of gradients, exactly (the same float adds as the
 //     classic path for one backward per step);
@@ -73,7 +77,7 @@ void chunk_bounds(uint32_t c, size_t count, size_t chunk_elems, size_t* begin, s
 }  // namespace
 
 void sampled_chunk_importance(const float* values, size_t count, size_t chunk_elems,
-                              std::vector<float>* importance) {
+                              std::vector<float>* importance, uint64_t phase) {
   const size_t n = num_chunks(count, chunk_elems);
   importance->assign(n, 0.0f);
   const size_t b = std::max<size_t>(1, chunk_elems / kBlocksPerChunk);
@@ -84,7 +88,7 @@ void sampled_chunk_importance(const float* values, size_t count, size_t chunk_el
     size_t sampled = 0;
     for (size_t g = 0; g * kGroup < nblocks; ++g) {
       const size_t m = std::min(kGroup, nblocks - g * kGroup);
-      const size_t j = g * kGroup + (c + 3 * g) % m;
+      const size_t j = g * kGroup + (c + 3 * g + phase % kGroup) % m;
       const size_t lo = j * b, hi = std::min(lo + b, len);
       sum += l1_norm(values + begin + lo, hi - lo);
       sampled += hi - lo;

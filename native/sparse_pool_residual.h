@@ -14,15 +14,18 @@
 namespace gradflow {
 
 // Estimated importance of each chunk of `values` (count elements, chunks of
-// chunk_elems): the L1 norm of a fixed sample of the chunk, scaled by
+// chunk_elems): the L1 norm of a sample of the chunk, scaled by
 // (chunk length / sample length). The sample depends only on (count,
-// chunk_elems, chunk index), so every rank reads the same positions. Rule:
-// blocks of b = max(1, chunk_elems / 16) elements; each group of 8
+// chunk_elems, chunk index, phase), so every rank reads the same positions.
+// Rule: blocks of b = max(1, chunk_elems / 16) elements; each group of 8
 // consecutive blocks of a chunk (the last group may have m < 8) contributes
-// block 8g + ((c + 3g) mod m) — 1/8 of the chunk in two pieces (default
-// chunk: 2 x 8 KiB), at positions that move from chunk to chunk.
+// block 8g + ((c + 3g + phase) mod m) — 1/8 of the chunk in two pieces
+// (default chunk: 2 x 8 KiB), at positions that move from chunk to chunk
+// and, with the phase (the bucket's sparse step count), from step to step:
+// every element is sampled at least once every 8 steps, so a chunk whose
+// residual grows outside one fixed sample cannot wait for ever.
 void sampled_chunk_importance(const float* values, size_t count, size_t chunk_elems,
-                              std::vector<float>* importance);
+                              std::vector<float>* importance, uint64_t phase = 0);
 
 // One pool bucket's state. The residual itself is the pool range P (the
 // caller's memory, which autograd accumulates into); the reduced chunks go
@@ -39,6 +42,9 @@ class PoolResidual {
 
   size_t count() const { return count_; }
   size_t chunk_elems() const { return chunk_elems_; }
+  // The sample phase of this step (sampled_chunk_importance), then advanced:
+  // one per sparse step, the same on every rank of the bucket.
+  uint64_t next_phase() { return phase_++; }
 
   // Someone else wrote into G (the binding saw its version counter move):
   // the next clear_output zeroes all of it. Any thread, between steps.
@@ -57,6 +63,7 @@ class PoolResidual {
  private:
   size_t count_, chunk_elems_;
   std::vector<uint32_t> written_;  // chunks of G that may be non-zero
+  uint64_t phase_ = 0;             // sparse steps so far (the sample's phase)
   bool all_ = true;                // G may be non-zero anywhere (initially: step 1's copy)
   std::atomic<bool> dirty_{false};
 };

@@ -451,8 +451,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         * a p.grad replaced meanwhile (model.zero_grad(), assignment) is
           added into the pool at the hook; without any zero_grad() torch's
           accumulation onto last step's param.grad is kept (it is added too).
-      Chunks are chosen by an estimate of their L1 norm from a fixed 1/8
-      sample (the same on every rank). If the sampled importance has an
+      Chunks are chosen by an estimate of their L1 norm from a 1/8 sample
+      (the same on every rank; it rotates, covering each chunk in 8 steps). If the sampled importance has an
       inf/NaN, nothing is sent, every rank gets non-finite values in those
       chunks, and those chunks of the residual are dropped (an inf outside
       the sample reaches param.grad when its chunk is sent). With

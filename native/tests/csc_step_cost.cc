@@ -28,7 +28,7 @@ int main(){
     double t = cpu();
     for (size_t b = 0, o = 0; o < N; ++b, o += B) {
       PoolResidual& r = *res[b]; float* p = P.data() + o; float* g = G.data() + o;
-      std::vector<float> imp; sampled_chunk_importance(p, r.count(), C, &imp);
+      std::vector<float> imp; sampled_chunk_importance(p, r.count(), C, &imp, r.next_phase());
       r.clear_output(g);
       size_t k = std::max<size_t>(1, std::min<size_t>(std::ceil(ratio * imp.size()), imp.size()));
       auto chosen = select_top_chunks(imp, k);

@@ -36,26 +36,27 @@ def layout(opt):
     return [by_off[o] for o in where], list(zip(starts[:-1], starts[1:]))
 
 
-def sample(c, length):
+def sample(c, length, phase):
     """The positions native/sparse_pool_residual.cc samples in chunk c of
-    `length` elements: blocks of max(1, CHUNK // 16); in each group of 8
-    blocks (the last may have m < 8) block 8g + (c + 3g) % m."""
+    `length` elements at sparse step `phase`: blocks of max(1, CHUNK // 16);
+    in each group of 8 blocks (the last may have m < 8) block
+    8g + (c + 3g + phase % 8) % m."""
     b = max(1, CHUNK // 16)
     nb = -(-length // b)
     out = []
     for g in range(-(-nb // 8)):
-        j = 8 * g + (c + 3 * g) % min(8, nb - 8 * g)
+        j = 8 * g + (c + 3 * g + phase % 8) % min(8, nb - 8 * g)
         out.append((j * b, min(j * b + b, length)))
     return out
 
 
-def chunk_l1(x, c, sampled):
+def chunk_l1(x, c, sampled, phase=0):
     """float32 importance of chunk x (chunk index c): its L1 norm, or the
-    sampled estimate scaled by length / sampled length."""
+    sampled estimate (at sparse step `phase`) scaled by length / sampled length."""
     x = np.abs(x.astype(np.float64))
     if not sampled:
         return np.float32(x.sum())
-    parts = sample(c, len(x))
+    parts = sample(c, len(x), phase)
     n = sum(hi - lo for lo, hi in parts)
     return np.float32(sum(x[lo:hi].sum() for lo, hi in parts) * len(x) / n)
 
@@ -70,6 +71,7 @@ class CscModel:
     def __init__(self, bounds, ratio, sampled):
         self.bounds, self.ratio, self.sampled = bounds, ratio, sampled
         self.res = None
+        self.phase = 0  # sparse steps so far: every bucket's sample phase
 
     def step(self, grads):  # grads: N float32 vectors; returns (averaged output, overflowed)
         if self.res is None:
@@ -81,10 +83,11 @@ class CscModel:
             nch = math.ceil((hi - lo) / CHUNK)
             imp = np.zeros(nch, np.float32)
             for x in xs:
-                per = [chunk_l1(x[lo + c * CHUNK:min(lo + (c + 1) * CHUNK, hi)], c, self.sampled)
-                       for c in range(nch)]
+                per = [chunk_l1(x[lo + c * CHUNK:min(lo + (c + 1) * CHUNK, hi)], c, self.sampled,
+                                self.phase) for c in range(nch)]
                 imp += np.array(per, np.float32)
             plans.append((lo, hi, nch, imp))
+        self.phase += 1
         if any(not np.isfinite(imp).all() for *_, imp in plans):
             return None, True
         for lo, hi, nch, imp in plans:

@@ -27,10 +27,11 @@ def test_top_k_matches_reference_on_random_vectors():
         assert _native.select_top_chunks(imp, k) == ref
 
 
-def _sampled_model(x, chunk):
+def _sampled_model(x, chunk, phase=0):
     """The sample rule of native/sparse_pool_residual.h in numpy: blocks of
-    max(1, chunk // 16); block 8g + (c + 3g) % m of each group g of (up to)
-    8 blocks; the sampled L1 norm scaled by chunk length / sample length."""
+    max(1, chunk // 16); block 8g + (c + 3g + phase % 8) % m of each group g
+    of (up to) 8 blocks; the sampled L1 norm scaled by chunk length / sample
+    length."""
     out = []
     b = max(1, chunk // 16)
     for c, lo in enumerate(range(0, len(x), chunk)):
@@ -38,7 +39,7 @@ def _sampled_model(x, chunk):
         nb = -(-len(part) // b)
         total = n = 0
         for g in range(-(-nb // 8)):
-            j = 8 * g + (c + 3 * g) % min(8, nb - 8 * g)
+            j = 8 * g + (c + 3 * g + phase % 8) % min(8, nb - 8 * g)
             total += part[j * b:(j + 1) * b].sum()
             n += len(part[j * b:(j + 1) * b])
         out.append(total * len(part) / n)
@@ -46,10 +47,23 @@ def _sampled_model(x, chunk):
 
 
 @pytest.mark.parametrize("count,chunk", [(1000, 64), (100, 7), (70000, 32768), (5, 64), (33, 16)])
-def test_sampled_importance_follows_the_rule(count, chunk):
+@pytest.mark.parametrize("phase", [0, 1, 5, 8, 13])
+def test_sampled_importance_follows_the_rule(count, chunk, phase):
     x = np.random.default_rng(count).standard_normal(count).astype(np.float32)
-    got = np.array(_native.sampled_chunk_importance(x, chunk))
-    np.testing.assert_allclose(got, _sampled_model(x, chunk), rtol=1e-5)
+    got = np.array(_native.sampled_chunk_importance(x, chunk, phase))
+    np.testing.assert_allclose(got, _sampled_model(x, chunk, phase), rtol=1e-5)
+
+
+@pytest.mark.parametrize("count,chunk", [(64, 64), (1000, 64), (70000, 32768), (33, 16)])
+def test_sample_rotation_sees_every_element_within_8_steps(count, chunk):
+    # A lone non-zero anywhere is seen at some phase of every 8: with a fixed
+    # sample its chunk could wait for ever while the residual there grows.
+    for i in sorted(set(range(0, count, max(1, count // 500))) | {count - 1}):
+        x = np.zeros(count, np.float32)
+        x[i] = 1.0
+        seen = [_native.sampled_chunk_importance(x, chunk, ph)[i // chunk] > 0
+                for ph in range(8)]
+        assert any(seen), f"element {i} never sampled in 8 steps"
 
 
 def test_sampled_importance_reads_an_eighth():
