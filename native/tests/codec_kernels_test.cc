@@ -297,7 +297,7 @@ void ref_element(DataType dt, ReduceOp op, const unsigned char* d, const unsigne
     case DataType::kUInt8: {
       uint8_t a = ld<uint8_t>(d, i), b = ld<uint8_t>(s, i);
       uint8_t r = op == ReduceOp::kMin ? std::min(a, b) : op == ReduceOp::kMax ? std::max(a, b)
-                : op == ReduceOp::kSum ? static_cast<uint8_t>(a + b) : static_cast<uint8_t>(a * b);
+                : (op == ReduceOp::kSum || op == ReduceOp::kAverage) ? static_cast<uint8_t>(a + b) : static_cast<uint8_t>(a * b);
       std::memcpy(out, &r, 1); return;
     }
     case DataType::kBool: {
@@ -308,7 +308,7 @@ void ref_element(DataType dt, ReduceOp op, const unsigned char* d, const unsigne
     case DataType::kInt32: {
       int64_t a = ld<int32_t>(d, i), b = ld<int32_t>(s, i);
       int64_t r = op == ReduceOp::kMin ? std::min(a, b) : op == ReduceOp::kMax ? std::max(a, b)
-                : op == ReduceOp::kSum ? a + b : static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+                : (op == ReduceOp::kSum || op == ReduceOp::kAverage) ? a + b : static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
       int32_t r32 = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(r)));
       std::memcpy(out, &r32, 4); return;
     }
@@ -317,7 +317,7 @@ void ref_element(DataType dt, ReduceOp op, const unsigned char* d, const unsigne
       int64_t sa = static_cast<int64_t>(a), sb = static_cast<int64_t>(b);
       uint64_t r = op == ReduceOp::kMin ? static_cast<uint64_t>(std::min(sa, sb))
                  : op == ReduceOp::kMax ? static_cast<uint64_t>(std::max(sa, sb))
-                 : op == ReduceOp::kSum ? a + b : a * b;
+                 : (op == ReduceOp::kSum || op == ReduceOp::kAverage) ? a + b : a * b;
       std::memcpy(out, &r, 8); return;
     }
     case DataType::kFloat16: case DataType::kBFloat16: {
@@ -344,12 +344,13 @@ bool is_nan_elem(DataType dt, const unsigned char* p) {
 
 void test_reduce() {
   std::mt19937_64 rng(99);
-  const bool int_dt[] = {true, true, true, false, false, false, false, true};
   for (size_t k = 0; k < 8; ++k) {
     const DataType dt = kDtypes[k];
     for (ReduceOp op : kOps) {
       const bool bool_ok = op == ReduceOp::kMin || op == ReduceOp::kMax;
-      const bool want = dt == DataType::kBool ? bool_ok : !(int_dt[k] && op == ReduceOp::kAverage);
+      // Integer Average reduces as Sum; the caller scales by 1/size once
+      // (scale_buffer, as Horovod), so it is supported for every numeric dtype.
+      const bool want = dt == DataType::kBool ? bool_ok : true;
       std::string why;
       const bool ok = reduce_supported(dt, op, &why);
       EXPECT(ok == want, "reduce_supported(%s, %s)", dtype_name(dt), reduce_op_name(op));
@@ -450,13 +451,31 @@ void test_scale() {
       });
     }
   }
-  for (DataType dt : {DataType::kUInt8, DataType::kInt32, DataType::kInt64, DataType::kBool}) {
-    int64_t x[4] = {1, 2, 3, 4};
+  {  // bool cannot be scaled; factor 1 is a no-op for every dtype
+    uint8_t x[4] = {1, 0, 1, 1};
     bool threw = false;
-    try { scale_buffer(x, 4, dt, 0.5); } catch (const GradflowError&) { threw = true; }
-    EXPECT(threw, "scale_buffer(%s, 0.5) must throw", dtype_name(dt));
-    scale_buffer(x, 4, dt, 1.0);  // factor 1 is a no-op for every dtype
-    EXPECT(x[0] == 1 && x[3] == 4, "scale_buffer(%s, 1) must not touch data", dtype_name(dt));
+    try { scale_buffer(x, 4, DataType::kBool, 0.5); } catch (const GradflowError&) { threw = true; }
+    EXPECT(threw, "scale_buffer(bool, 0.5) must throw");
+    scale_buffer(x, 4, DataType::kBool, 1.0);
+    EXPECT(x[0] == 1 && x[1] == 0, "scale_buffer(bool, 1) must not touch data");
+  }
+  {  // integers as Horovod: the product in double, truncated toward zero; saturating
+    int32_t a[5] = {5, -5, 7, std::numeric_limits<int32_t>::max(), -1};
+    scale_buffer(a, 5, DataType::kInt32, 0.5);
+    EXPECT(a[0] == 2 && a[1] == -2 && a[2] == 3 && a[3] == 1073741823 && a[4] == 0,
+           "scale_buffer(int32, 0.5) truncates toward zero");
+    int32_t b[2] = {std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::min()};
+    scale_buffer(b, 2, DataType::kInt32, 3.0);
+    EXPECT(b[0] == std::numeric_limits<int32_t>::max() && b[1] == std::numeric_limits<int32_t>::min(),
+           "scale_buffer(int32, 3) saturates");
+    uint8_t c[3] = {255, 3, 10};
+    scale_buffer(c, 3, DataType::kUInt8, 2.0);
+    EXPECT(c[0] == 255 && c[1] == 6 && c[2] == 20, "scale_buffer(uint8, 2) saturates at 255");
+    int64_t d[2] = {9, -9};
+    scale_buffer(d, 2, DataType::kInt64, 1.0 / 3.0);
+    EXPECT(d[0] == 3 && d[1] == -3, "scale_buffer(int64, 1/3)");
+    scale_buffer(d, 2, DataType::kInt64, 1.0);
+    EXPECT(d[0] == 3 && d[1] == -3, "scale_buffer(int64, 1) must not touch data");
   }
 }
 
