@@ -37,6 +37,10 @@ try:
     else:
         gf.allreduce(np.ones(4), name="second.set", process_set=mine)
 except gf.GradflowError as e:
-    print(f"rank {R} raised after {time.time() - t0:.2f} s: {e}", flush=True)
+    # One write per line: mpiexec interleaves the ranks' output at write
+    # boundaries (a print's text and its newline once arrived apart).
+    msg = str(e).replace("\n", " ")
+    sys.stdout.flush()
+    os.write(1, f"rank {R} raised after {time.time() - t0:.2f} s: {msg}\n".encode())
     sys.exit(7)
 print(f"rank {R}: no error", flush=True)

@@ -54,7 +54,9 @@ def test_torch_optimizer_per_set(variant, n):
 
 
 def raised_after(stdout, rank):
-    m = re.search(rf"^rank {rank} raised after ([\d.]+) s: (.*)$", stdout, re.M)
+    # Not anchored at a line start: another rank's line may precede it unbroken.
+    m = re.search(rf"rank {rank} raised after ([\d.]+) s: (.*?)(?=rank \d+ raised after|$)",
+                  stdout, re.M)
     return (float(m.group(1)), m.group(2)) if m else (None, None)
 
 
