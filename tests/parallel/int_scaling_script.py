@@ -9,6 +9,7 @@ import sys
 import numpy as np
 
 import gradflow as gf
+from _exact_checks import check
 
 gf.init()
 R, N = gf.rank(), gf.size()
@@ -50,19 +51,6 @@ def reference(xs, dt, op, pre, post):
     total = np.stack(xs).sum(0, dtype=dt)  # wraps as the core's sum does
     factor = post / N if op == gf.Average else post
     return total if factor == 1.0 else trunc_cast(total.astype(np.float64) * factor, dt)
-
-
-def same_everywhere(a, what):
-    everyone = gf.allgather(np.frombuffer(np.ascontiguousarray(a).tobytes(), np.uint8)[None, :],
-                            name=f"bytes.{what}")
-    assert all((row == everyone[0]).all() for row in everyone), f"{what}: ranks differ"
-
-
-def check(got, want, what):
-    got = np.asarray(got)
-    assert got.dtype == want.dtype, f"rank {R}: {what}: dtype {got.dtype}, want {want.dtype}"
-    assert np.array_equal(got, want), f"rank {R}: {what}: got {got}, want {want}"
-    same_everywhere(got, what)
 
 
 nontrivial = 0  # cases where truncation actually dropped a fraction

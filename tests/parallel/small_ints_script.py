@@ -8,6 +8,7 @@ import sys
 import numpy as np
 
 import gradflow as gf
+from _exact_checks import check
 
 gf.init()
 R, N = gf.rank(), gf.size()
@@ -25,19 +26,6 @@ OPS = {"Sum": (gf.Sum, lambda s: s.sum(0, dtype=s.dtype)),
 def x_of(r, dt):
     # Deterministic per rank; the arithmetic in int64 then cast wraps as the dtype does.
     return (np.array(BASE[dt], np.int64) * (r + 1) + 3 * r).astype(dt)
-
-
-def same_everywhere(a, what):
-    everyone = gf.allgather(np.frombuffer(np.ascontiguousarray(a).tobytes(), np.uint8)[None, :],
-                            name=f"bytes.{what}")
-    assert all((row == everyone[0]).all() for row in everyone), f"{what}: ranks differ"
-
-
-def check(got, want, what):
-    got = np.asarray(got)
-    assert got.dtype == want.dtype, f"rank {R}: {what}: dtype {got.dtype}, want {want.dtype}"
-    assert np.array_equal(got, want), f"rank {R}: {what}: got {got}, want {want}"
-    same_everywhere(got, what)
 
 
 for dt in DTYPES:
