@@ -17,6 +17,12 @@ namespace gradflow {
 inline double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
+// A steady-clock reading in seconds (for differences: CPU-time accounting
+// of the executor's codec and sparse passes).
+inline double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 // `n` rounded up to a multiple of 64 bytes (cache-line aligned scratch parts).
 inline size_t align64(size_t n) { return (n + 63) & ~size_t{63}; }
 

@@ -17,11 +17,6 @@
 namespace gradflow {
 namespace {
 
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // Chunks to send for `n` chunks at `ratio`: the same expression on every rank.
 size_t chunks_to_send(double ratio, size_t n) {
   size_t k = static_cast<size_t>(std::ceil(ratio * static_cast<double>(n)));
