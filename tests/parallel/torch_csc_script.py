@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import gradflow
 import gradflow.torch as hvd
 from gradflow import _native
+from _csc_sample import sample_blocks
 from _torch_common import assert_close, assert_identical, batch, digits, expect_error, flat, mlp, ok
 
 hvd.init()
@@ -38,16 +39,8 @@ def layout(opt):
 
 def sample(c, length, phase):
     """The positions native/sparse_pool_residual.cc samples in chunk c of
-    `length` elements at sparse step `phase`: blocks of max(1, CHUNK // 16);
-    in each group of 8 blocks (the last may have m < 8) block
-    8g + (c + 3g + phase % 8) % m."""
-    b = max(1, CHUNK // 16)
-    nb = -(-length // b)
-    out = []
-    for g in range(-(-nb // 8)):
-        j = 8 * g + (c + 3 * g + phase % 8) % min(8, nb - 8 * g)
-        out.append((j * b, min(j * b + b, length)))
-    return out
+    `length` elements at sparse step `phase` (_csc_sample.py)."""
+    return sample_blocks(c, length, CHUNK, phase)
 
 
 def chunk_l1(x, c, sampled, phase=0):

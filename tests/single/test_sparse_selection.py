@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from gradflow import _native
+from _csc_sample import sample_blocks  # tests/parallel is on sys.path (conftest.py)
 
 
 def test_importance_is_l1_per_chunk_with_short_tail():
@@ -28,21 +29,15 @@ def test_top_k_matches_reference_on_random_vectors():
 
 
 def _sampled_model(x, chunk, phase=0):
-    """The sample rule of native/sparse_pool_residual.h in numpy: blocks of
-    max(1, chunk // 16); block 8g + (c + 3g + phase % 8) % m of each group g
-    of (up to) 8 blocks; the sampled L1 norm scaled by chunk length / sample
-    length."""
+    """The sample rule of native/sparse_pool_residual.h in numpy
+    (tests/parallel/_csc_sample.py): the sampled L1 norm of each chunk scaled
+    by chunk length / sample length."""
     out = []
-    b = max(1, chunk // 16)
     for c, lo in enumerate(range(0, len(x), chunk)):
         part = np.abs(x[lo:lo + chunk].astype(np.float64))
-        nb = -(-len(part) // b)
-        total = n = 0
-        for g in range(-(-nb // 8)):
-            j = 8 * g + (c + 3 * g + phase % 8) % min(8, nb - 8 * g)
-            total += part[j * b:(j + 1) * b].sum()
-            n += len(part[j * b:(j + 1) * b])
-        out.append(total * len(part) / n)
+        parts = sample_blocks(c, len(part), chunk, phase)
+        total = sum(part[a:b].sum() for a, b in parts)
+        out.append(total * len(part) / sum(b - a for a, b in parts))
     return np.array(out, np.float32)
 
 
