@@ -5,8 +5,8 @@ adjacent ready buckets merged into one collective (GRADFLOW_POOL_MERGE=1) and
 not (=0), against per-tensor reduction (no pool: the copy path with fusion
 off, GRADFLOW_FUSION_THRESHOLD=0), with and without added one-way link delay.
 
-    sudo python benchmarks/bucket_sweep.py --quick     # smoke: 2 sizes, 1 round (~3 min idle)
-    sudo python benchmarks/bucket_sweep.py             # published: ~15-20 min on an idle 2-core machine
+    sudo python benchmarks/bucket_sweep.py --quick     # smoke: 2 sizes, 1 round (~4 min)
+    sudo python benchmarks/bucket_sweep.py             # published: ~18 min at load ~15 on 2 cores
 
 Needs root (network namespaces): one emulated cluster per delay
 (benchmarks/cluster, namespaces gradflow-bsweep<pid>d<k>-*), both removed at
@@ -51,9 +51,10 @@ def parse_args():
     p.add_argument("--delays", default="0,500us", help="one-way added delay per cluster (tc syntax)")
     p.add_argument("--rate", default="1gbit")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 2, quick 1)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps per system (step 1 is the copy path)")
-    p.add_argument("--steps", type=int, default=1)
-    p.add_argument("--reps", type=int, default=2, help="timed repetitions per system and round")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="untimed steps per system (step 1: copy path; step 2: pool build)")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--reps", type=int, default=1, help="timed repetitions per system and round")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--timeout", type=float, default=300, help="seconds per system")
     p.add_argument("--json-out", default=None)
