@@ -152,7 +152,11 @@ def _write(path, obj):
 # ---------------------------------------------------------------- worker
 
 def _gf_optimizer(hvd, model, system):
-    kw = dict(GF_SYSTEMS[system])
+    # "NAME@bMIB": system NAME with pool buckets of MIB MiB (bucket_sweep.py)
+    name, _, bucket_mb = system.partition("@b")
+    kw = dict(GF_SYSTEMS[name])
+    if bucket_mb:
+        kw["bucket_mb"] = float(bucket_mb)
     if kw.get("compression") == "fp16":
         kw["compression"] = hvd.Compression.fp16
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -174,7 +178,7 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     systems = [s for s in a.systems.split(",") if s]
     for s in systems:
-        if s not in ALL_SYSTEMS:
+        if s.partition("@b")[0] not in ALL_SYSTEMS:
             raise SystemExit(f"unknown system {s}; known: {', '.join(ALL_SYSTEMS)}")
     family = {("gf" if s.startswith("gf-") else "ddp" if s in DDP_SYSTEMS else "torch") for s in systems}
     if len(family) != 1:

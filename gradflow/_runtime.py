@@ -220,7 +220,10 @@ def stats(process_set: Any = None) -> Dict[str, float]:
     buffer: absorb, select, pack, unpack), fusion.bytes_copied,
     sparse.chunks_sent, allreduce.bytes_input (bytes submitted to allreduce,
     before CSC and the 16-bit wire), wire_overflow (collectives whose 16-bit
-    wire overflowed), stall_warnings (rank 0), ... gradflow.stats_scalars
+    wire overflowed), pool.collectives / pool.buckets (gradient-pool
+    collectives and the buckets they carried), pool.merged_collectives /
+    pool.merged_buckets (those that carried several adjacent buckets,
+    GRADFLOW_POOL_MERGE), stall_warnings (rank 0), ... gradflow.stats_scalars
     turns them into per-step TensorBoard scalars. Each process set's engine counts its own
     collectives: `process_set=` selects which (default: the global set)."""
     return dict(_native.stats(_process_sets.process_set_id(process_set, "stats")))

@@ -90,6 +90,7 @@ void Runtime::check_config_matches_everywhere() {
   std::ostringstream fields;
   fields.precision(17);
   fields << "fusion=" << cfg_.fusion_threshold_bytes << ";pool_bucket=" << cfg_.pool_bucket_bytes
+         << ";pool_merge=" << cfg_.pool_merge
          << ";cache=" << cfg_.cache_capacity << ";sparse_ratio=" << cfg_.sparse_ratio
          << ";wire=" << static_cast<int>(cfg_.wire_dtype)
          << ";algo=" << static_cast<int>(cfg_.allreduce_algo) << ";chunk=" << cfg_.sparse_chunk

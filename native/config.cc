@@ -80,6 +80,11 @@ std::vector<KeySpec> make_specs() {
   add_int("GRADFLOW_POOL_BUCKET_BYTES", "--pool-bucket-mb", 8ll << 20, 1048576.0, 4096, 1e12,
           "bytes per gradient-pool bucket (flag in MiB); integer >= 4096",
           [](Config& c, int64_t v) { c.pool_bucket_bytes = v; });
+  // An int 0..1 rather than a "bool" key: the launcher's bool flags only
+  // switch on, and this one is on by default.
+  add_int("GRADFLOW_POOL_MERGE", "--pool-merge", 1, 1.0, 0, 1,
+          "1 | 0: adjacent pool buckets ready in the same cycle go out as one collective",
+          [](Config& c, int64_t v) { c.pool_merge = v != 0; });
   add_float("GRADFLOW_CYCLE_TIME", "--cycle-time-ms", "1.0", 0.0, 10000.0,
             "longest sleep of an idle coordination loop in ms (a submit wakes it); 0 <= value <= 10000",
             [](Config& c, double v) { c.cycle_time_ms = v; });

@@ -376,6 +376,7 @@ PYBIND11_MODULE(_native, m) {
           py::dict d;
           d["fusion_threshold_bytes"] = c.fusion_threshold_bytes;
           d["pool_bucket_bytes"] = c.pool_bucket_bytes;
+          d["pool_merge"] = c.pool_merge;
           d["cycle_time_ms"] = c.cycle_time_ms;
           d["cache_capacity"] = c.cache_capacity;
           d["timeout_seconds"] = c.timeout_seconds;

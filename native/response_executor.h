@@ -30,8 +30,10 @@ class ResponseExecutor {
   ResponseExecutor(MpiComm& comm, const Config& cfg, Stats& stats);
   ~ResponseExecutor();
 
-  // Fusion plan for a response list (pure function of the list, so the
-  // same on every rank): sizes of consecutive groups.
+  // Fusion plan for a response list (pure function of the list and the
+  // config, so the same on every rank): sizes of consecutive groups. Pool
+  // buckets are never fused through the buffer; adjacent dense ones of one
+  // pool form one group when GRADFLOW_POOL_MERGE is on (pool_merge.h).
   std::vector<size_t> plan(const std::vector<Response>& responses) const;
 
   // Runs one group from plan(). `entries[i]` is this rank's entry for
@@ -78,6 +80,10 @@ class ResponseExecutor {
                                   std::unique_ptr<SparseResidual>* temp, std::string* error);
   // True if this step of a named sparse allreduce is a dense warm-up step.
   bool sparse_warmup(const Response& r);
+  // Adjacent dense pool buckets joined by the plan (pool_merge.h): one
+  // in-place collective over their contiguous union (executor_pool_merge.cc).
+  void run_pool_merged(const std::vector<const Response*>& group,
+                       const std::vector<TensorEntry*>& entries, std::vector<HandleResult>* results);
   void run_allreduces(const std::vector<const Response*>& group,
                       const std::vector<TensorEntry*>& entries, std::vector<HandleResult>* results);
   void run_other(const Response& r, TensorEntry* entry, HandleResult* result);
