@@ -16,8 +16,10 @@ class SparseAutoPolicy {
  public:
   // Floats append_costs() adds to the importance vector.
   static constexpr size_t kExtra = 3;
-  // A bucket in a dense run is sent sparse again (a probe) every this many steps.
-  static constexpr int64_t kReprobeEvery = 32;
+  // A bucket in a dense run is sent sparse again (a probe) every this many
+  // steps: often enough that one noisy CSC measurement cannot hold a bucket
+  // dense for long, rarely enough that probes cost little where dense wins.
+  static constexpr int64_t kReprobeEvery = 8;
   // No dense probe while the estimated dense cost is at least this many
   // times the sparse cost (CSC clearly pays: a 100 MB probe is not free).
   static constexpr double kClearWin = 4.0;
