@@ -95,7 +95,8 @@ void Runtime::check_config_matches_everywhere() {
          << ";wire=" << static_cast<int>(cfg_.wire_dtype)
          << ";algo=" << static_cast<int>(cfg_.allreduce_algo) << ";chunk=" << cfg_.sparse_chunk
          << ";warmup=" << cfg_.sparse_warmup_steps << ";pipeline=" << cfg_.ring_pipeline_bytes
-         << ";momentum=" << cfg_.sparse_momentum << ";cycle=" << cfg_.cycle_time_ms << ";";
+         << ";momentum=" << cfg_.sparse_momentum << ";cycle=" << cfg_.cycle_time_ms
+         << ";sparse_policy=" << cfg_.sparse_policy_auto << ";";
   const std::string s = fields.str();
   uint64_t h = std::hash<std::string>()(s);
   uint64_t words[2] = {h, ~h};

@@ -121,6 +121,48 @@ std::vector<KeySpec> make_specs() {
   add_float("GRADFLOW_SPARSE_MOMENTUM", "--sparse-momentum", "0", 0.0, 0.999999,
             "momentum correction factor for sparse communication, 0 = off; 0 <= value < 1",
             [](Config& c, double v) { c.sparse_momentum = v; });
+  // Default auto: a technique must never make a model slower (issue 16
+  // target 3); auto only sends a bucket dense when its measured costs say
+  // CSC does not pay there (Note [Auto sparse policy], sparse_auto_policy.cc).
+  add_choice("GRADFLOW_SPARSE_POLICY", "--sparse-policy", "auto", {"auto", "always"},
+             "auto | always: with sparse_ratio < 1, auto sends a bucket dense (its residual "
+             "with it) when CSC's measured CPU cost exceeds the transfer time it saves; always "
+             "sends the chosen chunks only",
+             [](Config& c, const std::string& v) { c.sparse_policy_auto = v == "auto"; });
+  {
+    // Test/diagnostic input: fixed per-rank costs replace the measurements.
+    // Step i of a bucket uses pair i mod (number of pairs); ranks may differ.
+    KeySpec k{{"GRADFLOW_SPARSE_AUTO_COSTS", "--sparse-auto-costs", "string", "",
+               "SPARSE_MS,DENSE_MS[;SPARSE_MS,DENSE_MS...]: fixed per-rank costs in ms (> 0), "
+               "used in turn per bucket step, that replace the auto policy's measurements "
+               "(tests, diagnosis); empty = measure",
+               1.0, {}},
+              0, 0, nullptr};
+    k.apply = [k](Config& c, const std::string& v) {
+      c.sparse_auto_costs.clear();
+      if (v.empty()) return;
+      size_t start = 0;
+      while (start <= v.size()) {
+        size_t semi = v.find(';', start);
+        if (semi == std::string::npos) semi = v.size();
+        const std::string pair = v.substr(start, semi - start);
+        const size_t comma = pair.find(',');
+        if (comma == std::string::npos)
+          reject(k.key, v, "expected pairs 'SPARSE_MS,DENSE_MS' separated by ';'");
+        double ms[2];
+        const std::string parts[2] = {pair.substr(0, comma), pair.substr(comma + 1)};
+        for (int i = 0; i < 2; ++i) {
+          char* end = nullptr;
+          ms[i] = std::strtod(parts[i].c_str(), &end);
+          if (parts[i].empty() || *end != '\0' || !std::isfinite(ms[i]) || ms[i] <= 0)
+            reject(k.key, v, "each cost must be a number > 0");
+        }
+        c.sparse_auto_costs.emplace_back(ms[0] / 1000.0, ms[1] / 1000.0);
+        start = semi + 1;
+      }
+    };
+    s.push_back(k);
+  }
   auto add_bool = [&](const char* env, const char* flag, bool def, const char* help,
                       std::function<void(Config&, bool)> set) {
     KeySpec k{{env, flag, "bool", def ? "1" : "0", help, 1.0, {}}, 0, 0, nullptr};

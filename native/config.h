@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -28,6 +29,10 @@ struct Config {
   double sparse_ratio = 1.0;                    // GRADFLOW_SPARSE_RATIO (1 = dense)
   int64_t sparse_warmup_steps = 0;              // GRADFLOW_SPARSE_WARMUP_STEPS
   double sparse_momentum = 0.0;                 // GRADFLOW_SPARSE_MOMENTUM (0 = off)
+  bool sparse_policy_auto = true;               // GRADFLOW_SPARSE_POLICY (auto | always)
+  // GRADFLOW_SPARSE_AUTO_COSTS: fixed (sparse, dense) seconds per bucket
+  // step, used in turn (empty = measure).
+  std::vector<std::pair<double, double>> sparse_auto_costs;
   std::string timeline;                         // GRADFLOW_TIMELINE
   bool timeline_mark_cycles = false;            // GRADFLOW_TIMELINE_MARK_CYCLES
   std::string log_level = "warning";            // GRADFLOW_LOG_LEVEL

@@ -386,6 +386,7 @@ PYBIND11_MODULE(_native, m) {
           d["sparse_chunk"] = c.sparse_chunk;
           d["sparse_warmup_steps"] = c.sparse_warmup_steps;
           d["sparse_momentum"] = c.sparse_momentum;
+          d["sparse_policy"] = c.sparse_policy_auto ? "auto" : "always";
           d["timeline"] = c.timeline;
           return d;
         },

@@ -242,7 +242,7 @@ void ResponseExecutor::run_allreduces(const std::vector<const Response*>& group,
     scale_buffer(work, total, dt, post);
   } else if (sparse && !sparse_warmup(first)) {
     allreduce_sparse(res, static_cast<float*>(work), first.op, first.wire, first.sparse_ratio,
-                     post, &ts);
+                     post, &ts, auto_policy(first, total));
   } else {
     if (sparse) stats_.add("sparse.dense_warmup_steps", 1);
     allreduce_dense(work, total, dt, first.op, first.wire, &ts);

@@ -18,6 +18,7 @@
 #include "message.h"
 #include "mpi_comm.h"
 #include "ring_allreduce.h"
+#include "sparse_auto_policy.h"
 #include "sparse_chunks.h"
 #include "stats.h"
 #include "tensor_queue.h"
@@ -67,8 +68,11 @@ class ResponseExecutor {
   // (applied to the sent chunks only: every other element of the result is
   // zero, and a pass over them would cost as much memory traffic as half of
   // CSC itself).
+  // `policy` (null unless GRADFLOW_SPARSE_POLICY=auto) may send the whole
+  // buffer, residual included, dense (Note [Auto sparse policy]).
   void allreduce_sparse(SparseResidual* res, float* buf, ReduceOp op, WireDtype wire,
-                        double ratio, double postscale, TransferStats* ts);
+                        double ratio, double postscale, TransferStats* ts,
+                        SparseAutoPolicy* policy);
   // The same for a pool bucket whose residual is the pool itself (Note
   // [Residual in the pool], sparse_pool_residual.cc): reads the entry's
   // input P, leaves the result in its output G.
@@ -78,6 +82,10 @@ class ResponseExecutor {
   // null) if a name's size changed.
   SparseResidual* sparse_residual(const Response& r, TensorEntry* e, size_t count,
                                   std::unique_ptr<SparseResidual>* temp, std::string* error);
+  // The auto sparse policy of a response's bucket (kept per name, shared by
+  // the in-pool and the classic step so a joined rank decides alike), or
+  // null under GRADFLOW_SPARSE_POLICY=always.
+  SparseAutoPolicy* auto_policy(const Response& r, size_t count);
   // True if this step of a named sparse allreduce is a dense warm-up step.
   bool sparse_warmup(const Response& r);
   // Adjacent dense pool buckets joined by the plan (pool_merge.h): one
@@ -92,6 +100,7 @@ class ResponseExecutor {
   struct SparseState {
     std::unique_ptr<SparseResidual> residual;
     int64_t steps = 0;
+    std::unique_ptr<SparseAutoPolicy> policy;
   };
 
   MpiComm& comm_;
