@@ -56,6 +56,8 @@ class _State:
         self.csc = False                          # CSC in effect (residuals exist)
         self.wanted = (False, False)              # (use_pool, csc) asked for, before Note [One rank]
         self.user_compressor = None               # a Horovod-style Compressor, if given
+        self.overlap = True                       # False: hooks defer submission to synchronize()
+        self.deferred: List[torch.Tensor] = []    # overlap=False: params whose hook ran, in order
 
 
 def parameter_names(s, param_groups, named_parameters) -> List[str]:
