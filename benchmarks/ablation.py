@@ -3,7 +3,7 @@
 technique adds, one on top of the other, on an AlexNet-shaped model over an
 emulated 1 Gbit/s and 10 Gbit/s cluster.
 
-    sudo python benchmarks/ablation.py --quick     # smoke: 1 Gbit/s, N=2, 1 step x 2 reps (~3 min idle)
+    sudo python benchmarks/ablation.py --quick     # smoke: 1 Gbit/s, N=2, 2 repetitions (~3 min)
     sudo python benchmarks/ablation.py             # full: 1 and 10 Gbit/s, N = 1, 2, 4 (~15-20 min)
 
 Rows (each adds one thing to the row above; gradflow rows force the ring,
@@ -71,15 +71,15 @@ BEGIN, END = "<!-- ablation.py:begin -->", "<!-- ablation.py:end -->"
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="smoke run: 1gbit, N=2, warmup 4, 2 reps x 1 step")
+    p.add_argument("--quick", action="store_true", help="smoke run: 1gbit, N=2, 2 repetitions")
     p.add_argument("--rates", default=None, help="comma list of tc rates (default 1gbit,10gbit; quick 1gbit)")
     p.add_argument("--ranks", default=None, help="comma list (default 1,2,4; quick 2)")
     p.add_argument("--batch", type=int, default=16, help="per rank")
-    p.add_argument("--warmup", type=int, default=4,
-                   help="untimed steps: step 1 (copy path), the pool build, the 2 dense CSC warm-up steps "
-                        "and 2 sparse ones")
-    p.add_argument("--steps", type=int, default=None, help="steps per repetition (default 2, quick 1)")
-    p.add_argument("--reps", type=int, default=None, help="repetitions (default 3, quick 2)")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="untimed steps: step 1 (copy path, then the pool build), step 2 (the second dense "
+                        "CSC warm-up step) and the first sparse step")
+    p.add_argument("--steps", type=int, default=1, help="steps per repetition")
+    p.add_argument("--reps", type=int, default=None, help="repetitions (default 4, quick 2)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per system in a process group")
     p.add_argument("--json-out", default=None)
     p.add_argument("--docs", default=None, help="markdown file for the section ('' = none; default "
@@ -88,8 +88,7 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     a.rates = (a.rates or ("1gbit" if a.quick else "1gbit,10gbit")).split(",")
     a.ranks = [int(x) for x in (a.ranks or ("2" if a.quick else "1,2,4")).split(",")]
-    a.steps = a.steps or (1 if a.quick else 2)
-    a.reps = a.reps or (2 if a.quick else 3)
+    a.reps = a.reps or (2 if a.quick else 4)
     day = datetime.date.today().isoformat()
     a.json_out = a.json_out or os.path.join(bu.HERE, "results",
                                             "ablation-quick.json" if a.quick else f"ablation-{day}.json")
