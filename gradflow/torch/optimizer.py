@@ -38,10 +38,7 @@ Life of the wrapper:
     With use_pool=False the core keeps one residual per parameter name.
   use_pool=False keeps the copy path for ever (the core fuses small tensors
     through its fusion buffer: that is the copy the pool avoids).
-  overlap=False (the ablation's "no overlap" baseline): hooks only count and
-    record gradients; synchronize() submits them all, in the order backward
-    produced them, so no reduction starts before backward ends. What goes
-    on the wire is unchanged: same pool layout, buckets and names.
+  overlap=False: hooks only record; synchronize() submits (see the keyword).
 
 Note [One rank]: over a one-rank process set (no user Compressor) the
   reduced gradient is the gradient, bit for bit, as in Horovod and DDP: no
