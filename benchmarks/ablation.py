@@ -233,7 +233,8 @@ def report(a, info, results, status, cmdline) -> str:
                     f", NIC {nic / 2**20:.1f} MiB" if nic is not None else "")
                 parts.append(f"{s} [{', '.join('%.2f' % v for v in r['samples_per_s'])}]{sent}")
         load = next((lookup(results, s, n, rate).get("loadavg_after") for s in ("gf-pool", "ddp")), None)
-        L.append(f"- {rate or 'N=1'} N={n} (load {load[0]:.1f}): " if load else f"- {rate or 'N=1'} N={n}: ")
+        where = f"{rate} N={n}" if rate else "N=1 (no network)"
+        L.append(f"- {where} (load {load[0]:.1f}): " if load else f"- {where}: ")
         L[-1] += "; ".join(parts)
     fails = [r for r in results if "throughput" not in r]
     for r in fails:
