@@ -477,10 +477,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       produced them. Ignored without CSC.
     use_pool: lazy allreduce over a contiguous gradient pool (zero copy).
     bucket_mb: pool bucket size in MiB (None: GRADFLOW_POOL_BUCKET_BYTES, 8 MiB).
-    overlap: True (default) submits each gradient from its hook, so
-      reductions run while backward goes on. False defers every submission
-      to synchronize()/step() (in backward order): the "no overlap" step of
-      the ablation (benchmarks/ablation.py); the reduced values are the same.
+    overlap: True (default) submits each gradient from its hook, during
+      backward. False defers every submission to synchronize()/step(), in
+      backward order (benchmarks/ablation.py's "no overlap" step): same pool
+      and buckets, same values (bitwise on the pool path; copy-path fusion may regroup).
     sparse_as_dense: densify sparse gradients instead of allgathering them.
     op=Adasum: each gradient is Adasum-combined, then the wrapped step runs
       (Horovod Adasum-combines the wrapped step's deltas instead: the same for

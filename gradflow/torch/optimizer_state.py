@@ -169,6 +169,7 @@ def rebind_after_elastic_reset(self) -> None:
     s.pool_handles.clear()
     s.passes.clear()
     s.marked.clear()
+    s.deferred.clear()  # overlap=False: gradients of the interrupted step
     s.fired = s.synchronized = False
     s.loss_scale = 1.0
     if s.groups is not None:
