@@ -20,7 +20,7 @@ def run(search, cost):
 def test_finds_the_fastest_point_of_a_separable_cost():
     def cost(s):
         return (1.0 + {"ring": 0.3, "two-sync": 0.0, "mpi": 0.2}[s.allreduce_algo]
-                + abs(s.pool_bucket_bytes - (2 << 20)) / (64 << 20)
+                + abs(s.pool_bucket_bytes - (2 << 20)) / (8 << 20)
                 + abs(s.cycle_time_ms - 5.0) / 100)
     search = S.Search(START, warmup_samples=2, bucket_sizes=[1 << 20, 2 << 20, 16 << 20])
     final = run(search, cost)
