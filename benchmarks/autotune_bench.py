@@ -186,6 +186,8 @@ def main() -> None:
             if a.batch:
                 argv += ["--batch", str(a.batch)]
             r = cluster.run(argv, n=a.ranks, timeout=a.timeout, env=env)
+            with open(f"{out[:-5]}.log", "w", encoding="utf-8") as f:
+                f.write(r.stdout + r.stderr)
             if r.returncode != 0:
                 print(r.stdout[-3000:], r.stderr[-3000:])
                 raise SystemExit(f"worker failed for {model}")
