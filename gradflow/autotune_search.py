@@ -25,7 +25,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 # AllreduceAlgo codes of native/common.h (the tuning broadcast carries codes).
 ALGO_CODES: Dict[str, int] = {"ring": 0, "two-sync": 1, "mpi": 2, "auto": 3}
-ALGOS: Tuple[str, ...] = ("ring", "two-sync", "mpi")
+# "mpi" is tried only when training starts on it: on the emulated 1 Gbit/s
+# cluster, MLP training that switched from "mpi" back to the ring deadlocked
+# in the ring's reduce-scatter (3 runs of 3, docs/performance.md "Autotune";
+# an open defect, not understood yet), so the search never makes that switch.
+ALGOS: Tuple[str, ...] = ("ring", "two-sync")
 BUCKET_MIB: Tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64)
 PIPELINE_KIB: Tuple[int, ...] = (256, 512, 1024, 2048, 4096)
 CYCLE_MS: Tuple[float, ...] = (0.5, 1.0, 2.0, 5.0)

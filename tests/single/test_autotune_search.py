@@ -52,12 +52,26 @@ def test_confirmation_falls_back_to_the_start():
 
     def cost(s):
         seen[s] = seen.get(s, 0) + 1
-        if s.allreduce_algo == "mpi":
+        if s.allreduce_algo == "two-sync":
             return 0.5 if seen[s] == 1 else 2.0
         return 1.0
     search = S.Search(START, 0, [])
     assert run(search, cost) == START
-    assert any(s.phase == "confirm" and s.setting.allreduce_algo == "mpi" for s in search.samples)
+    assert any(s.phase == "confirm" and s.setting.allreduce_algo == "two-sync"
+               for s in search.samples)
+
+
+def test_mpi_only_when_started_on_it():
+    tried = {s.setting.allreduce_algo for s in run_all(S.Search(START, 0, []))}
+    assert tried == {"ring", "two-sync"}
+    tried = {s.setting.allreduce_algo
+             for s in run_all(S.Search(S.Setting("mpi", 8 << 20, 1 << 20, 1.0), 0, []))}
+    assert tried == {"mpi", "ring", "two-sync"}
+
+
+def run_all(search):
+    run(search, lambda s: 1.0)
+    return search.samples
 
 
 def test_deterministic():
