@@ -34,13 +34,12 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 # The sweep of fixed settings: algorithm x pool bucket MiB (ring piece 1 MiB,
-# cycle 1 ms), plus ring piece sizes at the default bucket. "mpi" is left out
-# by default (AUTOTUNE_BENCH_ALGOS=ring,two-sync,mpi adds it): switching from
-# it back to the ring deadlocked the MLP on the emulated cluster (see
-# gradflow/autotune_search.py).
-SWEEP_ALGOS = tuple(a for a in os.environ.get("AUTOTUNE_BENCH_ALGOS", "ring,two-sync").split(",") if a)
+# cycle 1 ms), plus ring piece sizes at the default bucket (none below the
+# 1 MiB default: 256 KiB pieces deadlocked the MLP's ring on the emulated
+# cluster, see gradflow/autotune_search.py).
+SWEEP_ALGOS = ("ring", "two-sync", "mpi")
 SWEEP_BUCKET_MIB = (2, 8, 32)
-SWEEP_RING_PIECE_KIB = (256, 4096)
+SWEEP_RING_PIECE_KIB = (2048, 4096)
 
 
 def worker(a) -> None:

@@ -35,9 +35,9 @@ def test_finds_the_fastest_point_of_a_separable_cost():
 def test_ring_piece_size_tried_when_ring_wins():
     def cost(s):
         return 1.0 + (0 if s.allreduce_algo == "ring" else 1) + \
-            (0 if s.ring_pipeline_bytes == 512 << 10 else 0.1)
+            (0 if s.ring_pipeline_bytes == 2 << 20 else 0.1)
     final = run(S.Search(START, 0, []), cost)
-    assert final.allreduce_algo == "ring" and final.ring_pipeline_bytes == 512 << 10
+    assert final.allreduce_algo == "ring" and final.ring_pipeline_bytes == 2 << 20
 
 
 def test_noise_below_min_gain_keeps_the_start():
@@ -52,26 +52,19 @@ def test_confirmation_falls_back_to_the_start():
 
     def cost(s):
         seen[s] = seen.get(s, 0) + 1
-        if s.allreduce_algo == "two-sync":
+        if s.allreduce_algo == "mpi":
             return 0.5 if seen[s] == 1 else 2.0
         return 1.0
     search = S.Search(START, 0, [])
     assert run(search, cost) == START
-    assert any(s.phase == "confirm" and s.setting.allreduce_algo == "two-sync"
+    assert any(s.phase == "confirm" and s.setting.allreduce_algo == "mpi"
                for s in search.samples)
 
 
-def test_mpi_only_when_started_on_it():
-    tried = {s.setting.allreduce_algo for s in run_all(S.Search(START, 0, []))}
-    assert tried == {"ring", "two-sync"}
-    tried = {s.setting.allreduce_algo
-             for s in run_all(S.Search(S.Setting("mpi", 8 << 20, 1 << 20, 1.0), 0, []))}
-    assert tried == {"mpi", "ring", "two-sync"}
-
-
-def run_all(search):
-    run(search, lambda s: 1.0)
-    return search.samples
+def test_ring_pieces_never_below_the_default():
+    search = S.Search(START, 0, [])
+    run(search, lambda s: 1.0 if s.allreduce_algo == "ring" else 2.0)
+    assert {s.setting.ring_pipeline_bytes for s in search.samples} == {1 << 20, 2 << 20, 4 << 20}
 
 
 def test_deterministic():
