@@ -187,6 +187,23 @@ std::vector<KeySpec> make_specs() {
              "trace | debug | info | warning | error | fatal (any case); debug logs each "
              "cycle that runs collectives, trace each response",
              [](Config& c, const std::string& v) { c.log_level = v; });
+  // Horovod's autotune flags, same names and defaults (horovodrun
+  // --autotune-warmup-samples 3, --autotune-steps-per-sample 10).
+  add_bool("GRADFLOW_AUTOTUNE", "--autotune", false,
+           "1 | 0: tune algorithm, pool bucket size, ring piece size and cycle time from "
+           "measured step times during the first steps (DistributedOptimizer)",
+           [](Config& c, bool v) { c.autotune = v; });
+  KeySpec autotune_log{{"GRADFLOW_AUTOTUNE_LOG", "--autotune-log-file", "string", "",
+                        "CSV file rank 0 writes the autotune samples and final choice to; "
+                        "empty = none", 1.0, {}},
+                       0, 0, [](Config& c, const std::string& v) { c.autotune_log = v; }};
+  s.push_back(autotune_log);
+  add_int("GRADFLOW_AUTOTUNE_WARMUP_SAMPLES", "--autotune-warmup-samples", 3, 1.0, 0, 1000,
+          "autotune samples discarded before the search starts; 0 <= value <= 1000",
+          [](Config& c, int64_t v) { c.autotune_warmup_samples = v; });
+  add_int("GRADFLOW_AUTOTUNE_STEPS_PER_SAMPLE", "--autotune-steps-per-sample", 10, 1.0, 1, 1000,
+          "training steps timed per autotune sample; 1 <= value <= 1000",
+          [](Config& c, int64_t v) { c.autotune_steps_per_sample = v; });
   return s;
 }
 

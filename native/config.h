@@ -36,6 +36,11 @@ struct Config {
   std::string timeline;                         // GRADFLOW_TIMELINE
   bool timeline_mark_cycles = false;            // GRADFLOW_TIMELINE_MARK_CYCLES
   std::string log_level = "warning";            // GRADFLOW_LOG_LEVEL
+  // Autotune (gradflow/autotune.py searches; native/tuning.h applies).
+  bool autotune = false;                        // GRADFLOW_AUTOTUNE
+  std::string autotune_log;                     // GRADFLOW_AUTOTUNE_LOG
+  int64_t autotune_warmup_samples = 3;          // GRADFLOW_AUTOTUNE_WARMUP_SAMPLES
+  int64_t autotune_steps_per_sample = 10;       // GRADFLOW_AUTOTUNE_STEPS_PER_SAMPLE
 };
 
 // One setting as the launcher and the docs see it.

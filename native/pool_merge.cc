@@ -25,12 +25,21 @@ bool mergeable(const Response& r) {
 
 }  // namespace
 
-bool parse_pool_bucket_name(const std::string& name, long* pool, long* bucket) {
-  static const std::string head = "gradflow.pool", mid = ".bucket";
+bool parse_pool_bucket_name(const std::string& name, long* pool, long* cut, long* bucket) {
+  static const std::string head = "gradflow.pool", cut_mid = ".cut", mid = ".bucket";
   if (name.compare(0, head.size(), head) != 0) return false;
   size_t dot = name.find(mid, head.size());
   if (dot == std::string::npos) return false;
-  return parse_index(name, head.size(), dot, pool) &&
+  // An autotune re-cut names its buckets "...pool<P>.cut<K>.bucket<B>"
+  // (GradPool::bucket_name); cut 0 has no ".cut" part.
+  size_t pool_end = dot;
+  *cut = 0;
+  size_t c = name.find(cut_mid, head.size());
+  if (c != std::string::npos && c < dot) {
+    if (!parse_index(name, c + cut_mid.size(), dot, cut)) return false;
+    pool_end = c;
+  }
+  return parse_index(name, head.size(), pool_end, pool) &&
          parse_index(name, dot + mid.size(), name.size(), bucket);
 }
 
@@ -38,14 +47,15 @@ std::vector<size_t> merge_adjacent_pool_buckets(const std::vector<Response>& res
                                                 const std::vector<size_t>& groups) {
   std::vector<size_t> out;
   size_t at = 0;
-  long run_pool = -1, run_last = -1;  // the open run: its pool and last bucket
+  long run_pool = -1, run_cut = -1, run_last = -1;  // the open run: its pool, cut, last bucket
   const Response* run_first = nullptr;
   for (size_t g : groups) {
     const Response& r = responses[at];
     at += g;
-    long pool = -1, bucket = -1;
-    bool candidate = g == 1 && mergeable(r) && parse_pool_bucket_name(r.name, &pool, &bucket);
-    if (candidate && run_first && pool == run_pool && bucket == run_last + 1 &&
+    long pool = -1, cut = -1, bucket = -1;
+    bool candidate =
+        g == 1 && mergeable(r) && parse_pool_bucket_name(r.name, &pool, &cut, &bucket);
+    if (candidate && run_first && pool == run_pool && cut == run_cut && bucket == run_last + 1 &&
         r.dtype == run_first->dtype && r.op == run_first->op && r.wire == run_first->wire &&
         r.prescale == run_first->prescale && r.postscale == run_first->postscale) {
       out.back() += 1;
@@ -55,6 +65,7 @@ std::vector<size_t> merge_adjacent_pool_buckets(const std::vector<Response>& res
     out.push_back(g);
     run_first = candidate ? &r : nullptr;
     run_pool = pool;
+    run_cut = cut;
     run_last = bucket;
   }
   return out;

@@ -15,9 +15,10 @@
 
 namespace gradflow {
 
-// Parses a GradPool::bucket_name() ("gradflow.pool<P>.bucket<B>"). False for
-// any other name.
-bool parse_pool_bucket_name(const std::string& name, long* pool, long* bucket);
+// Parses a GradPool::bucket_name() ("gradflow.pool<P>.bucket<B>", or
+// "gradflow.pool<P>.cut<K>.bucket<B>" after an autotune re-cut; K = 0
+// without the ".cut" part). False for any other name.
+bool parse_pool_bucket_name(const std::string& name, long* pool, long* cut, long* bucket);
 
 // Takes the executor's groups (sizes of consecutive runs of `responses`)
 // and joins consecutive single-response groups that are buckets b, b+1, ...

@@ -55,6 +55,13 @@ class ResponseExecutor {
   };
   const LastRun& last_run() const { return last_; }
 
+  // An agreed autotune decision (tuning.h): algorithm and ring piece size
+  // for every allreduce run after this call.
+  void set_tuning(AllreduceAlgo algo, int64_t ring_pipeline_bytes) {
+    cfg_.allreduce_algo = algo;
+    cfg_.ring_pipeline_bytes = ring_pipeline_bytes;
+  }
+
   // Frees the RMA windows (collective: every rank's loop calls it in the
   // cycle they agreed to stop in; see BackgroundLoop::run).
   void release_windows() { two_sync_.reset(); }

@@ -86,6 +86,7 @@ from ..process_sets import ProcessSet, global_process_set, member_id, process_se
 from .functions import check_same_everywhere
 from .optimizer_groups import GroupTracker, form_groups, submit_group
 from . import optimizer_residual as _residual
+from .optimizer_autotune import after_synchronize as _autotune_step
 from .. import _runtime
 from ..elastic import worker as _elastic_worker
 from .optimizer_state import (_State, build_pools, destroy_pools, parameter_names,
@@ -322,6 +323,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if s.use_pool and not s.pool_built:
             build_pools(self)
         s.synchronized = True
+        _autotune_step(self)
 
     @contextlib.contextmanager
     def skip_synchronize(self):
