@@ -29,8 +29,8 @@ def make_vars():
     rng = np.random.default_rng(7)  # the same initial values on every rank
     vs = {"emb": tf.Variable(rng.standard_normal((VOCAB, EMB)).astype(np.float32), name="emb")}
     for k, (a, b) in enumerate(zip(DIMS[:-1], DIMS[1:])):
-        vs[f"w{k}"] = tf.Variable(rng.standard_normal((a, b)).astype(np.float32) / np.sqrt(a))
-        vs[f"b{k}"] = tf.Variable(rng.standard_normal(b).astype(np.float32) * 0.1)
+        vs[f"w{k}"] = tf.Variable((rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32))
+        vs[f"b{k}"] = tf.Variable((rng.standard_normal(b) * 0.1).astype(np.float32))
     vs["unused"] = tf.Variable(np.ones(3, np.float32))  # its gradient is None
     return vs
 
