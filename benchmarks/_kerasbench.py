@@ -106,6 +106,7 @@ def main(argv=None) -> None:
     else:
         import gradflow
         import gradflow.keras as hvd
+        from gradflow.keras.callbacks import broadcast_keras_variables
         from gradflow.tensorflow import overlap
         from mpi4py import MPI
         hvd.init()
@@ -145,7 +146,7 @@ def main(argv=None) -> None:
             if kw.get("compression") == "fp16":
                 kw["compression"] = hvd.Compression.fp16
             opt = hvd.DistributedOptimizer(opt, name=f"kerasbench.{base}", **kw)
-            hvd.broadcast_variables(model.variables, root_rank=0)
+            broadcast_keras_variables(model.variables, 0, "bench.init")
         opt.build(model.trainable_variables)
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         rng = np.random.default_rng(rank)

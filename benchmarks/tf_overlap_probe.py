@@ -35,6 +35,7 @@ tf.config.threading.set_inter_op_parallelism_threads(2)
 import keras  # noqa: E402
 
 import gradflow.keras as hvd  # noqa: E402
+from gradflow.keras.callbacks import broadcast_keras_variables  # noqa: E402
 from gradflow.tensorflow import ops as tf_ops  # noqa: E402
 from gradflow.tensorflow import overlap  # noqa: E402
 
@@ -94,7 +95,7 @@ def main() -> None:
     model = keras.Sequential(layers)
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9), name="probe")
     opt.build(model.trainable_variables)
-    hvd.broadcast_variables(model.variables, root_rank=0)
+    broadcast_keras_variables(model.variables, 0, "bench.init")
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     rng = np.random.default_rng(rank)
     x = tf.constant(rng.standard_normal((a.batch, WIDTHS[0])).astype(np.float32))
