@@ -89,8 +89,12 @@ def _submit_fn(name: str, op: ReduceOp, compression, prescale: float, postscale:
         if count_step:
             _monitor.count_step()
         shape = tuple(array.shape)
-        handle = _c.allreduce_async(array, op, name, prescale, postscale, compression,
-                                    _resolve_ratio(sparse_ratio), process_set)
+        try:
+            handle = _c.allreduce_async(array, op, name, prescale, postscale, compression,
+                                        _resolve_ratio(sparse_ratio), process_set)
+        except BaseException:
+            _drop_pending()
+            raise
         key = next(_keys)
         global _submits
         with _pending_lock:
@@ -100,10 +104,29 @@ def _submit_fn(name: str, op: ReduceOp, compression, prescale: float, postscale:
     return submit
 
 
+def _drop_pending() -> None:
+    """A step failed (a submit or a wait raised): TF will not run that step's
+    other wait nodes, so drop its handles now, while the runtime that issued
+    them is still the current one (a dropped handle is released to the core,
+    which keeps its buffers until it is done: gradflow/_handles.py)."""
+    with _pending_lock:
+        stale = list(_pending.values())
+        _pending.clear()
+    del stale
+
+
 def _wait(key: np.ndarray) -> np.ndarray:
     with _pending_lock:
-        handle, shape = _pending.pop(int(key))
-    return np.reshape(handle.wait(), shape)  # the core returns 0-d arrays as shape [1]
+        entry = _pending.pop(int(key), None)
+    if entry is None:
+        raise RuntimeError("gradflow: an overlapped gradient allreduce was dropped after an "
+                           "earlier failure in this step")
+    handle, shape = entry
+    try:
+        return np.reshape(handle.wait(), shape)  # the core returns 0-d arrays as shape [1]
+    except BaseException:
+        _drop_pending()
+        raise
 
 
 class PendingReduction:
