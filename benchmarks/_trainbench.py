@@ -13,6 +13,7 @@ Systems (one name each; the driver sets GRADFLOW_* in the environment):
   torch           one process, plain torch, no library (the speedup baseline)
   gf-pool         gradflow DistributedOptimizer, gradient pool (lazy allreduce) + overlap, fp32 wire
   gf-copy         gradflow DistributedOptimizer(use_pool=False): per-tensor submit + fusion buffer
+  gf-copy-nooverlap  same, overlap=False: every gradient submitted by step(), after backward
   gf-fp16         pool + overlap, Compression.fp16 (16-bit wire, fp32 sums)
   gf-csc0.1       pool + overlap, fp32 wire, sparse_ratio=0.1 (CSC)
   gf-csc0.01      pool + overlap, fp32 wire, sparse_ratio=0.01 (CSC)
@@ -51,6 +52,7 @@ GF_SYSTEMS = {
     # name: DistributedOptimizer keyword arguments
     "gf-pool": dict(use_pool=True),
     "gf-copy": dict(use_pool=False),
+    "gf-copy-nooverlap": dict(use_pool=False, overlap=False),
     "gf-fp32": dict(use_pool=True),
     "gf-fp16": dict(use_pool=True, compression="fp16"),
     "gf-csc0.1": dict(use_pool=True, sparse_ratio=0.1),
@@ -108,11 +110,35 @@ class SmallResNet(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
+class AlexNet64(nn.Module):
+    """AlexNet-shaped (the GradientFlow paper's model), scaled to 64x64x3: five
+    convolutions 64-192-384-256-256 with three max-pools, then two 4096-wide
+    fully connected layers and the classifier (dropout as in AlexNet).
+    28.7 M parameters, 91 % of them in the fully connected layers: like the
+    paper's AlexNet (61 M), communication-heavy."""
+
+    def __init__(self, classes=10):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 64, 11, 4, 2), nn.ReLU(), nn.MaxPool2d(3, 2),          # 64 -> 15 -> 7
+            nn.Conv2d(64, 192, 5, 1, 2), nn.ReLU(), nn.MaxPool2d(3, 2),         # 7 -> 3
+            nn.Conv2d(192, 384, 3, 1, 1), nn.ReLU(),
+            nn.Conv2d(384, 256, 3, 1, 1), nn.ReLU(),
+            nn.Conv2d(256, 256, 3, 1, 1), nn.ReLU())                            # 256 x 3 x 3
+        self.classifier = nn.Sequential(
+            nn.Dropout(), nn.Linear(256 * 3 * 3, 4096), nn.ReLU(),
+            nn.Dropout(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, classes))
+
+    def forward(self, x):
+        return self.classifier(self.features(x).flatten(1))
+
+
 MODELS = {
     "mlp": (WideMLP, lambda b: torch.randn(b, 1024)),
     "resnet": (SmallResNet, lambda b: torch.randn(b, 3, 32, 32)),
+    "alexnet": (AlexNet64, lambda b: torch.randn(b, 3, 64, 64)),
 }
-DEFAULT_BATCH = {"mlp": 64, "resnet": 32}
+DEFAULT_BATCH = {"mlp": 64, "resnet": 32, "alexnet": 32}
 
 
 def n_params(model_name: str) -> int:
@@ -152,7 +178,11 @@ def _write(path, obj):
 # ---------------------------------------------------------------- worker
 
 def _gf_optimizer(hvd, model, system):
-    kw = dict(GF_SYSTEMS[system])
+    # "NAME@bMIB": system NAME with pool buckets of MIB MiB (bucket_sweep.py)
+    name, _, bucket_mb = system.partition("@b")
+    kw = dict(GF_SYSTEMS[name])
+    if bucket_mb:
+        kw["bucket_mb"] = float(bucket_mb)
     if kw.get("compression") == "fp16":
         kw["compression"] = hvd.Compression.fp16
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -165,7 +195,7 @@ def main(argv=None) -> None:
                    help="comma list, one family: torch | gf-* | ddp, ddp-fp16, nocomm (run one after another, "
                         "each on a fresh model and optimizer)")
     p.add_argument("--model", default="mlp", choices=sorted(MODELS))
-    p.add_argument("--batch", type=int, default=None, help="per rank (default: mlp 64, resnet 32)")
+    p.add_argument("--batch", type=int, default=None, help="per rank (default: mlp 64, resnet 32, alexnet 32)")
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--steps", type=int, default=5, help="steps per timed repetition")
     p.add_argument("--reps", type=int, default=3)
@@ -174,7 +204,7 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     systems = [s for s in a.systems.split(",") if s]
     for s in systems:
-        if s not in ALL_SYSTEMS:
+        if s.partition("@b")[0] not in ALL_SYSTEMS:
             raise SystemExit(f"unknown system {s}; known: {', '.join(ALL_SYSTEMS)}")
     family = {("gf" if s.startswith("gf-") else "ddp" if s in DDP_SYSTEMS else "torch") for s in systems}
     if len(family) != 1:

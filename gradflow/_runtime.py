@@ -218,9 +218,13 @@ def stats(process_set: Any = None) -> Dict[str, float]:
     allreduce.count[.algo.wire], seconds_negotiation / seconds_codec /
     seconds_transfer, seconds_sparse (CPU time of CSC's passes over the
     buffer: absorb, select, pack, unpack), fusion.bytes_copied,
-    sparse.chunks_sent, allreduce.bytes_input (bytes submitted to allreduce,
+    sparse.chunks_sent, sparse.buckets_sent_dense_by_policy (CSC buckets the
+    auto sparse policy sent dense), allreduce.bytes_input (bytes submitted to allreduce,
     before CSC and the 16-bit wire), wire_overflow (collectives whose 16-bit
-    wire overflowed), stall_warnings (rank 0), ... gradflow.stats_scalars
+    wire overflowed), pool.collectives / pool.buckets (gradient-pool
+    collectives and the buckets they carried), pool.merged_collectives /
+    pool.merged_buckets (those that carried several adjacent buckets,
+    GRADFLOW_POOL_MERGE), stall_warnings (rank 0), ... gradflow.stats_scalars
     turns them into per-step TensorBoard scalars. Each process set's engine counts its own
     collectives: `process_set=` selects which (default: the global set)."""
     return dict(_native.stats(_process_sets.process_set_id(process_set, "stats")))

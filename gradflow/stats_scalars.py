@@ -25,6 +25,8 @@ comm_fraction                  comm_seconds_per_step / step_seconds: the share o
 stall_warnings                 stall warnings so far (rank 0 raises them)
 wire_overflow                  collectives whose 16-bit wire overflowed, this interval
 sparse_fraction_sent           CSC chunks sent / chunks considered (CSC only)
+pool_buckets_per_collective    gradient-pool buckets per pool collective (> 1: adjacent
+                               buckets merged, GRADFLOW_POOL_MERGE; pool path only)
 =============================  ===================================================
 """
 from __future__ import annotations
@@ -72,6 +74,8 @@ class StatsDelta:
         }
         if d.get("bytes_sent", 0.0) > 0:
             out["effective_compression"] = d.get("allreduce.bytes_input", 0.0) / d["bytes_sent"]
+        if d.get("pool.collectives", 0.0) > 0:
+            out["pool_buckets_per_collective"] = d.get("pool.buckets", 0.0) / d["pool.collectives"]
         if d.get("sparse.chunks_total", 0.0) > 0:
             sent = d.get("sparse.chunks_sent", 0.0)
             out["sparse_fraction_sent"] = sent / d["sparse.chunks_total"]

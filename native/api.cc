@@ -90,11 +90,15 @@ void Runtime::check_config_matches_everywhere() {
   std::ostringstream fields;
   fields.precision(17);
   fields << "fusion=" << cfg_.fusion_threshold_bytes << ";pool_bucket=" << cfg_.pool_bucket_bytes
+         << ";pool_merge=" << cfg_.pool_merge
          << ";cache=" << cfg_.cache_capacity << ";sparse_ratio=" << cfg_.sparse_ratio
          << ";wire=" << static_cast<int>(cfg_.wire_dtype)
          << ";algo=" << static_cast<int>(cfg_.allreduce_algo) << ";chunk=" << cfg_.sparse_chunk
          << ";warmup=" << cfg_.sparse_warmup_steps << ";pipeline=" << cfg_.ring_pipeline_bytes
-         << ";momentum=" << cfg_.sparse_momentum << ";cycle=" << cfg_.cycle_time_ms << ";";
+         << ";momentum=" << cfg_.sparse_momentum << ";cycle=" << cfg_.cycle_time_ms
+         << ";sparse_policy=" << cfg_.sparse_policy_auto
+         << ";autotune=" << cfg_.autotune << "," << cfg_.autotune_warmup_samples << ","
+         << cfg_.autotune_steps_per_sample << ";";
   const std::string s = fields.str();
   uint64_t h = std::hash<std::string>()(s);
   uint64_t words[2] = {h, ~h};
@@ -374,6 +378,25 @@ void Runtime::pool_output_dirty(int64_t pool) {
 void Runtime::pool_destroy(int64_t pool) {
   std::lock_guard<std::mutex> lock(pools_mu_);
   pools_.erase(pool);  // an id of another runtime is never a key here
+}
+
+void Runtime::pool_rebucket(int64_t pool, int64_t bucket_bytes) {
+  GF_CHECK_ARG(bucket_bytes >= 4096, "gradflow: pool bucket size must be >= 4096 bytes, got "
+                                         << bucket_bytes);
+  std::lock_guard<std::mutex> lock(pools_mu_);
+  PoolState& p = find_pool(pool);
+  GF_CHECK_ARG(p.residuals.empty(),
+               "gradflow: a sparse gradient pool with separate residuals "
+               "(GRADFLOW_SPARSE_MOMENTUM) cannot change its bucket size");
+  p.pool->recut(static_cast<size_t>(bucket_bytes));
+  if (!p.pool_residuals.empty()) {
+    // New bookkeeping per bucket: the residual itself is the pool (kept);
+    // a fresh PoolResidual zeroes all of its output range next step.
+    p.pool_residuals.clear();
+    for (size_t b = 0; b < p.pool->num_buckets(); ++b)
+      p.pool_residuals.push_back(std::make_shared<PoolResidual>(
+          p.pool->bucket_elems(static_cast<int>(b)), static_cast<size_t>(cfg_.sparse_chunk)));
+  }
 }
 
 std::vector<int64_t> Runtime::pool_bucket_offsets(int64_t pool) {

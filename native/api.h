@@ -113,6 +113,13 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // runtimes are ignored.
   void pool_destroy(int64_t pool);
   std::vector<int64_t> pool_bucket_offsets(int64_t pool);  // element offset of each bucket
+  // Autotune: cuts the pool's buckets anew for `bucket_bytes`, between steps
+  // (after pool_reset, nothing of it in flight). Every rank must call it at
+  // the same step with the same value (gradflow/autotune.py takes it from
+  // rank 0's broadcast). A residual-in-pool pool keeps its residual (it is
+  // the pool) and zeroes all of its output next step; a pool with separate
+  // per-bucket residuals (GRADFLOW_SPARSE_MOMENTUM) is refused.
+  void pool_rebucket(int64_t pool, int64_t bucket_bytes);
 
  private:
   struct PoolState {

@@ -1,6 +1,8 @@
 // background_loop.cc — the communication thread's cycle.
 #include "background_loop.h"
+
 #include "log.h"
+#include "tuning.h"
 
 #include <chrono>
 #include <cctype>
@@ -159,6 +161,9 @@ bool BackgroundLoop::cycle() {
                            group[i]->name + "')";
       stats_.add("responses_failed", 1);
     }
+    for (size_t i = 0; i < group.size(); ++i)
+      if (entries[i] && group[i]->kind == OpKind::kBroadcast && is_tuning_name(group[i]->name))
+        apply_tuning(*group[i], *entries[i], &results[i]);
     if (timeline_.enabled()) trace_group(group, entries, started);
     for (size_t i = 0; i < group.size(); ++i) {
       if (!entries[i]) continue;
@@ -181,6 +186,29 @@ bool BackgroundLoop::cycle() {
     queue_.sleep_until(pending_.empty() || next < soon ? next : soon);
   }
   return true;
+}
+
+void BackgroundLoop::apply_tuning(const Response& r, const TensorEntry& e, HandleResult* result) {
+  if (!result->error.empty()) return;
+  try {
+    GF_CHECK(r.dtype == DataType::kFloat64 && e.output,
+             "gradflow: an autotune decision ('" << kTuningPrefix << "*' broadcast) must be float64");
+    size_t n = 1;
+    for (int64_t d : r.shape) n *= static_cast<size_t>(d);
+    Tuning t = decode_tuning(static_cast<const double*>(e.output), n);
+    executor_.set_tuning(t.algo, t.ring_pipeline_bytes);
+    cfg_.allreduce_algo = t.algo;
+    cfg_.ring_pipeline_bytes = t.ring_pipeline_bytes;
+    cfg_.cycle_time_ms = t.cycle_time_ms;
+    stats_.add("autotune.applied", 1);
+    GF_LOG(kInfo, comm_.rank(),
+           "autotune: " << r.name << " applied: algo " << allreduce_algo_name(t.algo)
+                        << ", ring piece " << t.ring_pipeline_bytes << " B, cycle "
+                        << t.cycle_time_ms << " ms");
+  } catch (const std::exception& ex) {
+    // The broadcast data is the same on every rank: every rank refuses it.
+    result->error = ex.what();
+  }
 }
 
 void BackgroundLoop::trace_group(const std::vector<const Response*>& group,

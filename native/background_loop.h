@@ -69,6 +69,8 @@ class BackgroundLoop {
   void run();
   bool cycle();  // one tick; false when the loop must stop
   void fail_all(const std::string& reason);
+  // After an agreed autotune broadcast ran (tuning.h): apply its values.
+  void apply_tuning(const Response& r, const TensorEntry& e, HandleResult* result);
   void trace_group(const std::vector<const Response*>& group,
                    const std::vector<TensorEntry*>& entries,
                    std::chrono::steady_clock::time_point started);

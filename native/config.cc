@@ -80,6 +80,11 @@ std::vector<KeySpec> make_specs() {
   add_int("GRADFLOW_POOL_BUCKET_BYTES", "--pool-bucket-mb", 8ll << 20, 1048576.0, 4096, 1e12,
           "bytes per gradient-pool bucket (flag in MiB); integer >= 4096",
           [](Config& c, int64_t v) { c.pool_bucket_bytes = v; });
+  // An int 0..1 rather than a "bool" key: the launcher's bool flags only
+  // switch on, and this one is on by default.
+  add_int("GRADFLOW_POOL_MERGE", "--pool-merge", 1, 1.0, 0, 1,
+          "1 | 0: adjacent pool buckets ready in the same cycle go out as one collective",
+          [](Config& c, int64_t v) { c.pool_merge = v != 0; });
   add_float("GRADFLOW_CYCLE_TIME", "--cycle-time-ms", "1.0", 0.0, 10000.0,
             "longest sleep of an idle coordination loop in ms (a submit wakes it); 0 <= value <= 10000",
             [](Config& c, double v) { c.cycle_time_ms = v; });
@@ -116,6 +121,48 @@ std::vector<KeySpec> make_specs() {
   add_float("GRADFLOW_SPARSE_MOMENTUM", "--sparse-momentum", "0", 0.0, 0.999999,
             "momentum correction factor for sparse communication, 0 = off; 0 <= value < 1",
             [](Config& c, double v) { c.sparse_momentum = v; });
+  // Default auto: a technique must never make a model slower (issue 16
+  // target 3); auto only sends a bucket dense when its measured costs say
+  // CSC does not pay there (Note [Auto sparse policy], sparse_auto_policy.cc).
+  add_choice("GRADFLOW_SPARSE_POLICY", "--sparse-policy", "auto", {"auto", "always"},
+             "auto | always: with sparse_ratio < 1, auto sends a bucket dense (its residual "
+             "with it) when CSC's measured CPU cost exceeds the transfer time it saves; always "
+             "sends the chosen chunks only",
+             [](Config& c, const std::string& v) { c.sparse_policy_auto = v == "auto"; });
+  {
+    // Test/diagnostic input: fixed per-rank costs replace the measurements.
+    // Step i of a bucket uses pair i mod (number of pairs); ranks may differ.
+    KeySpec k{{"GRADFLOW_SPARSE_AUTO_COSTS", "--sparse-auto-costs", "string", "",
+               "SPARSE_MS,DENSE_MS[;SPARSE_MS,DENSE_MS...]: fixed per-rank costs in ms (> 0), "
+               "used in turn per bucket step, that replace the auto policy's measurements "
+               "(tests, diagnosis); empty = measure",
+               1.0, {}},
+              0, 0, nullptr};
+    k.apply = [k](Config& c, const std::string& v) {
+      c.sparse_auto_costs.clear();
+      if (v.empty()) return;
+      size_t start = 0;
+      while (start <= v.size()) {
+        size_t semi = v.find(';', start);
+        if (semi == std::string::npos) semi = v.size();
+        const std::string pair = v.substr(start, semi - start);
+        const size_t comma = pair.find(',');
+        if (comma == std::string::npos)
+          reject(k.key, v, "expected pairs 'SPARSE_MS,DENSE_MS' separated by ';'");
+        double ms[2];
+        const std::string parts[2] = {pair.substr(0, comma), pair.substr(comma + 1)};
+        for (int i = 0; i < 2; ++i) {
+          char* end = nullptr;
+          ms[i] = std::strtod(parts[i].c_str(), &end);
+          if (parts[i].empty() || *end != '\0' || !std::isfinite(ms[i]) || ms[i] <= 0)
+            reject(k.key, v, "each cost must be a number > 0");
+        }
+        c.sparse_auto_costs.emplace_back(ms[0] / 1000.0, ms[1] / 1000.0);
+        start = semi + 1;
+      }
+    };
+    s.push_back(k);
+  }
   auto add_bool = [&](const char* env, const char* flag, bool def, const char* help,
                       std::function<void(Config&, bool)> set) {
     KeySpec k{{env, flag, "bool", def ? "1" : "0", help, 1.0, {}}, 0, 0, nullptr};
@@ -140,6 +187,23 @@ std::vector<KeySpec> make_specs() {
              "trace | debug | info | warning | error | fatal (any case); debug logs each "
              "cycle that runs collectives, trace each response",
              [](Config& c, const std::string& v) { c.log_level = v; });
+  // Horovod's autotune flags, same names and defaults (horovodrun
+  // --autotune-warmup-samples 3, --autotune-steps-per-sample 10).
+  add_bool("GRADFLOW_AUTOTUNE", "--autotune", false,
+           "1 | 0: tune algorithm, pool bucket size, ring piece size and cycle time from "
+           "measured step times during the first steps (DistributedOptimizer)",
+           [](Config& c, bool v) { c.autotune = v; });
+  KeySpec autotune_log{{"GRADFLOW_AUTOTUNE_LOG", "--autotune-log-file", "string", "",
+                        "CSV file rank 0 writes the autotune samples and final choice to; "
+                        "empty = none", 1.0, {}},
+                       0, 0, [](Config& c, const std::string& v) { c.autotune_log = v; }};
+  s.push_back(autotune_log);
+  add_int("GRADFLOW_AUTOTUNE_WARMUP_SAMPLES", "--autotune-warmup-samples", 3, 1.0, 0, 1000,
+          "autotune samples discarded before the search starts; 0 <= value <= 1000",
+          [](Config& c, int64_t v) { c.autotune_warmup_samples = v; });
+  add_int("GRADFLOW_AUTOTUNE_STEPS_PER_SAMPLE", "--autotune-steps-per-sample", 10, 1.0, 1, 1000,
+          "training steps timed per autotune sample; 1 <= value <= 1000",
+          [](Config& c, int64_t v) { c.autotune_steps_per_sample = v; });
   return s;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -15,6 +16,7 @@ namespace gradflow {
 struct Config {
   int64_t fusion_threshold_bytes = 64ll << 20;  // GRADFLOW_FUSION_THRESHOLD
   int64_t pool_bucket_bytes = 8ll << 20;        // GRADFLOW_POOL_BUCKET_BYTES
+  bool pool_merge = true;                       // GRADFLOW_POOL_MERGE
   double cycle_time_ms = 1.0;                   // GRADFLOW_CYCLE_TIME
   int64_t cache_capacity = 1024;                // GRADFLOW_CACHE_CAPACITY
   double timeout_seconds = 60.0;                // GRADFLOW_TIMEOUT
@@ -27,9 +29,18 @@ struct Config {
   double sparse_ratio = 1.0;                    // GRADFLOW_SPARSE_RATIO (1 = dense)
   int64_t sparse_warmup_steps = 0;              // GRADFLOW_SPARSE_WARMUP_STEPS
   double sparse_momentum = 0.0;                 // GRADFLOW_SPARSE_MOMENTUM (0 = off)
+  bool sparse_policy_auto = true;               // GRADFLOW_SPARSE_POLICY (auto | always)
+  // GRADFLOW_SPARSE_AUTO_COSTS: fixed (sparse, dense) seconds per bucket
+  // step, used in turn (empty = measure).
+  std::vector<std::pair<double, double>> sparse_auto_costs;
   std::string timeline;                         // GRADFLOW_TIMELINE
   bool timeline_mark_cycles = false;            // GRADFLOW_TIMELINE_MARK_CYCLES
   std::string log_level = "warning";            // GRADFLOW_LOG_LEVEL
+  // Autotune (gradflow/autotune.py searches; native/tuning.h applies).
+  bool autotune = false;                        // GRADFLOW_AUTOTUNE
+  std::string autotune_log;                     // GRADFLOW_AUTOTUNE_LOG
+  int64_t autotune_warmup_samples = 3;          // GRADFLOW_AUTOTUNE_WARMUP_SAMPLES
+  int64_t autotune_steps_per_sample = 10;       // GRADFLOW_AUTOTUNE_STEPS_PER_SAMPLE
 };
 
 // One setting as the launcher and the docs see it.

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <sstream>
 
 #include "reduce_kernels.h"
@@ -21,6 +22,22 @@ namespace {
 size_t chunks_to_send(double ratio, size_t n) {
   size_t k = static_cast<size_t>(std::ceil(ratio * static_cast<double>(n)));
   return std::max<size_t>(1, std::min(k, n));
+}
+
+// The auto policy's estimate of a dense send from a sparse step's two
+// transfers: the importance allreduce ~ latency, the packed one ~ latency +
+// bytes / bandwidth (sparse_auto_policy.h).
+double dense_estimate(double latency_s, double packed_s, size_t count, size_t packed) {
+  if (packed == 0) return 0.0;
+  return latency_s + std::max(0.0, packed_s - latency_s) * static_cast<double>(count) /
+                         static_cast<double>(packed);
+}
+
+// Every chunk, ascending: a bucket the auto policy sends dense.
+std::vector<uint32_t> all_chunks(size_t n) {
+  std::vector<uint32_t> v(n);
+  std::iota(v.begin(), v.end(), 0u);
+  return v;
 }
 
 }  // namespace
@@ -55,6 +72,14 @@ SparseResidual* ResponseExecutor::sparse_residual(const Response& r, TensorEntry
   return st.residual.get();
 }
 
+SparseAutoPolicy* ResponseExecutor::auto_policy(const Response& r, size_t count) {
+  if (!cfg_.sparse_policy_auto) return nullptr;
+  std::unique_ptr<SparseAutoPolicy>& p = sparse_[r.name].policy;
+  if (!p || p->count() != count)
+    p = std::make_unique<SparseAutoPolicy>(count, cfg_.sparse_auto_costs);
+  return p.get();
+}
+
 bool ResponseExecutor::sparse_warmup(const Response& r) {
   // Pools decide warm-up at submission (the request's sparse_ratio is 1 on
   // their warm-up steps); named residuals count their own steps here.
@@ -64,7 +89,7 @@ bool ResponseExecutor::sparse_warmup(const Response& r) {
 
 void ResponseExecutor::allreduce_sparse(SparseResidual* res, float* buf, ReduceOp op,
                                         WireDtype wire, double ratio, double postscale,
-                                        TransferStats* ts) {
+                                        TransferStats* ts, SparseAutoPolicy* policy) {
   const size_t count = res->count(), chunk = res->chunk_elems();
   // CPU time of the sparse passes (absorb, select, commit, unpack) is
   // reported as codec time: like a wire conversion it is work the bytes
@@ -76,10 +101,16 @@ void ResponseExecutor::allreduce_sparse(SparseResidual* res, float* buf, ReduceO
   //    norms are summed (a tiny allreduce).
   std::vector<float> importance;
   res->absorb(buf, &importance);
+  if (policy) policy->append_costs(&importance);
   cpu_seconds += now_seconds() - t0;
+  double tr0 = ts->transfer_seconds;
   allreduce_dense(importance.data(), importance.size(), DataType::kFloat32, ReduceOp::kSum,
                   WireDtype::kNative, ts);
+  const double t_importance = ts->transfer_seconds - tr0;
+  // Agreed data (the summed vector), so every rank decides the same.
+  const bool dense = policy && policy->decide_dense(&importance);
   t0 = now_seconds();
+  const double t_agreed = t0;
   // 2. some rank overflowed (inf/NaN): send nothing, keep the residual as it
   //    was, hand every rank the same non-finite output (Note [Coarse-grained
   //    sparse communication], sparse_chunks.cc).
@@ -90,20 +121,31 @@ void ResponseExecutor::allreduce_sparse(SparseResidual* res, float* buf, ReduceO
     stats_.add("sparse.overflow_steps", 1);
     return;
   }
-  // 3. the new residual takes effect; its chosen chunks leave it, are
-  //    reduced densely and unpacked into buf (zero elsewhere).
+  // 3. the new residual takes effect; its chosen chunks (all of them when
+  //    the auto policy sends the buffer dense) leave it, are reduced densely
+  //    and unpacked into buf (zero elsewhere).
   std::vector<uint32_t> chosen =
-      select_top_chunks(importance, chunks_to_send(ratio, importance.size()));
+      dense ? all_chunks(importance.size())
+            : select_top_chunks(importance, chunks_to_send(ratio, importance.size()));
   std::vector<float> packed(packed_size(chosen, count, chunk));
   res->commit(chosen, packed.data());
   cpu_seconds += now_seconds() - t0;
+  tr0 = ts->transfer_seconds;
   allreduce_dense(packed.data(), packed.size(), DataType::kFloat32, op, wire, ts);
+  const double t_packed = ts->transfer_seconds - tr0;
   t0 = now_seconds();
   scale_buffer(packed.data(), packed.size(), DataType::kFloat32, postscale);
   unpack_chunks(packed.data(), count, chunk, chosen, buf);
   cpu_seconds += now_seconds() - t0;
   ts->codec_seconds += cpu_seconds;
   stats_.add("seconds_sparse", cpu_seconds);
+  if (policy)
+    policy->record(dense, now_seconds() - t_agreed,
+                   dense_estimate(t_importance, t_packed, count, packed.size()));
+  if (dense) {
+    stats_.add("sparse.buckets_sent_dense_by_policy", 1);
+    return;
+  }
   stats_.add("sparse.steps", 1);
   stats_.add("sparse.chunks_sent", static_cast<double>(chosen.size()));
   stats_.add("sparse.chunks_total", static_cast<double>(importance.size()));
@@ -118,15 +160,19 @@ void ResponseExecutor::allreduce_pool_residual(const Response& r, TensorEntry* e
   const size_t count = res->count(), chunk = res->chunk_elems();
   double post = r.postscale;
   if (r.op == ReduceOp::kAverage) post /= comm_.size();
-  if (r.sparse_ratio >= 1.0) {
-    // Dense warm-up step (the pool's request says ratio 1): all of P goes
-    // and leaves it. Passes over the buffer, but only for the warm-up steps.
+  // All of P (residual + gradient) goes and leaves it: a dense warm-up step
+  // (the pool's request says ratio 1) or the auto policy's dense send.
+  // Passes over the buffer, but only on those steps.
+  auto send_all = [&] {
     std::memcpy(out, pool, count * sizeof(float));
     std::memset(pool, 0, count * sizeof(float));
     scale_buffer(out, count, DataType::kFloat32, r.prescale);
     allreduce_dense(out, count, DataType::kFloat32, r.op, r.wire, ts);
     scale_buffer(out, count, DataType::kFloat32, post);
     res->set_written_all();
+  };
+  if (r.sparse_ratio >= 1.0) {
+    send_all();
     return;
   }
   double t0 = now_seconds(), cpu_seconds = 0.0;
@@ -135,10 +181,17 @@ void ResponseExecutor::allreduce_pool_residual(const Response& r, TensorEntry* e
   std::vector<float> importance;
   sampled_chunk_importance(pool, count, chunk, &importance, res->next_phase());
   res->clear_output(out);
+  SparseAutoPolicy* policy = auto_policy(r, count);
+  if (policy) policy->append_costs(&importance);
   cpu_seconds += now_seconds() - t0;
+  double tr0 = ts->transfer_seconds;
   allreduce_dense(importance.data(), importance.size(), DataType::kFloat32, ReduceOp::kSum,
                   WireDtype::kNative, ts);
+  const double t_importance = ts->transfer_seconds - tr0;
+  // Agreed data (the summed vector), so every rank decides the same.
+  const bool dense = policy && policy->decide_dense(&importance);
   t0 = now_seconds();
+  const double t_agreed = t0;
   // 2. overflow somewhere: nothing is sent (as on the classic path, so the
   //    collectives match a joined rank's); the non-finite chunks are
   //    marked in G and dropped from P (they cannot be restored).
@@ -155,6 +208,16 @@ void ResponseExecutor::allreduce_pool_residual(const Response& r, TensorEntry* e
     stats_.add("sparse.overflow_steps", 1);
     return;
   }
+  // 3. CSC does not pay on this bucket (Note [Auto sparse policy]): all of
+  //    P goes, dense; nothing is held back or counted twice.
+  if (dense) {
+    ts->codec_seconds += cpu_seconds;
+    stats_.add("seconds_sparse", cpu_seconds);
+    send_all();
+    policy->record(true, now_seconds() - t_agreed);
+    stats_.add("sparse.buckets_sent_dense_by_policy", 1);
+    return;
+  }
   // 3. the chosen chunks leave P, are reduced densely and land in G.
   std::vector<uint32_t> chosen =
       select_top_chunks(importance, chunks_to_send(r.sparse_ratio, importance.size()));
@@ -162,7 +225,9 @@ void ResponseExecutor::allreduce_pool_residual(const Response& r, TensorEntry* e
   res->take_chunks(pool, chosen, packed.data());
   scale_buffer(packed.data(), packed.size(), DataType::kFloat32, r.prescale);
   cpu_seconds += now_seconds() - t0;
+  tr0 = ts->transfer_seconds;
   allreduce_dense(packed.data(), packed.size(), DataType::kFloat32, r.op, r.wire, ts);
+  const double t_packed = ts->transfer_seconds - tr0;
   t0 = now_seconds();
   scale_buffer(packed.data(), packed.size(), DataType::kFloat32, post);
   unpack_chunks(packed.data(), count, chunk, chosen, out);
@@ -171,6 +236,9 @@ void ResponseExecutor::allreduce_pool_residual(const Response& r, TensorEntry* e
   cpu_seconds += now_seconds() - t0;
   ts->codec_seconds += cpu_seconds;
   stats_.add("seconds_sparse", cpu_seconds);
+  if (policy)
+    policy->record(false, now_seconds() - t_agreed,
+                   dense_estimate(t_importance, t_packed, count, packed.size()));
   stats_.add("sparse.steps", 1);
   stats_.add("sparse.in_pool_steps", 1);
   stats_.add("sparse.chunks_total", static_cast<double>(importance.size()));

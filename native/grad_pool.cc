@@ -6,11 +6,25 @@ namespace gradflow {
 GradPool::GradPool(int id, void* data, DataType dt, const std::vector<int64_t>& range_elems,
                    size_t bucket_bytes)
     : id_(id), data_(static_cast<uint8_t*>(data)), dtype_(dt) {
-  const size_t esize = dtype_size(dt);
-  size_t offset = 0, bucket_bytes_so_far = 0;
-  for (size_t r = 0; r < range_elems.size(); ++r) {
-    GF_CHECK(range_elems[r] >= 0, "gradflow: negative range size in gradient pool");
-    size_t elems = static_cast<size_t>(range_elems[r]);
+  size_t offset = 0;
+  for (int64_t e : range_elems) {
+    GF_CHECK(e >= 0, "gradflow: negative range size in gradient pool");
+    range_offset_.push_back(offset);
+    range_elems_.push_back(static_cast<size_t>(e));
+    offset += static_cast<size_t>(e);
+  }
+  cut_buckets(bucket_bytes);
+  reset();
+}
+
+void GradPool::cut_buckets(size_t bucket_bytes) {
+  const size_t esize = dtype_size(dtype_);
+  size_t bucket_bytes_so_far = 0;
+  bucket_first_range_.clear();
+  bucket_num_ranges_.clear();
+  range_bucket_.clear();
+  for (size_t r = 0; r < range_elems_.size(); ++r) {
+    size_t elems = range_elems_[r];
     bool start_new = bucket_first_range_.empty() ||
                      (bucket_bytes_so_far > 0 && bucket_bytes_so_far + elems * esize > bucket_bytes);
     if (start_new) {
@@ -20,11 +34,17 @@ GradPool::GradPool(int id, void* data, DataType dt, const std::vector<int64_t>& 
     }
     bucket_num_ranges_.back()++;
     bucket_bytes_so_far += elems * esize;
-    range_offset_.push_back(offset);
-    range_elems_.push_back(elems);
     range_bucket_.push_back(static_cast<int>(bucket_first_range_.size() - 1));
-    offset += elems;
   }
+}
+
+void GradPool::recut(size_t bucket_bytes) {
+  for (size_t r = 0; r < range_ready_.size(); ++r)
+    GF_CHECK(!range_ready_[r], "gradflow: gradient pool " << id_ << " cannot be cut anew in the "
+                                                            "middle of a step (range " << r
+                                                            << " is already marked ready)");
+  cut_buckets(bucket_bytes);
+  cut_++;
   reset();
 }
 
@@ -72,7 +92,8 @@ void* GradPool::bucket_data(int b) const {
 }
 
 std::string GradPool::bucket_name(int b) const {
-  return "gradflow.pool" + std::to_string(id_) + ".bucket" + std::to_string(b);
+  return "gradflow.pool" + std::to_string(id_) + (cut_ ? ".cut" + std::to_string(cut_) : "") +
+         ".bucket" + std::to_string(b);
 }
 
 }  // namespace gradflow

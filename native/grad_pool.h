@@ -8,6 +8,9 @@
 // Invariants: bucket boundaries depend only on (range sizes, bucket_bytes),
 // identical on every rank given the same layout; each bucket is submitted
 // exactly once per step (mark_ready or flush), then reset() starts a step.
+// recut() (autotune) cuts the same ranges again at a step boundary; the
+// buckets of cut k > 0 are named "...cut<k>.bucket<b>", so a name never
+// changes its size and the coordinator's cached responses stay valid.
 #pragma once
 
 #include <cstddef>
@@ -31,6 +34,10 @@ class GradPool {
   // Buckets not yet submitted this step (in layout order); marks them submitted.
   std::vector<int> take_unsubmitted();
   void reset();
+  // Cuts the buckets anew for `bucket_bytes`. Only between steps: throws if
+  // a range was marked ready since reset().
+  void recut(size_t bucket_bytes);
+  int cut() const { return cut_; }
 
   size_t num_buckets() const { return bucket_first_range_.size(); }
   size_t num_ranges() const { return range_offset_.size(); }
@@ -43,7 +50,10 @@ class GradPool {
   int bucket_of_range(size_t r) const { return range_bucket_[r]; }
 
  private:
+  void cut_buckets(size_t bucket_bytes);
+
   int id_;
+  int cut_ = 0;  // recut() calls so far
   uint8_t* data_;
   DataType dtype_;
   std::vector<size_t> range_offset_, range_elems_;

@@ -349,6 +349,10 @@ PYBIND11_MODULE(_native, m) {
         },
         "Forget a pool (an id of an earlier runtime is ignored).");
   m.def("pool_bucket_offsets", [](int64_t pool) { return pool_engine(pool)->pool_bucket_offsets(pool); });
+  m.def("pool_rebucket",
+        [](int64_t pool, int64_t bucket_bytes) { pool_engine(pool)->pool_rebucket(pool, bucket_bytes); },
+        py::arg("pool"), py::arg("bucket_bytes"),
+        "Cut the pool's buckets anew (autotune), between steps, same value on every rank.");
 
   m.def("config_keys", [] {
           py::list out;
@@ -376,6 +380,7 @@ PYBIND11_MODULE(_native, m) {
           py::dict d;
           d["fusion_threshold_bytes"] = c.fusion_threshold_bytes;
           d["pool_bucket_bytes"] = c.pool_bucket_bytes;
+          d["pool_merge"] = c.pool_merge;
           d["cycle_time_ms"] = c.cycle_time_ms;
           d["cache_capacity"] = c.cache_capacity;
           d["timeout_seconds"] = c.timeout_seconds;
@@ -385,7 +390,13 @@ PYBIND11_MODULE(_native, m) {
           d["sparse_chunk"] = c.sparse_chunk;
           d["sparse_warmup_steps"] = c.sparse_warmup_steps;
           d["sparse_momentum"] = c.sparse_momentum;
+          d["sparse_policy"] = c.sparse_policy_auto ? "auto" : "always";
           d["timeline"] = c.timeline;
+          d["ring_pipeline_bytes"] = c.ring_pipeline_bytes;
+          d["autotune"] = c.autotune;
+          d["autotune_log"] = c.autotune_log;
+          d["autotune_warmup_samples"] = c.autotune_warmup_samples;
+          d["autotune_steps_per_sample"] = c.autotune_steps_per_sample;
           return d;
         },
         "The configuration the runtime was started with.");

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "mpi_allreduce.h"
+#include "pool_merge.h"
 #include "reduce_kernels.h"
 
 namespace gradflow {
@@ -50,7 +51,9 @@ std::vector<size_t> ResponseExecutor::plan(const std::vector<Response>& response
                  r.sparse_ratio >= 1.0;
     items.push_back(it);
   }
-  return plan_fusion(items, static_cast<size_t>(cfg_.fusion_threshold_bytes));
+  std::vector<size_t> groups = plan_fusion(items, static_cast<size_t>(cfg_.fusion_threshold_bytes));
+  if (cfg_.pool_merge) groups = merge_adjacent_pool_buckets(responses, groups);
+  return groups;
 }
 
 AllreduceAlgo ResponseExecutor::choose_algo(size_t bytes, DataType dt) const {
@@ -144,7 +147,13 @@ void ResponseExecutor::run_group(const std::vector<const Response*>& group,
              "gradflow: cannot scale " << dtype_name(r->dtype) << " tensors");
   }
   if (group[0]->kind == OpKind::kAllreduce) {
-    run_allreduces(group, entries, results);
+    if (group[0]->in_pool) {
+      // buckets per pool collective = pool.buckets / pool.collectives
+      stats_.add("pool.collectives", 1);
+      stats_.add("pool.buckets", static_cast<double>(group.size()));
+    }
+    if (group.size() > 1 && group[0]->in_pool) run_pool_merged(group, entries, results);
+    else run_allreduces(group, entries, results);
   } else {
     run_other(*group[0], entries[0], &(*results)[0]);
   }
@@ -233,7 +242,7 @@ void ResponseExecutor::run_allreduces(const std::vector<const Response*>& group,
     scale_buffer(work, total, dt, post);
   } else if (sparse && !sparse_warmup(first)) {
     allreduce_sparse(res, static_cast<float*>(work), first.op, first.wire, first.sparse_ratio,
-                     post, &ts);
+                     post, &ts, auto_policy(first, total));
   } else {
     if (sparse) stats_.add("sparse.dense_warmup_steps", 1);
     allreduce_dense(work, total, dt, first.op, first.wire, &ts);

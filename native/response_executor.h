@@ -18,6 +18,7 @@
 #include "message.h"
 #include "mpi_comm.h"
 #include "ring_allreduce.h"
+#include "sparse_auto_policy.h"
 #include "sparse_chunks.h"
 #include "stats.h"
 #include "tensor_queue.h"
@@ -30,8 +31,10 @@ class ResponseExecutor {
   ResponseExecutor(MpiComm& comm, const Config& cfg, Stats& stats);
   ~ResponseExecutor();
 
-  // Fusion plan for a response list (pure function of the list, so the
-  // same on every rank): sizes of consecutive groups.
+  // Fusion plan for a response list (pure function of the list and the
+  // config, so the same on every rank): sizes of consecutive groups. Pool
+  // buckets are never fused through the buffer; adjacent dense ones of one
+  // pool form one group when GRADFLOW_POOL_MERGE is on (pool_merge.h).
   std::vector<size_t> plan(const std::vector<Response>& responses) const;
 
   // Runs one group from plan(). `entries[i]` is this rank's entry for
@@ -52,6 +55,13 @@ class ResponseExecutor {
   };
   const LastRun& last_run() const { return last_; }
 
+  // An agreed autotune decision (tuning.h): algorithm and ring piece size
+  // for every allreduce run after this call.
+  void set_tuning(AllreduceAlgo algo, int64_t ring_pipeline_bytes) {
+    cfg_.allreduce_algo = algo;
+    cfg_.ring_pipeline_bytes = ring_pipeline_bytes;
+  }
+
   // Frees the RMA windows (collective: every rank's loop calls it in the
   // cycle they agreed to stop in; see BackgroundLoop::run).
   void release_windows() { two_sync_.reset(); }
@@ -65,8 +75,11 @@ class ResponseExecutor {
   // (applied to the sent chunks only: every other element of the result is
   // zero, and a pass over them would cost as much memory traffic as half of
   // CSC itself).
+  // `policy` (null unless GRADFLOW_SPARSE_POLICY=auto) may send the whole
+  // buffer, residual included, dense (Note [Auto sparse policy]).
   void allreduce_sparse(SparseResidual* res, float* buf, ReduceOp op, WireDtype wire,
-                        double ratio, double postscale, TransferStats* ts);
+                        double ratio, double postscale, TransferStats* ts,
+                        SparseAutoPolicy* policy);
   // The same for a pool bucket whose residual is the pool itself (Note
   // [Residual in the pool], sparse_pool_residual.cc): reads the entry's
   // input P, leaves the result in its output G.
@@ -76,8 +89,16 @@ class ResponseExecutor {
   // null) if a name's size changed.
   SparseResidual* sparse_residual(const Response& r, TensorEntry* e, size_t count,
                                   std::unique_ptr<SparseResidual>* temp, std::string* error);
+  // The auto sparse policy of a response's bucket (kept per name, shared by
+  // the in-pool and the classic step so a joined rank decides alike), or
+  // null under GRADFLOW_SPARSE_POLICY=always.
+  SparseAutoPolicy* auto_policy(const Response& r, size_t count);
   // True if this step of a named sparse allreduce is a dense warm-up step.
   bool sparse_warmup(const Response& r);
+  // Adjacent dense pool buckets joined by the plan (pool_merge.h): one
+  // in-place collective over their contiguous union (executor_pool_merge.cc).
+  void run_pool_merged(const std::vector<const Response*>& group,
+                       const std::vector<TensorEntry*>& entries, std::vector<HandleResult>* results);
   void run_allreduces(const std::vector<const Response*>& group,
                       const std::vector<TensorEntry*>& entries, std::vector<HandleResult>* results);
   void run_other(const Response& r, TensorEntry* entry, HandleResult* result);
@@ -86,6 +107,7 @@ class ResponseExecutor {
   struct SparseState {
     std::unique_ptr<SparseResidual> residual;
     int64_t steps = 0;
+    std::unique_ptr<SparseAutoPolicy> policy;
   };
 
   MpiComm& comm_;

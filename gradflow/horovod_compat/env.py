@@ -59,6 +59,12 @@ HOROVOD_TO_GRADFLOW: Dict[str, Tuple[str, Callable[[str], Optional[str]], str]] 
                                             "seconds in both; 0 = off"),
     "HOROVOD_STALL_CHECK_DISABLE": ("GRADFLOW_STALL_CHECK_TIME", _stall_disable,
                                     "1 = no stall warning = GRADFLOW_STALL_CHECK_TIME=0"),
+    "HOROVOD_AUTOTUNE": ("GRADFLOW_AUTOTUNE", _flag, "boolean"),
+    "HOROVOD_AUTOTUNE_LOG": ("GRADFLOW_AUTOTUNE_LOG", _same, "file path (CSV)"),
+    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": ("GRADFLOW_AUTOTUNE_WARMUP_SAMPLES", _same,
+                                        "samples in both"),
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": ("GRADFLOW_AUTOTUNE_STEPS_PER_SAMPLE", _same,
+                                          "steps in both"),
 }
 
 

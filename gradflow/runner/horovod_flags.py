@@ -19,6 +19,10 @@ SHIM_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
                         "horovod_compat", "shim")
 COMPAT_ENV = "GRADFLOW_HOROVOD_COMPAT"
 
+# gradflow's autotuner (gradflow/autotune_search.py) walks a small fixed grid.
+_NO_BAYES = ("gradflow's autotune is a coordinate descent over a fixed grid, "
+             "not Bayesian optimization")
+
 # horovodrun's config file (horovod/runner/common/util/config_parser.py):
 # section -> key -> the GRADFLOW_* setting whose gradflowrun flag takes the
 # same value in the same unit, or None when gradflow has no such setting
@@ -46,7 +50,14 @@ CONFIG_FILE_KEYS: Dict[str, Dict[str, Tuple[Optional[str], str]]] = {
         "level": ("GRADFLOW_LOG_LEVEL", "any case"),
         "with_timestamp": (None, "gradflow's log lines carry no timestamp"),
     },
-    "autotune": {"*": (None, "gradflow has no autotuner")},
+    "autotune": {
+        "enabled": ("GRADFLOW_AUTOTUNE", "boolean"),
+        "log_file": ("GRADFLOW_AUTOTUNE_LOG", "path"),
+        "warmup_samples": ("GRADFLOW_AUTOTUNE_WARMUP_SAMPLES", "samples in both"),
+        "steps_per_sample": ("GRADFLOW_AUTOTUNE_STEPS_PER_SAMPLE", "steps in both"),
+        "bayes_opt_max_samples": (None, _NO_BAYES),
+        "gaussian_process_noise": (None, _NO_BAYES),
+    },
     "library_options": {
         "mpi_threads_disable": (None, "gradflow needs MPI_THREAD_MULTIPLE"),
         "num_nccl_streams": (None, "gradflow has no NCCL path (CPU only)"),
@@ -82,6 +93,26 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expects an integer >= 1, got {text!r}")
+    return value
+
+
+def _unit_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expects a number in [0, 1], got {text!r}")
+    return value
+
+
 def add_horovod_flags(p: argparse.ArgumentParser) -> None:
     """horovodrun options gradflowrun accepts besides its own."""
     p.add_argument("-v", "--version", action=_VersionAction, help="print gradflow's version")
@@ -97,6 +128,12 @@ def add_horovod_flags(p: argparse.ArgumentParser) -> None:
                    "caches no start-up checks (the core's response cache is --cache-capacity 0)")
     p.add_argument("--mpi", action="store_true", dest="use_mpi",
                    help="accepted for horovodrun compatibility: gradflow always runs over MPI")
+    # Horovod's Bayesian-optimization knobs: accepted (checked, so a typo is
+    # still an error) and ignored, gradflow's search being a fixed grid.
+    p.add_argument("--autotune-bayes-opt-max-samples", type=_positive_int, metavar="N",
+                   help="accepted for horovodrun compatibility; ignored: " + _NO_BAYES)
+    p.add_argument("--autotune-gaussian-process-noise", type=_unit_float, metavar="X",
+                   help="accepted for horovodrun compatibility; ignored: " + _NO_BAYES)
     p.add_argument("--horovod-compat", action="store_true",
                    help="run an unmodified Horovod script: `import horovod.torch` etc. give "
                    f"gradflow's modules, HOROVOD_* settings are honoured (sets {COMPAT_ENV}=1 "
@@ -110,6 +147,7 @@ SETTING_ALIASES: Dict[str, Tuple[str, Any]] = {
     "--stall-check-shutdown-time-seconds": ("GRADFLOW_STALL_SHUTDOWN_TIME", None),
     "--no-stall-check": ("GRADFLOW_STALL_CHECK_TIME", 0.0),  # both constants mean "=0"
     "--no-timeline-mark-cycles": ("GRADFLOW_TIMELINE_MARK_CYCLES", False),
+    "--no-autotune": ("GRADFLOW_AUTOTUNE", False),
 }
 
 

@@ -38,6 +38,7 @@ Life of the wrapper:
     With use_pool=False the core keeps one residual per parameter name.
   use_pool=False keeps the copy path for ever (the core fuses small tensors
     through its fusion buffer: that is the copy the pool avoids).
+  overlap=False: hooks only record; synchronize() submits (see the keyword).
 
 Note [One rank]: over a one-rank process set (no user Compressor) the
   reduced gradient is the gradient, bit for bit, as in Horovod and DDP: no
@@ -85,6 +86,7 @@ from ..process_sets import ProcessSet, global_process_set, member_id, process_se
 from .functions import check_same_everywhere
 from .optimizer_groups import GroupTracker, form_groups, submit_group
 from . import optimizer_residual as _residual
+from .optimizer_autotune import after_synchronize as _autotune_step
 from .. import _runtime
 from ..elastic import worker as _elastic_worker
 from .optimizer_state import (_State, build_pools, destroy_pools, parameter_names,
@@ -104,8 +106,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _gradflow_setup(self, named_parameters, compression, backward_passes_per_step, op,
                         gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
                         sparse_as_dense, grad_scaler=None, groups=None,
-                        process_set=None) -> None:
+                        process_set=None, overlap=True) -> None:
         s = self._gradflow = _State()
+        if not isinstance(overlap, bool):
+            raise ValueError(f"gradflow: overlap must be True or False, got {overlap!r}")
+        s.overlap = overlap
         s.runtime_gen = _runtime.generation()
         op = reduce_op(op)  # Horovod meaning of raw ints; unknown ones raise here
         # Every gradient, pool and check runs in the set's engine (Note [Process sets]).
@@ -199,6 +204,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 f"gradflow: gradient of '{s.names[s.index[id(p)]]}' was computed {n} times before "
                 f"step() but backward_passes_per_step={s.bpps}; raise backward_passes_per_step to "
                 "accumulate gradients locally")
+        if not s.overlap:
+            s.deferred.append(p)  # synchronize() submits, in this (backward) order
+            return
         self._gradflow_submit(p)
 
     def _gradflow_begin_step(self) -> None:
@@ -268,6 +276,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise GradflowError(
                 f"gradflow: {s.prefix}.step()/synchronize() called but no backward pass produced a "
                 "gradient since the last step (step() called twice without backward?)")
+        for p in s.deferred:  # overlap=False: backward is over, submit now
+            self._gradflow_submit(p)
+        s.deferred.clear()
         for p in s.params:  # parameters without a gradient this step: reduce zeros
             if id(p) not in s.handles and id(p) not in s.range_of:
                 i = s.index[id(p)]
@@ -312,6 +323,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if s.use_pool and not s.pool_built:
             build_pools(self)
         s.synchronized = True
+        _autotune_step(self)
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -408,8 +420,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          process_set: Optional[ProcessSet] = global_process_set, *,
                          sparse_ratio: Optional[float] = None,
                          use_pool: bool = True, bucket_mb: Optional[float] = None,
-                         grad_scaler: Optional["torch.amp.GradScaler"] = None
-                         ) -> torch.optim.Optimizer:
+                         grad_scaler: Optional["torch.amp.GradScaler"] = None,
+                         overlap: bool = True) -> torch.optim.Optimizer:
     """Wrap `optimizer` so gradients are averaged (op) across ranks.
 
     Returns an instance of a subclass of the optimizer's own class (same
@@ -418,7 +430,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     parameters (checked; a mismatch raises GradflowError on every rank).
 
     Horovod's parameters keep Horovod's order; gradflow's own (sparse_ratio,
-    use_pool, bucket_mb, grad_scaler) are keyword-only after them.
+    use_pool, bucket_mb, grad_scaler, overlap) are keyword-only after them.
 
     compression: Compression.none / .fp16 / .bf16 (16-bit wire, fp32 sums),
       or a user Compressor (Horovod's compress/decompress interface), applied
@@ -467,6 +479,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       produced them. Ignored without CSC.
     use_pool: lazy allreduce over a contiguous gradient pool (zero copy).
     bucket_mb: pool bucket size in MiB (None: GRADFLOW_POOL_BUCKET_BYTES, 8 MiB).
+    overlap: True (default) submits each gradient from its hook, during
+      backward. False defers every submission to synchronize()/step(), in
+      backward order (benchmarks/ablation.py's "no overlap" step): same pool
+      and buckets, same values (bitwise on the pool path; copy-path fusion may regroup).
     sparse_as_dense: densify sparse gradients instead of allgathering them.
     op=Adasum: each gradient is Adasum-combined, then the wrapped step runs
       (Horovod Adasum-combines the wrapped step's deltas instead: the same for
@@ -492,5 +508,5 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     wrapped._gradflow_setup(named_parameters, compression, backward_passes_per_step, op,
                             gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
                             sparse_as_dense, grad_scaler, groups,
-                            process_set)
+                            process_set, overlap)
     return wrapped

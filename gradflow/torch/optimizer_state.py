@@ -56,6 +56,8 @@ class _State:
         self.csc = False                          # CSC in effect (residuals exist)
         self.wanted = (False, False)              # (use_pool, csc) asked for, before Note [One rank]
         self.user_compressor = None               # a Horovod-style Compressor, if given
+        self.overlap = True                       # False: hooks defer submission to synchronize()
+        self.deferred: List[torch.Tensor] = []    # overlap=False: params whose hook ran, in order
 
 
 def parameter_names(s, param_groups, named_parameters) -> List[str]:
@@ -167,6 +169,7 @@ def rebind_after_elastic_reset(self) -> None:
     s.pool_handles.clear()
     s.passes.clear()
     s.marked.clear()
+    s.deferred.clear()  # overlap=False: gradients of the interrupted step
     s.fired = s.synchronized = False
     s.loss_scale = 1.0
     if s.groups is not None:

@@ -43,6 +43,9 @@ def rank_env() -> Dict[str, str]:
         env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.setdefault("OMP_NUM_THREADS", "1")
+    # The auto sparse policy's choice follows measured timings; tests that
+    # model CSC exactly need CSC on every step (test_sparse_policy.py sets auto).
+    env.setdefault("GRADFLOW_SPARSE_POLICY", "always")
     return env
 
 

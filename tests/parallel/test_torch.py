@@ -46,6 +46,24 @@ def test_torch_pool_buckets_never_fused():
     run_mpi(2, "torch_train_script.py", "--buckets-zero-copy", timeout=120)
 
 
+@pytest.mark.parametrize("merge", ["1", "0"])
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_torch_pool_merge_matches_numpy(n, merge):
+    # issue 16 target 5: tiny pool buckets, several ready per cycle; merged
+    # (GRADFLOW_POOL_MERGE=1) or one collective per bucket, the reduced
+    # gradients equal the numpy mean and are bitwise identical on every rank.
+    out = run_mpi(n, "torch_pool_merge_script.py",
+                  env={"GRADFLOW_POOL_MERGE": merge, "GRADFLOW_SPARSE_CHUNK": "64",
+                       "GRADFLOW_SPARSE_WARMUP_STEPS": "2"}, timeout=300)
+    assert len(_oks(out, n)) == 5, out.stdout
+    merged = [int(line.split()[2]) for line in out.stdout.splitlines()
+              if line.startswith("merged collectives:")]
+    assert len(merged) == 1, out.stdout
+    # ~17 buckets per step over 25 pool steps: with merging on, some cycle
+    # must have found adjacent buckets ready together.
+    assert (merged[0] > 0) == (merge == "1"), out.stdout
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_torch_csc_matches_numpy_model(n):
     # Small chunks so a 2,410-parameter MLP has ~40 of them; no warm-up

@@ -34,6 +34,8 @@ def test_keys_have_flags_help_and_defaults():
     ("GRADFLOW_SPARSE_RATIO", "1.5", "out of range"),
     ("GRADFLOW_TIMEOUT", "0", "out of range"),
     ("GRADFLOW_TIMELINE_MARK_CYCLES", "2", "not a boolean"),
+    ("GRADFLOW_POOL_MERGE", "2", "out of range"),
+    ("GRADFLOW_POOL_MERGE", "yes", "not a number"),
     ("GRADFLOW_LOG_LEVEL", "verbose", "not one of"),
 ])
 def test_bad_values_rejected_with_range(env, value, fragment):

@@ -28,6 +28,12 @@ KEYS = [
     {"env": "GRADFLOW_LOG_LEVEL", "flag": "--log-level", "type": "choice", "default": "warning",
      "help": "level", "scale": 1.0,
      "choices": ["trace", "debug", "info", "warning", "error", "fatal"]},
+    {"env": "GRADFLOW_AUTOTUNE", "flag": "--autotune", "type": "bool",
+     "default": "0", "help": "tune", "scale": 1.0, "choices": []},
+    {"env": "GRADFLOW_AUTOTUNE_LOG", "flag": "--autotune-log-file", "type": "string",
+     "default": "", "help": "csv", "scale": 1.0, "choices": []},
+    {"env": "GRADFLOW_AUTOTUNE_STEPS_PER_SAMPLE", "flag": "--autotune-steps-per-sample",
+     "type": "int", "default": "10", "help": "steps", "scale": 1.0, "choices": []},
 ]
 
 
@@ -160,6 +166,9 @@ logging:
   with_timestamp: true
 autotune:
   enabled: true
+  log_file: /tmp/at.csv
+  steps_per_sample: 4
+  bayes_opt_max_samples: 30
 library_options:
   num_nccl_streams: 2
 controller: mpi
@@ -180,10 +189,13 @@ def test_config_file_maps_gradflow_settings_and_warns_on_the_rest(tmp_path):
         "GRADFLOW_FUSION_THRESHOLD": str(32 * 1048576), "GRADFLOW_CYCLE_TIME": "2.5",
         "GRADFLOW_CACHE_CAPACITY": "0", "GRADFLOW_TIMELINE": "/tmp/tl.json",
         "GRADFLOW_TIMELINE_MARK_CYCLES": "1", "GRADFLOW_STALL_CHECK_TIME": "40.0",
-        "GRADFLOW_STALL_SHUTDOWN_TIME": "120.0", "GRADFLOW_LOG_LEVEL": "debug"}
+        "GRADFLOW_STALL_SHUTDOWN_TIME": "120.0", "GRADFLOW_LOG_LEVEL": "debug",
+        "GRADFLOW_AUTOTUNE": "1", "GRADFLOW_AUTOTUNE_LOG": "/tmp/at.csv",
+        "GRADFLOW_AUTOTUNE_STEPS_PER_SAMPLE": "4"}
     text = "\n".join(warnings)
     for fragment in ("params.hierarchical_allreduce: ignored", "logging.with_timestamp: ignored",
-                     "autotune: ignored", "library_options.num_nccl_streams: ignored"):
+                     "autotune.bayes_opt_max_samples: ignored",
+                     "library_options.num_nccl_streams: ignored"):
         assert fragment in text
     assert "controller" not in text  # mpi is what gradflow uses
     assert len(warnings) == 4
@@ -228,9 +240,10 @@ def test_main_reports_config_file_problems(tmp_path, capsys):
                   config_keys=KEYS) == 2
     assert "--config-file" in capsys.readouterr().err
     path = tmp_path / "c.yaml"
-    path.write_text("autotune:\n  enabled: true\n")
+    path.write_text("autotune:\n  gaussian_process_noise: 0.5\n")
     assert L.main(["-cb", "--config-file", str(path)], config_keys=KEYS) == 0
-    assert "gradflowrun: warning: --config-file: autotune: ignored" in capsys.readouterr().err
+    assert "gradflowrun: warning: --config-file: autotune.gaussian_process_noise: ignored" in \
+        capsys.readouterr().err
 
 
 def test_horovodrun_stall_and_timeline_spellings():
@@ -240,6 +253,26 @@ def test_horovodrun_stall_and_timeline_spellings():
     env = L.settings_env(parse(["-np", "1", "--no-stall-check", "--timeline-mark-cycles",
                                 "--no-timeline-mark-cycles", "x"]), KEYS)
     assert env == {"GRADFLOW_STALL_CHECK_TIME": "0.0", "GRADFLOW_TIMELINE_MARK_CYCLES": "0"}
+
+
+def test_horovodrun_autotune_flags():
+    env = L.settings_env(parse(["-np", "2", "--autotune", "--autotune-log-file", "a.csv",
+                                "--autotune-steps-per-sample", "5",
+                                "--autotune-bayes-opt-max-samples", "20",
+                                "--autotune-gaussian-process-noise", "0.8", "x"]), KEYS)
+    assert env == {"GRADFLOW_AUTOTUNE": "1", "GRADFLOW_AUTOTUNE_LOG": "a.csv",
+                   "GRADFLOW_AUTOTUNE_STEPS_PER_SAMPLE": "5"}
+    env = L.settings_env(parse(["-np", "2", "--autotune", "--no-autotune", "x"]), KEYS)
+    assert env == {"GRADFLOW_AUTOTUNE": "0"}
+
+
+@pytest.mark.parametrize("argv", [["--autotune-bayes-opt-max-samples", "0"],
+                                  ["--autotune-gaussian-process-noise", "2"],
+                                  ["--autotune-steps-per-sample", "many"]])
+def test_bad_autotune_flag_values_are_usage_errors(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse(["-np", "2", *argv, "x"])
+    assert e.value.code == 2 and argv[0] in capsys.readouterr().err
 
 
 # ------------------------------------------- docs/horovod_compat.md drift check

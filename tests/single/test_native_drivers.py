@@ -50,6 +50,12 @@ def test_sparse_and_fusion(tmp_path):
     assert "all" in _run([exe])
 
 
+def test_pool_merge_planning(tmp_path):
+    exe = _build(tmp_path, shutil.which("g++") or "c++",
+                 ["pool_merge.cc", "tests/pool_merge_test.cc"], "pool_merge_test")
+    assert "all checks passed" in _run([exe])
+
+
 @pytest.fixture(scope="module")
 def transport_exe(tmp_path_factory):
     return _build(tmp_path_factory.mktemp("transport"), _tool("mpicxx"),

@@ -1,0 +1,159 @@
+# gradflow/autotune.py — runs the autotune search (GRADFLOW_AUTOTUNE,
+# gradflowrun --autotune) at a binding's step boundaries: times steps, agrees
+# on the score, broadcasts rank 0's decision, re-cuts the pools, writes the
+# log. The search is gradflow/autotune_search.py; the core applies the
+# broadcast decision in its agreed response order (native/tuning.h).
+"""Autotune: tune the allreduce algorithm, pool bucket size, ring piece size
+and cycle time during the first steps of training, from measured step times.
+
+Protocol, per sample (1 settling step + GRADFLOW_AUTOTUNE_STEPS_PER_SAMPLE
+timed steps, all at one setting): at the step boundary that ends it, every
+rank allreduces (Max) the median of its timed steps, so the score is the
+slowest rank's and the same everywhere; rank 0 feeds it to the search and
+broadcasts the next setting (``gradflow.autotune.<n>``, 5 float64s). The
+core applies algorithm, ring piece size and cycle time right after running
+that broadcast, at the same place in the agreed order on every rank; the
+binding then re-cuts its pools' buckets to the broadcast bucket size before
+its next step. Nothing on the wire is ever decided from a local clock alone.
+
+Rank 0 writes one CSV line per sample and a final line to
+GRADFLOW_AUTOTUNE_LOG (--autotune-log-file):
+``sample,phase,allreduce_algo,pool_bucket_bytes,ring_pipeline_bytes,cycle_time_ms,median_step_seconds``
+(phase: warmup | search | confirm | final; the final line's time is the
+median of the chosen setting's samples). One tuner per process: the first
+DistributedOptimizer that steps owns it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import weakref
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from . import _native
+from . import autotune_search as _search
+from .collectives import Max, allreduce, broadcast
+from .process_sets import ProcessSet, process_set_rank
+
+LOG_HEADER = ("sample,phase,allreduce_algo,pool_bucket_bytes,ring_pipeline_bytes,"
+              "cycle_time_ms,median_step_seconds")
+SETTLE_STEPS = 1  # the first step of a sample (new bucket names negotiate) is not timed
+
+_owner: Optional[object] = None  # the object whose steps drive the one tuner
+
+
+class Autotuner:
+    """Drives the search at step boundaries of one optimizer; construct on
+    every rank of `process_set` at the same step (collective: checks the log
+    file on rank 0 and agrees whether it could be opened)."""
+
+    def __init__(self, pools: Sequence[int], pool_range_bytes: Sequence[Sequence[int]],
+                 pool_bucket_bytes: int, can_rebucket: bool,
+                 process_set: Optional[ProcessSet] = None):
+        cfg = _native.config()
+        self.pools, self.process_set = list(pools), process_set
+        self.steps_per_sample = int(cfg["autotune_steps_per_sample"])
+        self.root = (process_set.ranks[0] if process_set is not None and process_set.ranks
+                     else 0)
+        self.is_root = process_set_rank(process_set, "autotune") == 0
+        start = _search.Setting(cfg["allreduce_algo"], int(pool_bucket_bytes),
+                                int(cfg["ring_pipeline_bytes"]), float(cfg["cycle_time_ms"]))
+        buckets = _search.distinct_bucket_sizes(
+            pool_range_bytes, [int(m * (1 << 20)) for m in _search.BUCKET_MIB],
+            start.pool_bucket_bytes) if can_rebucket and self.pools else []
+        self.search = _search.Search(start, int(cfg["autotune_warmup_samples"]), buckets)
+        self.applied = start
+        self.sample = 0
+        self.times: List[float] = []
+        self.last: Optional[float] = None
+        self.log = None
+        self._finished = False
+        failed = 0.0
+        if self.is_root and cfg["autotune_log"]:
+            try:
+                self.log = open(cfg["autotune_log"], "w", encoding="utf-8")
+                self.log.write(LOG_HEADER + "\n")
+                self.log.flush()
+            except OSError:
+                failed = 1.0
+        agreed = allreduce(np.array([failed]), op=Max, name="gradflow.autotune_log_check",
+                           process_set=process_set)
+        if agreed[0] > 0:
+            raise ValueError(f"gradflow: GRADFLOW_AUTOTUNE_LOG (--autotune-log-file) "
+                             f"{cfg['autotune_log']!r} cannot be written on rank {self.root}")
+
+    def done(self) -> bool:
+        """True once the final setting is applied (on every rank at the same step)."""
+        return self._finished
+
+    def step_end(self) -> None:
+        """Call at every step boundary, with nothing of this optimizer in flight."""
+        if self._finished:
+            return
+        now = time.perf_counter()
+        if self.last is not None:
+            self.times.append(now - self.last)
+        self.last = now
+        if len(self.times) < SETTLE_STEPS + self.steps_per_sample:
+            return
+        median = statistics.median(self.times[SETTLE_STEPS:])
+        self.times = []
+        slowest = float(allreduce(np.array([median]), op=Max,
+                                  name=f"gradflow.autotune_score.{self.sample}",
+                                  process_set=self.process_set)[0])
+        values = np.zeros(5)
+        if self.is_root:
+            self.search.report(slowest)
+            self._log(self.search.samples[-1])
+            nxt = self.search.current() or self.search.final
+            values = np.array(nxt.encode(self.search.done()), dtype=np.float64)
+        values = broadcast(values, self.root, name=f"gradflow.autotune.{self.sample}",
+                           process_set=self.process_set)
+        self.sample += 1
+        setting, final = _search.Setting.decode(values)
+        if setting.pool_bucket_bytes != self.applied.pool_bucket_bytes:
+            for pool in self.pools:
+                _native.pool_rebucket(pool, setting.pool_bucket_bytes)
+        self.applied = setting
+        if final:
+            self._finished = True
+            if self.is_root:
+                self._log_final()
+        self.last = time.perf_counter()  # the tuning collectives are not a step
+
+    def _log(self, s: "_search.Sample") -> None:
+        if self.log is None:
+            return
+        x = s.setting
+        self.log.write(f"{s.index},{s.phase},{x.allreduce_algo},{x.pool_bucket_bytes},"
+                       f"{x.ring_pipeline_bytes},{x.cycle_time_ms:g},{s.seconds:.6f}\n")
+        self.log.flush()
+
+    def _log_final(self) -> None:
+        if self.log is None:
+            return
+        x = self.search.final
+        self.log.write(f"{len(self.search.samples)},final,{x.allreduce_algo},"
+                       f"{x.pool_bucket_bytes},{x.ring_pipeline_bytes},{x.cycle_time_ms:g},"
+                       f"{self.search.median_seconds(x):.6f}\n")
+        self.log.close()
+        self.log = None
+
+
+def enabled() -> bool:
+    """GRADFLOW_AUTOTUNE is on (the runtime's configuration)."""
+    return bool(_native.config()["autotune"])
+
+
+def claim(owner: object) -> bool:
+    """True if `owner` (an optimizer) drives the process's one tuner: the
+    first to ask while autotune is on; the same on every rank when ranks
+    build their optimizers in the same order, as data-parallel training does."""
+    global _owner
+    if _owner is None or _owner() is None:  # weakref to a dead owner: free again
+        _owner = weakref.ref(owner)
+        return True
+    return _owner() is owner
