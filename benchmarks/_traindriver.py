@@ -18,6 +18,7 @@ import _benchutil as bu  # noqa: E402
 from cluster import Cluster  # noqa: E402
 
 WORKER = os.path.join(bu.HERE, "_trainbench.py")
+KERAS_WORKER = os.path.join(bu.HERE, "_kerasbench.py")  # systems named keras*
 
 
 def free_port() -> int:
@@ -72,7 +73,8 @@ def _launch(systems, model, nranks, mode, worker_args, extra_env, timeout, clust
     fd, out_json = tempfile.mkstemp(prefix="gftrain-", suffix=".json")
     os.close(fd)
     os.unlink(out_json)
-    py = [sys.executable, WORKER, "--systems", ",".join(systems), "--model", model] + list(worker_args) + [
+    worker = KERAS_WORKER if systems[0].startswith("keras") else WORKER
+    py = [sys.executable, worker, "--systems", ",".join(systems), "--model", model] + list(worker_args) + [
         "--json-out", out_json]
     if mode != "local" and cluster is None:
         raise ValueError(f"mode {mode} needs the emulated cluster")

@@ -28,6 +28,10 @@ Systems (--systems; further rows = further names in _trainbench.py):
               exchange: what the machine's cores and memory deliver to N
               ranks at best (the measured ceiling; with 2 cores and one
               memory system it is below min(N, cores) x one process)
+  keras       plain Keras (TF backend), 1 process: the Keras baseline (N=1 only)
+  keras-fp32, keras-all (fp16 wire + CSC 0.01), and their -seq twins with
+              the TF gradient reduction not overlapped (GRADFLOW_TF_OVERLAP=0):
+              benchmarks/_kerasbench.py, the same WideMLP in Keras 3, MPI ranks
 CSC runs with GRADFLOW_SPARSE_CHUNK=32768 and GRADFLOW_SPARSE_WARMUP_STEPS=5;
 the warm-up steps of every system (which include those 5 dense steps and
 the pool build at step 1) are excluded from the timing.
@@ -60,6 +64,7 @@ from cluster import Cluster, ClusterError  # noqa: E402
 
 GF = ["gf-fp32", "gf-fp16", "gf-csc0.1", "gf-csc0.01", "gf-all"]
 DDP = ["ddp", "ddp-fp16", "nocomm"]  # torch.distributed family (the cluster's raw mode)
+KERAS = ["keras-fp32", "keras-fp32-seq", "keras-all", "keras-all-seq"]  # _kerasbench.py, MPI ranks
 LABELS = {
     "torch": "plain torch, 1 process (baseline)",
     "gf-fp32": "(a) gradflow dense fp32",
@@ -71,6 +76,11 @@ LABELS = {
     "ddp-fp16": "(f) DDP gloo + fp16 hook",
     "nocomm": "N plain-torch processes side by side, no communication (measured compute ceiling)",
     "gf-pool": "gradflow pool", "gf-copy": "gradflow copy path",
+    "keras": "plain Keras (TF backend), 1 process (Keras baseline)",
+    "keras-fp32": "Keras + gradflow dense fp32, overlapped",
+    "keras-fp32-seq": "Keras + gradflow dense fp32, not overlapped",
+    "keras-all": "Keras + gradflow fp16 wire + CSC 0.01, overlapped",
+    "keras-all-seq": "Keras + gradflow fp16 wire + CSC 0.01, not overlapped",
 }
 MODEL_DESC = {"mlp": "WideMLP 1024-4096-4096-1024-10, 25.2 M parameters (communication-heavy)",
               "resnet": "small ResNet-style CNN on 32x32x3, 0.31 M parameters (compute-heavy)"}
@@ -131,17 +141,22 @@ def main() -> None:
     info["cores"] = os.cpu_count() or 1
     gf = [s for s in a.systems if s.startswith("gf-")]
     ddp = [s for s in a.systems if s in DDP]
+    kr = [s for s in a.systems if s in KERAS]
     groups = []  # (model, N, family systems, mode)
     for m in a.models:
         # The baseline is measured before and after the model's other runs
         # (single-process speed drifts by +-20 % on this shared machine);
         # the median of all its repetitions is the baseline (see _baseline).
         groups.append((m, 1, ["torch"], "netns-raw"))
+        if "keras" in a.systems:
+            groups.append((m, 1, ["keras"], "netns-raw"))
         for n in a.ranks:
             if gf:
                 groups.append((m, n, gf, "netns"))
             if ddp:
                 groups.append((m, n, ddp, "netns-raw"))
+            if kr:
+                groups.append((m, n, kr, "netns"))
         groups.append((m, 1, ["torch"], "netns-raw-after"))
     total = sum(len(g[2]) for g in groups)
     results = []
@@ -264,6 +279,8 @@ def report(a, info, cmdline, results, status):
                     t = r["throughput"]
                     cells += [f"{t:.1f}", f"{t / base:.2f}" if base else "—",
                               f"{t / (min(n, cores) * base):.2f}" if base else "—"]
+                elif s == "keras" and n > 1:
+                    cells += ["—", "", ""]  # one-process baseline
                 else:
                     cells += [f"FAILED ({r.get('error', 'not run')})", "", ""]
             for n in a.ranks:

@@ -5,9 +5,12 @@
 """`DistributedGradientTape`: a `tf.GradientTape` whose `gradient()` returns
 gradients averaged (by default) across ranks.
 
-All dense gradients of one `gradient()` call cross to the core in ONE
-`tf.numpy_function` call (one host round trip); every tensor is submitted
-before any is waited on, so the core fuses them into few collectives.
+Inside `tf.function` each dense gradient's allreduce is started by its own
+submit node as soon as that gradient exists, and waited for at the end
+(overlap with backward, see overlap.py); eagerly (or with
+GRADFLOW_TF_OVERLAP=0) all dense gradients of one `gradient()` call cross to
+the core in ONE call. Either way every tensor is submitted before any is
+waited on, so the core fuses those that are ready together.
 `tf.IndexedSlices` gradients are made dense (`sparse_as_dense=True`) or their
 values and indices are allgathered, as in Horovod.
 """
@@ -20,7 +23,8 @@ import tensorflow as tf
 from ..collectives import Adasum, Average, ReduceOp, Sum, check_adasum_options, reduce_op
 from ..compression import Compression, wire_code
 from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
-from .ops import SparseRatio, _allreduce_indexed_slices, grouped_allreduce_raw
+from .ops import SparseRatio, _allreduce_indexed_slices
+from .overlap import start_allreduce
 
 
 def reduce_gradients(grads: Sequence[Any], names: Sequence[str], op: ReduceOp = Average,
@@ -46,20 +50,24 @@ def reduce_gradients(grads: Sequence[Any], names: Sequence[str], op: ReduceOp = 
     prescale, postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor
     out = list(grads)
     dense: List[int] = []
+    sliced: List[int] = []
     for i, g in enumerate(grads):
         if g is None:
             continue
-        if isinstance(g, tf.IndexedSlices):
-            if sparse_as_dense:
-                out[i] = tf.convert_to_tensor(g)
-                dense.append(i)
-            else:
-                out[i] = _allreduce_indexed_slices(g, op, names[i], process_set)
+        if isinstance(g, tf.IndexedSlices) and not sparse_as_dense:
+            sliced.append(i)
         else:
+            out[i] = tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
             dense.append(i)
-    reduced = grouped_allreduce_raw([out[i] for i in dense], [names[i] for i in dense], op,
-                                    compression, prescale, postscale, sparse_ratio, process_set,
-                                    count_step=True)
+    # Dense allreduces start first (in a graph: as each gradient appears, see
+    # overlap.py); the allgathers of IndexedSlices are built after them so they
+    # do not hold the submits back, and the dense results are waited for last.
+    pending = start_allreduce([out[i] for i in dense], [names[i] for i in dense], op,
+                              compression, prescale, postscale, sparse_ratio, process_set,
+                              count_step=True)
+    for i in sliced:
+        out[i] = _allreduce_indexed_slices(grads[i], op, names[i], process_set)
+    reduced = pending.finish()
     for i, r in zip(dense, reduced):
         out[i] = r
     return out

@@ -5,6 +5,7 @@
 import glob
 import hashlib
 import os
+import re
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -232,7 +233,10 @@ def check_mismatched_models():
         except Exception as e:
             msg = str(e)
             assert "mismatched" in msg and "rank 0" in msg and "rank 1" in msg, msg
-            assert ("BroadcastGlobalVariablesCallback" if callbacks else "mismatch.0") in msg, msg
+            # Without the callback the first mismatched gradient the core sees is
+            # named; inside fit the last layer's is submitted first (overlap.py).
+            assert ("BroadcastGlobalVariablesCallback" in msg if callbacks
+                    else re.search(r"'mismatch\.[0-3]'", msg)), msg
         else:
             raise AssertionError("mismatched models did not raise")
 
