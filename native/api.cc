@@ -90,7 +90,7 @@ void Runtime::check_config_matches_everywhere() {
   std::ostringstream fields;
   fields.precision(17);
   fields << "fusion=" << cfg_.fusion_threshold_bytes << ";pool_bucket=" << cfg_.pool_bucket_bytes
-         << ";pool_merge=" << cfg_.pool_merge
+         << ";pool_merge=" << cfg_.pool_merge << ";pool_first=" << cfg_.pool_first_bucket_bytes
          << ";cache=" << cfg_.cache_capacity << ";sparse_ratio=" << cfg_.sparse_ratio
          << ";wire=" << static_cast<int>(cfg_.wire_dtype)
          << ";algo=" << static_cast<int>(cfg_.allreduce_algo) << ";chunk=" << cfg_.sparse_chunk
@@ -285,7 +285,8 @@ int64_t Runtime::pool_create(uintptr_t data, DataType dt, const std::vector<int6
                                : static_cast<size_t>(bucket_bytes);
   // The index, not the id, names the buckets: ranks agree on it whatever
   // each process did before this runtime.
-  p.pool = std::make_unique<GradPool>(index, reinterpret_cast<void*>(data), dt, range_elems, bb);
+  p.pool = std::make_unique<GradPool>(index, reinterpret_cast<void*>(data), dt, range_elems, bb,
+                                      static_cast<size_t>(cfg_.pool_first_bucket_bytes));
   SubmitArgs& t = p.bucket_template;
   t.kind = OpKind::kAllreduce;
   t.dtype = dt;

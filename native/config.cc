@@ -80,6 +80,13 @@ std::vector<KeySpec> make_specs() {
   add_int("GRADFLOW_POOL_BUCKET_BYTES", "--pool-bucket-mb", 8ll << 20, 1048576.0, 4096, 1e12,
           "bytes per gradient-pool bucket (flag in MiB); integer >= 4096",
           [](Config& c, int64_t v) { c.pool_bucket_bytes = v; });
+  // Off by default until measured on an idle machine (docs/performance.md,
+  // issue 16 target 3): a model smaller than one bucket reduces nothing
+  // during backward; DDP caps its first bucket at 1 MiB for that reason.
+  add_int("GRADFLOW_POOL_FIRST_BUCKET_BYTES", "--pool-first-bucket-mb", 0, 1048576.0, 0, 1e12,
+          "cap on the first gradient-pool bucket (the last layers), 0 = no cap (flag in MiB); "
+          "integer >= 0",
+          [](Config& c, int64_t v) { c.pool_first_bucket_bytes = v; });
   // An int 0..1 rather than a "bool" key: the launcher's bool flags only
   // switch on, and this one is on by default.
   add_int("GRADFLOW_POOL_MERGE", "--pool-merge", 1, 1.0, 0, 1,

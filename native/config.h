@@ -16,6 +16,7 @@ namespace gradflow {
 struct Config {
   int64_t fusion_threshold_bytes = 64ll << 20;  // GRADFLOW_FUSION_THRESHOLD
   int64_t pool_bucket_bytes = 8ll << 20;        // GRADFLOW_POOL_BUCKET_BYTES
+  int64_t pool_first_bucket_bytes = 0;          // GRADFLOW_POOL_FIRST_BUCKET_BYTES (0 = off)
   bool pool_merge = true;                       // GRADFLOW_POOL_MERGE
   double cycle_time_ms = 1.0;                   // GRADFLOW_CYCLE_TIME
   int64_t cache_capacity = 1024;                // GRADFLOW_CACHE_CAPACITY

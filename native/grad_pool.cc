@@ -1,11 +1,14 @@
 // grad_pool.cc — bucket planning and readiness tracking for the gradient pool.
 #include "grad_pool.h"
 
+#include <algorithm>
+
 namespace gradflow {
 
 GradPool::GradPool(int id, void* data, DataType dt, const std::vector<int64_t>& range_elems,
-                   size_t bucket_bytes)
-    : id_(id), data_(static_cast<uint8_t*>(data)), dtype_(dt) {
+                   size_t bucket_bytes, size_t first_bucket_bytes)
+    : id_(id), data_(static_cast<uint8_t*>(data)), dtype_(dt),
+      first_bucket_bytes_(first_bucket_bytes) {
   size_t offset = 0;
   for (int64_t e : range_elems) {
     GF_CHECK(e >= 0, "gradflow: negative range size in gradient pool");
@@ -25,8 +28,11 @@ void GradPool::cut_buckets(size_t bucket_bytes) {
   range_bucket_.clear();
   for (size_t r = 0; r < range_elems_.size(); ++r) {
     size_t elems = range_elems_[r];
+    const size_t cap = bucket_first_range_.size() == 1 && first_bucket_bytes_ > 0
+                           ? std::min(first_bucket_bytes_, bucket_bytes)
+                           : bucket_bytes;
     bool start_new = bucket_first_range_.empty() ||
-                     (bucket_bytes_so_far > 0 && bucket_bytes_so_far + elems * esize > bucket_bytes);
+                     (bucket_bytes_so_far > 0 && bucket_bytes_so_far + elems * esize > cap);
     if (start_new) {
       bucket_first_range_.push_back(r);
       bucket_num_ranges_.push_back(0);

@@ -24,8 +24,12 @@ namespace gradflow {
 
 class GradPool {
  public:
+  // `first_bucket_bytes` > 0 caps the first bucket (the last layers, whose
+  // gradients backward produces first) below `bucket_bytes`, as DDP's 1 MiB
+  // first bucket: a model smaller than one bucket then still starts
+  // reducing during backward (GRADFLOW_POOL_FIRST_BUCKET_BYTES; 0 = off).
   GradPool(int id, void* data, DataType dt, const std::vector<int64_t>& range_elems,
-           size_t bucket_bytes);
+           size_t bucket_bytes, size_t first_bucket_bytes = 0);
 
   // Marks range `r` ready. Returns the bucket index if that completed a
   // bucket not yet submitted, else -1. Marking a range twice in a step
@@ -54,6 +58,7 @@ class GradPool {
 
   int id_;
   int cut_ = 0;  // recut() calls so far
+  size_t first_bucket_bytes_ = 0;  // 0: the first bucket is cut like the others
   uint8_t* data_;
   DataType dtype_;
   std::vector<size_t> range_offset_, range_elems_;

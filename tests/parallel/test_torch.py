@@ -65,6 +65,17 @@ def test_torch_pool_merge_matches_numpy(n, merge):
 
 
 @pytest.mark.parametrize("n", [2, 3])
+def test_torch_pool_first_bucket_cap_matches_numpy(n):
+    # GRADFLOW_POOL_FIRST_BUCKET_BYTES (off by default): a 64-byte cap makes
+    # the first bucket hold only the first gradient; the same numpy checks
+    # (every rank bitwise equal, fp16, unused parameter, bpps=2, CSC) hold.
+    out = run_mpi(n, "torch_pool_merge_script.py",
+                  env={"GRADFLOW_POOL_FIRST_BUCKET_BYTES": "64", "GRADFLOW_SPARSE_CHUNK": "64",
+                       "GRADFLOW_SPARSE_WARMUP_STEPS": "2"}, timeout=300)
+    assert len(_oks(out, n)) == 5, out.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3])
 def test_torch_csc_matches_numpy_model(n):
     # Small chunks so a 2,410-parameter MLP has ~40 of them; no warm-up
     # beyond the dense step 1, so every later step is sparse.
