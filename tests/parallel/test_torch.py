@@ -69,10 +69,17 @@ def test_torch_pool_first_bucket_cap_matches_numpy(n):
     # GRADFLOW_POOL_FIRST_BUCKET_BYTES (off by default): a 64-byte cap makes
     # the first bucket hold only the first gradient; the same numpy checks
     # (every rank bitwise equal, fp16, unused parameter, bpps=2, CSC) hold.
-    out = run_mpi(n, "torch_pool_merge_script.py",
-                  env={"GRADFLOW_POOL_FIRST_BUCKET_BYTES": "64", "GRADFLOW_SPARSE_CHUNK": "64",
-                       "GRADFLOW_SPARSE_WARMUP_STEPS": "2"}, timeout=300)
-    assert len(_oks(out, n)) == 5, out.stdout
+    buckets = {}
+    for cap in ("0", "64"):
+        out = run_mpi(n, "torch_pool_merge_script.py",
+                      env={"GRADFLOW_POOL_FIRST_BUCKET_BYTES": cap, "GRADFLOW_POOL_MERGE": "0",
+                           "GRADFLOW_SPARSE_CHUNK": "64", "GRADFLOW_SPARSE_WARMUP_STEPS": "2"},
+                      timeout=300)
+        assert len(_oks(out, n)) == 5, out.stdout
+        buckets[cap] = [int(line.split()[2]) for line in out.stdout.splitlines()
+                        if line.startswith("pool buckets:")]
+    # The cap really cut the first bucket apart: more buckets, same steps.
+    assert len(buckets["0"]) == 1 and buckets["64"][0] > buckets["0"][0], buckets
 
 
 @pytest.mark.parametrize("n", [2, 3])

@@ -112,3 +112,6 @@ assert all(m == 0 for m in csc[WARMUP:]), f"sparse CSC steps were merged: {csc}"
 total += sum(csc)
 if R == 0:
     print(f"merged collectives: {int(total)} (size {N})", flush=True)
+    # Buckets cut over the whole script (GRADFLOW_POOL_FIRST_BUCKET_BYTES
+    # changes the layout; the test compares two runs).
+    print(f"pool buckets: {int(hvd.stats().get('pool.buckets', 0))} (size {N})", flush=True)
