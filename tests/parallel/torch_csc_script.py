@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import gradflow
 import gradflow.torch as hvd
 from gradflow import _native
+from _csc_policy_model import rank_grads, set_grads  # written once, shared with the policy model
 from _csc_sample import sample_blocks
 from _torch_common import assert_close, assert_identical, batch, digits, expect_error, flat, mlp, ok
 
@@ -102,23 +103,6 @@ class CscModel:
         return out, False
 
 
-def rank_grads(model, order, step, loss_fn):
-    """Every rank's flat gradient (pool order) for `step`, computed here."""
-    out = []
-    for r in range(N):
-        model.zero_grad()
-        loss_fn(model, step, r).backward()
-        out.append(torch.cat([p.grad.reshape(-1) for p in order]).numpy().astype(np.float32))
-    return out
-
-
-def set_grads(params, vec):
-    off = 0
-    for p in params:
-        p.grad = torch.from_numpy(vec[off:off + p.numel()].copy()).view(p.shape)
-        off += p.numel()
-
-
 def plain_loss(model, step, r):
     xb, yb = batch(X, Y, step, r, N, PER)
     return F.cross_entropy(model(xb), yb)
@@ -147,7 +131,7 @@ for ratio, bucket_mb in ((0.25, 0.004), (0.05, None)):
                      [k for p in order for k, q in m.named_parameters() if q is p]]
         csc = CscModel(bounds, ratio, sampled=True)
         for step in range(STEPS):
-            grads = rank_grads(ref, ref_order, step, plain_loss)
+            grads = rank_grads(ref, ref_order, step, plain_loss, N)
             out = np.mean(grads, 0, dtype=np.float32) if step == 0 else csc.step(grads)[0]
             set_grads(ref_order, out)
             ref_opt.step()
@@ -285,7 +269,7 @@ if R == 0:
     for step in range(STEPS):
         S = scales[step]
         grads = [g / np.float32(S) for g in
-                 rank_grads(ref, ref_order, step, lambda mm, st, r: amp_loss(mm, st, r) * S)]
+                 rank_grads(ref, ref_order, step, lambda mm, st, r: amp_loss(mm, st, r) * S, N)]
         if step == 0:
             out, overflow = np.mean(grads, 0, dtype=np.float32), False
         else:
