@@ -189,6 +189,27 @@ def _gf_optimizer(hvd, model, system):
     return hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **kw)
 
 
+def _thread_cpu() -> dict:
+    """CPU seconds (user + system) of this process's threads, summed by thread
+    name (gradflow's background loop is "gradflow-loop"); {} off Linux."""
+    out: dict = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # the thread ended
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--systems", required=True,
@@ -295,6 +316,8 @@ def main(argv=None) -> None:
         if gf is not None:
             gf.reset_stats()
         tx0 = _nic_tx_bytes()
+        cpu0 = time.process_time()  # every thread of this process: torch + gradflow's loop
+        threads0 = _thread_cpu()
         times = []
         for _ in range(a.reps):
             barrier()
@@ -304,6 +327,13 @@ def main(argv=None) -> None:
             times.append(max_all(time.perf_counter() - t0))
         tx1 = _nic_tx_bytes()
         nsteps = a.reps * a.steps
+        # CPU seconds per step of the busiest rank (barriers included): above
+        # the step's compute, this is what communication cost the cores.
+        r["cpu_seconds_per_step"] = max_all((time.process_time() - cpu0) / nsteps)
+        # rank 0's threads, by name (10 ms clock ticks: meaningful over many steps)
+        threads1 = _thread_cpu()
+        r["thread_cpu_seconds_per_step_rank0"] = {
+            k: (v - threads0.get(k, 0.0)) / nsteps for k, v in threads1.items()}
         r["rep_seconds"] = times
         r["samples_per_s"] = [size * batch * a.steps / t for t in times]
         r["throughput"] = statistics.median(r["samples_per_s"])

@@ -18,9 +18,9 @@ iteration) and the bus bandwidth 2(N-1)/N * bytes / time; plus the ratios
 gradflow-ring / MPI_Allreduce and gradflow-ring / gloo of bus bandwidth.
 
 Systems:
-  gradflow-ring, gradflow-two-sync, gradflow-mpi
+  gradflow-ring, gradflow-two-sync, gradflow-mpi, gradflow-recursive-doubling
                  gradflow.torch.allreduce_ (in place, zero copy, op=Sum) with
-                 GRADFLOW_ALLREDUCE_ALGO=ring|two-sync|mpi; includes gradflow's
+                 GRADFLOW_ALLREDUCE_ALGO=<algo>; includes gradflow's
                  own overhead (submit, coordination cycle of
                  GRADFLOW_CYCLE_TIME=1 ms default, completion).
   gradflow-<algo>-numpy  the numpy API gradflow.allreduce (allocates the result

@@ -113,6 +113,11 @@ def parse_args():
                         "(python -m benchmarks.cluster up N --name NAME), and leave it up")
     p.add_argument("--pool-bucket-mb", type=float, default=None,
                    help="GRADFLOW_POOL_BUCKET_BYTES for the gradflow systems (default: gradflow's)")
+    p.add_argument("--pool-first-bucket-mb", type=float, default=None,
+                   help="GRADFLOW_POOL_FIRST_BUCKET_BYTES for the gradflow systems (default: gradflow's)")
+    p.add_argument("--gf-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="a further GRADFLOW_* setting for the gradflow systems (repeatable), "
+                        "e.g. --gf-env GRADFLOW_CYCLE_TIME=5")
     p.add_argument("--json-out", default=None)
     p.add_argument("--docs", default=None,
                    help="markdown file whose scaling section is (re)written; '' = none "
@@ -120,6 +125,9 @@ def parse_args():
     p.add_argument("--plots-dir", default=None,
                    help="'' = no plots (default: docs/ in full mode, none with --quick)")
     a = p.parse_args()
+    for kv in a.gf_env:
+        if not kv.startswith("GRADFLOW_") or "=" not in kv:
+            p.error(f"--gf-env {kv!r}: expected GRADFLOW_<KEY>=<value>")
     # A smoke run must not replace the published numbers and plots.
     if a.docs is None:
         a.docs = "" if a.quick else os.path.join(bu.ROOT, "docs", "performance.md")
@@ -186,6 +194,10 @@ def main() -> None:
             env = {"GRADFLOW_SPARSE_CHUNK": "32768", "GRADFLOW_SPARSE_WARMUP_STEPS": "5"} if mode == "netns" else {}
             if mode == "netns" and a.pool_bucket_mb is not None:
                 env["GRADFLOW_POOL_BUCKET_BYTES"] = str(int(a.pool_bucket_mb * 2**20))
+            if mode == "netns" and a.pool_first_bucket_mb is not None:
+                env["GRADFLOW_POOL_FIRST_BUCKET_BYTES"] = str(int(a.pool_first_bucket_mb * 2**20))
+            if mode == "netns":
+                env.update(kv.split("=", 1) for kv in a.gf_env)
             print(f"[{done + 1}-{done + len(systems)}/{total}] model {m}, N={n}: {', '.join(systems)} "
                   f"(load {os.getloadavg()[0]:.2f}, {time.time() - t_start:.0f}s elapsed, "
                   f"{total - done} configuration(s) left)", flush=True)

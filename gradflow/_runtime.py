@@ -224,7 +224,8 @@ def stats(process_set: Any = None) -> Dict[str, float]:
     wire overflowed), pool.collectives / pool.buckets (gradient-pool
     collectives and the buckets they carried), pool.merged_collectives /
     pool.merged_buckets (those that carried several adjacent buckets,
-    GRADFLOW_POOL_MERGE), stall_warnings (rank 0), ... gradflow.stats_scalars
+    GRADFLOW_POOL_MERGE), negotiation.cycles (coordination exchanges, idle
+    ones included: GRADFLOW_IDLE_CYCLE_MAX), stall_warnings (rank 0), ... gradflow.stats_scalars
     turns them into per-step TensorBoard scalars. Each process set's engine counts its own
     collectives: `process_set=` selects which (default: the global set)."""
     return dict(_native.stats(_process_sets.process_set_id(process_set, "stats")))

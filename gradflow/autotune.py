@@ -16,11 +16,22 @@ that broadcast, at the same place in the agreed order on every rank; the
 binding then re-cuts its pools' buckets to the broadcast bucket size before
 its next step. Nothing on the wire is ever decided from a local clock alone.
 
+Note [Autotune and join]: join() ends the search. The search needs every
+rank to count the same steps; a rank that joins stops stepping, and a
+broadcast cannot run while a rank is joined. So a rank that calls join()
+stops its tuner at once, and the score allreduce carries a second value,
+-1 from every rank still training and 0 (a joined rank's contribution)
+from a joined one: when it comes back non-negative, the ranks still
+training stop too, without broadcasting. The settings applied so far stay;
+they are the same on every rank because only broadcasts ever changed them.
+
 Rank 0 writes one CSV line per sample and a final line to
 GRADFLOW_AUTOTUNE_LOG (--autotune-log-file):
 ``sample,phase,allreduce_algo,pool_bucket_bytes,ring_pipeline_bytes,cycle_time_ms,median_step_seconds``
 (phase: warmup | search | confirm | final; the final line's time is the
-median of the chosen setting's samples). One tuner per process: the first
+median of the chosen setting's samples; a search ended by join() writes a
+last line with phase ``stopped-by-join``, the settings in force and an
+empty time). One tuner per process: the first
 DistributedOptimizer that steps owns it.
 """
 
@@ -43,6 +54,7 @@ LOG_HEADER = ("sample,phase,allreduce_algo,pool_bucket_bytes,ring_pipeline_bytes
 SETTLE_STEPS = 1  # the first step of a sample (new bucket names negotiate) is not timed
 
 _owner: Optional[object] = None  # the object whose steps drive the one tuner
+_active: Optional["weakref.ReferenceType[Autotuner]"] = None  # the tuner, while searching
 
 
 class Autotuner:
@@ -71,6 +83,8 @@ class Autotuner:
         self.last: Optional[float] = None
         self.log = None
         self._finished = False
+        global _active
+        _active = weakref.ref(self)
         failed = 0.0
         if self.is_root and cfg["autotune_log"]:
             try:
@@ -101,9 +115,15 @@ class Autotuner:
             return
         median = statistics.median(self.times[SETTLE_STEPS:])
         self.times = []
-        slowest = float(allreduce(np.array([median]), op=Max,
-                                  name=f"gradflow.autotune_score.{self.sample}",
-                                  process_set=self.process_set)[0])
+        # [score, -1]: a joined rank contributes zeros, so a non-negative
+        # second value means some rank has called join() (module docstring).
+        agreed = allreduce(np.array([median, -1.0]), op=Max,
+                           name=f"gradflow.autotune_score.{self.sample}",
+                           process_set=self.process_set)
+        if agreed[1] >= 0:
+            self.stop_for_join()
+            return
+        slowest = float(agreed[0])
         values = np.zeros(5)
         if self.is_root:
             self.search.report(slowest)
@@ -124,6 +144,18 @@ class Autotuner:
                 self._log_final()
         self.last = time.perf_counter()  # the tuning collectives are not a step
 
+    def stop_for_join(self) -> None:
+        """End the search where it stands (a rank has called join())."""
+        if self._finished:
+            return
+        self._finished = True
+        if self.log is not None:
+            x = self.applied
+            self.log.write(f"{len(self.search.samples)},stopped-by-join,{x.allreduce_algo},"
+                           f"{x.pool_bucket_bytes},{x.ring_pipeline_bytes},{x.cycle_time_ms:g},\n")
+            self.log.close()
+            self.log = None
+
     def _log(self, s: "_search.Sample") -> None:
         if self.log is None:
             return
@@ -141,6 +173,13 @@ class Autotuner:
                        f"{self.search.median_seconds(x):.6f}\n")
         self.log.close()
         self.log = None
+
+
+def stop_for_join() -> None:
+    """Called by join() before it is submitted: this rank stops tuning."""
+    tuner = _active() if _active is not None else None
+    if tuner is not None:
+        tuner.stop_for_join()
 
 
 def enabled() -> bool:

@@ -236,6 +236,9 @@ def join() -> int:
     the rank that joined last, as Horovod does. Afterwards every rank's
     counters of auto-generated names agree again, so unnamed collectives
     match up even if some rank skipped some while it was joined."""
+    from . import autotune  # imports this module: resolved at call time
+
+    autotune.stop_for_join()  # the search needs every rank stepping
     name = auto_name(JOIN, None)
     r = submit(JOIN, name, 0, 0, _dtypes.UINT8, [0], (), splits=auto_name_counts()).wait()
     advance_auto_names(r["recv_splits"])

@@ -1,6 +1,8 @@
 // background_loop.cc — the communication thread's cycle.
 #include "background_loop.h"
 
+#include <algorithm>
+
 #include "log.h"
 #include "tuning.h"
 
@@ -65,6 +67,9 @@ void BackgroundLoop::run() {
   // Short sleeps in MPI polling and cycle pacing must be short in fact: the
   // default 50 us timer slack would double them.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+  // A name for `top -H` and /proc/<pid>/task/*/comm (benchmarks/_trainbench.py
+  // reports this thread's CPU time by it).
+  prctl(PR_SET_NAME, "gradflow-loop", 0, 0, 0);
 #endif
   try {
     while (cycle()) {
@@ -104,6 +109,7 @@ bool BackgroundLoop::cycle() {
       coordinator_.cycle(fresh, shutdown_requested_, abort_message, queue_.someone_waits());
   agreed_at_ = clock::now();
   stats_.add("seconds_negotiation", res.negotiation_seconds);
+  stats_.add("negotiation.cycles", 1);
   if (res.used_slow_path) stats_.add("negotiation.slow_path_cycles", 1);
   if (res.fast_responses) stats_.add("negotiation.fast_responses", static_cast<double>(res.fast_responses));
   if (res.cache_evictions) stats_.add("negotiation.cache_evictions", static_cast<double>(res.cache_evictions));
@@ -181,9 +187,20 @@ bool BackgroundLoop::cycle() {
     return false;
   }
   // When to start the next cycle (Note [Cycle pacing] in background_loop.h).
+  if (!res.responses.empty() || !pending_.empty()) idle_cycles_ = 0;
   if (res.responses.empty()) {
     auto soon = clock::now() + kPendingRecheck;
-    queue_.sleep_until(pending_.empty() || next < soon ? next : soon);
+    if (pending_.empty()) {
+      // Idle backoff: cycle time x 2^(idle cycles in a row - 1), capped.
+      const double cap = std::max(cfg_.cycle_time_ms, cfg_.idle_cycle_max_ms);
+      const double ms =
+          std::min(cap, cfg_.cycle_time_ms * static_cast<double>(1 << std::min(idle_cycles_, 20)));
+      ++idle_cycles_;
+      const auto extra = static_cast<int64_t>((ms - cfg_.cycle_time_ms) * 1000);
+      queue_.sleep_until(next + std::chrono::microseconds(extra));
+    } else {
+      queue_.sleep_until(next < soon ? next : soon);
+    }
   }
   return true;
 }

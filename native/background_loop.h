@@ -39,7 +39,17 @@ namespace gradflow {
 //    nothing pending (idle; submit wakes it), kPendingRecheck when it waits
 //    for other ranks to submit what it already has, so it is back in the
 //    exchange soon after they wake (bounded extra latency, bounded idle CPU:
-//    never a busy loop of exchanges).
+//    never a busy loop of exchanges);
+//  * idle backoff: each further idle cycle in a row doubles the idle sleep,
+//    up to GRADFLOW_IDLE_CYCLE_MAX (20 ms). Every cycle is an exchange with
+//    all peers, and in training most cycles are idle (the forward pass, the
+//    optimizer step): at 1 ms they cost the loop ~25-40 ms of CPU per MLP
+//    step on cores the compute needs (docs/performance.md, "Idle cycles").
+//    It adds no latency to collectives the idle rank will take part in:
+//    taking part means submitting, and a submit wakes the loop at once; a
+//    rank with anything pending (a join() included) is not idle. What may
+//    wait up to the cap is news for a rank with nothing pending: a peer's
+//    shutdown, abort or stall error.
 constexpr std::chrono::microseconds kPendingRecheck{100};
 
 class BackgroundLoop {
@@ -93,6 +103,7 @@ class BackgroundLoop {
   std::function<void(const std::string&)> on_fatal_;
   std::chrono::steady_clock::time_point agreed_at_;  // end of this cycle's negotiation
   int64_t cycles_with_work_ = 0;  // numbers the cycles in debug log lines
+  int idle_cycles_ = 0;  // idle cycles in a row (Note [Cycle pacing], idle backoff)
 };
 
 }  // namespace gradflow

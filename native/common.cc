@@ -82,6 +82,7 @@ const char* allreduce_algo_name(AllreduceAlgo a) {
     case AllreduceAlgo::kTwoSync: return "two-sync";
     case AllreduceAlgo::kMpi: return "mpi";
     case AllreduceAlgo::kAuto: return "auto";
+    case AllreduceAlgo::kRecursiveDoubling: return "recursive-doubling";
   }
   return "unknown";
 }

@@ -76,6 +76,7 @@ enum class AllreduceAlgo : int32_t {
   kTwoSync = 1,
   kMpi = 2,
   kAuto = 3,
+  kRecursiveDoubling = 4,
 };
 
 size_t dtype_size(DataType dt);

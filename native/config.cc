@@ -95,6 +95,11 @@ std::vector<KeySpec> make_specs() {
   add_float("GRADFLOW_CYCLE_TIME", "--cycle-time-ms", "1.0", 0.0, 10000.0,
             "longest sleep of an idle coordination loop in ms (a submit wakes it); 0 <= value <= 10000",
             [](Config& c, double v) { c.cycle_time_ms = v; });
+  add_float("GRADFLOW_IDLE_CYCLE_MAX", "--idle-cycle-max-ms", "20.0", 0.0, 10000.0,
+            "longest sleep in ms of a loop idle for several cycles: each idle cycle doubles the "
+            "sleep from GRADFLOW_CYCLE_TIME up to this (a submit still wakes it at once); "
+            "<= the cycle time = no backoff; 0 <= value <= 10000",
+            [](Config& c, double v) { c.idle_cycle_max_ms = v; });
   add_int("GRADFLOW_CACHE_CAPACITY", "--cache-capacity", 1024, 1.0, 0, 1 << 20,
           "responses kept for the bit-vector fast path, 0 disables it; 0 <= value <= 1048576",
           [](Config& c, int64_t v) { c.cache_capacity = v; });
@@ -111,7 +116,8 @@ std::vector<KeySpec> make_specs() {
              "fp32 | fp16 | bf16: how float32 gradients travel (16-bit summed in fp32)",
              [](Config& c, const std::string& v) { c.wire_dtype = parse_wire_dtype(v); });
   add_choice("GRADFLOW_ALLREDUCE_ALGO", "--allreduce-algo", "ring",
-             {"ring", "two-sync", "mpi", "auto"}, "ring | two-sync | mpi | auto",
+             {"ring", "two-sync", "mpi", "recursive-doubling", "auto"},
+             "ring | two-sync | mpi | recursive-doubling | auto",
              [](Config& c, const std::string& v) { c.allreduce_algo = parse_allreduce_algo(v); });
   add_int("GRADFLOW_RING_PIPELINE_BYTES", "--ring-pipeline-kb", 1 << 20, 1024.0, 1024, 1ll << 30,
           "bytes per pipelined ring piece (flag in KiB); 1024 <= value <= 2^30",
@@ -259,9 +265,10 @@ AllreduceAlgo parse_allreduce_algo(const std::string& s) {
   if (s == "ring") return AllreduceAlgo::kRing;
   if (s == "two-sync") return AllreduceAlgo::kTwoSync;
   if (s == "mpi") return AllreduceAlgo::kMpi;
+  if (s == "recursive-doubling") return AllreduceAlgo::kRecursiveDoubling;
   if (s == "auto") return AllreduceAlgo::kAuto;
   throw GradflowError("gradflow: unknown allreduce algorithm '" + s +
-                      "' (ring | two-sync | mpi | auto)");
+                      "' (ring | two-sync | mpi | recursive-doubling | auto)");
 }
 
 }  // namespace gradflow

@@ -19,6 +19,7 @@ struct Config {
   int64_t pool_first_bucket_bytes = 0;          // GRADFLOW_POOL_FIRST_BUCKET_BYTES (0 = off)
   bool pool_merge = true;                       // GRADFLOW_POOL_MERGE
   double cycle_time_ms = 1.0;                   // GRADFLOW_CYCLE_TIME
+  double idle_cycle_max_ms = 20.0;              // GRADFLOW_IDLE_CYCLE_MAX
   int64_t cache_capacity = 1024;                // GRADFLOW_CACHE_CAPACITY
   double timeout_seconds = 60.0;                // GRADFLOW_TIMEOUT
   double stall_check_seconds = 60.0;            // GRADFLOW_STALL_CHECK_TIME (0 = off)

@@ -160,6 +160,7 @@ enum CommTag : int {
   kTagTwoSync = 4,
   kTagCollective = 5,
   kTagAdasum = 6,
+  kTagRecursiveDoubling = 7,
 };
 
 // A new communicator of `ranks` (ranks of the communicator `parent_handle`,

@@ -382,6 +382,7 @@ PYBIND11_MODULE(_native, m) {
           d["pool_bucket_bytes"] = c.pool_bucket_bytes;
           d["pool_merge"] = c.pool_merge;
           d["cycle_time_ms"] = c.cycle_time_ms;
+          d["idle_cycle_max_ms"] = c.idle_cycle_max_ms;
           d["cache_capacity"] = c.cache_capacity;
           d["timeout_seconds"] = c.timeout_seconds;
           d["wire_dtype"] = wire_dtype_name(c.wire_dtype);
@@ -402,7 +403,7 @@ PYBIND11_MODULE(_native, m) {
         "The configuration the runtime was started with.");
   m.def("features", [] {
           py::dict d;
-          d["allreduce_algos"] = std::vector<std::string>{"ring", "two-sync", "mpi", "auto"};
+          d["allreduce_algos"] = std::vector<std::string>{"ring", "two-sync", "mpi", "recursive-doubling", "auto"};
           d["wire_dtypes"] = std::vector<std::string>{"fp32", "fp16", "bf16"};
           d["codec"] = codec_impl_name();
           d["mpi"] = MpiComm::library_version();

@@ -10,6 +10,7 @@
 
 #include "mpi_allreduce.h"
 #include "pool_merge.h"
+#include "recursive_doubling_allreduce.h"
 #include "reduce_kernels.h"
 
 namespace gradflow {
@@ -62,9 +63,13 @@ AllreduceAlgo ResponseExecutor::choose_algo(size_t bytes, DataType dt) const {
     // Documented table (README, "Configuration and tuning"; measured in
     // docs/performance.md): on one node, messages up to 256 KiB go
     // through the shared-memory two-sync allreduce (two syncs, no ring
-    // hops); larger ones through the pipelined ring.
-    a = (comm_.all_on_one_node() && bytes <= (256u << 10)) ? AllreduceAlgo::kTwoSync
-                                                           : AllreduceAlgo::kRing;
+    // hops); across nodes, messages up to 16 KiB through recursive doubling
+    // (log2 N exchanges instead of 2(N-1) hops); larger ones through the
+    // pipelined ring.
+    if (comm_.all_on_one_node())
+      a = bytes <= (256u << 10) ? AllreduceAlgo::kTwoSync : AllreduceAlgo::kRing;
+    else
+      a = bytes <= (16u << 10) ? AllreduceAlgo::kRecursiveDoubling : AllreduceAlgo::kRing;
   }
   // Every choice is honoured, whatever the dtype and wire ("mpi" runs the
   // 16-bit cases as an MPI exchange, see mpi_allreduce.h): the stats key
@@ -97,6 +102,9 @@ void ResponseExecutor::allreduce_dense(void* buf, size_t count, DataType dt, Red
     switch (algo) {
       case AllreduceAlgo::kMpi:
         mpi_allreduce(comm_, buf, count, dt, op, wire, scratch_, &local);
+        break;
+      case AllreduceAlgo::kRecursiveDoubling:
+        recursive_doubling_allreduce(comm_, buf, count, dt, op, wire, scratch_, &local);
         break;
       case AllreduceAlgo::kTwoSync:
         if (!two_sync_) two_sync_ = std::make_unique<TwoSyncAllreduce>(comm_);

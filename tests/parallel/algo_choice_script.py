@@ -1,7 +1,8 @@
 """Which allreduce algorithm really ran, from stats() (allreduce.count.<algo>.<wire>):
 GRADFLOW_ALLREDUCE_ALGO=auto follows its documented table on both sides of
 each threshold (two-sync up to 256 KiB when all ranks share a node, ring
-above and across nodes), every explicit choice is honoured for every dtype
+above; across nodes recursive doubling up to 16 KiB, ring above), every
+explicit choice is honoured for every dtype
 and wire, and every rank made the same choice for every message."""
 import os
 
@@ -13,14 +14,17 @@ ALGO = os.environ.get("GRADFLOW_ALLREDUCE_ALGO", "ring")
 ONE_NODE = os.environ.get("EXPECT_ONE_NODE", "1") == "1"
 gf.init()
 R, N = gf.rank(), gf.size()
-ALGOS = ["ring", "two-sync", "mpi"]
-LIMIT = 256 << 10  # the auto table's threshold (README, "Configuration and tuning")
+ALGOS = ["ring", "two-sync", "mpi", "recursive-doubling"]
+LIMIT = 256 << 10  # the auto table's thresholds (README, "Configuration and tuning")
+RD_LIMIT = 16 << 10
 
 
 def expected(nbytes):
     if ALGO != "auto":
         return ALGO
-    return "two-sync" if ONE_NODE and nbytes <= LIMIT else "ring"
+    if ONE_NODE:
+        return "two-sync" if nbytes <= LIMIT else "ring"
+    return "recursive-doubling" if nbytes <= RD_LIMIT else "ring"
 
 
 def ran(before, after, wire):
@@ -38,10 +42,10 @@ choices = []
 cases = []
 for dtype in (np.float32, np.float64, np.float16):
     es = np.dtype(dtype).itemsize
-    for count in (1, LIMIT // es, LIMIT // es + 1, 4 * LIMIT // es):
+    for count in (1, RD_LIMIT // es, RD_LIMIT // es + 1, LIMIT // es, LIMIT // es + 1, 4 * LIMIT // es):
         cases.append((dtype, count, None))
 for wire in ("fp16", "bf16"):  # the table looks at the buffer's bytes, not the wire's
-    for count in (LIMIT // 4, LIMIT // 4 + 1):
+    for count in (RD_LIMIT // 4, RD_LIMIT // 4 + 1, LIMIT // 4, LIMIT // 4 + 1):
         cases.append((np.float32, count, wire))
 for i, (dtype, count, wire) in enumerate(cases):
     x = np.full(count, R + 1, dtype)

@@ -6,13 +6,16 @@
 layout-independent: fp32 sum of the ranks' (16-bit rounded) gradients in rank
 order, one rounding on the 16-bit wire, times float32(1/N). So the reference
 is exact and the comparison is bitwise, for pool and copy paths, several
-buckets, fp32/fp16/bf16 wire; stats must show the algorithm ran."""
+buckets, fp32/fp16/bf16 wire; stats must show the algorithm ran.
+recursive-doubling is layout-independent too, with its own order of
+additions (tests/parallel/_rd_model.py): the reference follows it."""
 import os
 
 import torch
 import torch.nn.functional as F
 
 import gradflow.torch as hvd
+from _rd_model import recursive_doubling
 from _torch_common import assert_identical, batch, digits, flat, mlp, ok, train
 
 ALGO = os.environ["GRADFLOW_ALLREDUCE_ALGO"]
@@ -27,6 +30,8 @@ COMP = {"fp32": hvd.Compression.fp32, "fp16": hvd.Compression.fp16, "bf16": hvd.
 def combine(grads, wire):
     """The documented average of per-rank gradients (see the docstring)."""
     q = (lambda t: t.to(DT16[wire]).to(torch.float32)) if wire in DT16 else (lambda t: t)
+    if ALGO == "recursive-doubling":
+        return recursive_doubling(grads, q) * torch.tensor(1.0 / N, dtype=torch.float32)
     acc = q(grads[0]).clone()
     for g in grads[1:]:
         acc = acc + q(g)
@@ -74,6 +79,6 @@ def case(wire, use_pool):
     ok(name)
 
 
-for wire in ("fp32", "fp16", "bf16") if ALGO == "two-sync" else ("fp16", "bf16"):
+for wire in ("fp16", "bf16") if ALGO == "mpi" else ("fp32", "fp16", "bf16"):
     for use_pool in (True, False):
         case(wire, use_pool)

@@ -8,7 +8,10 @@
 #             only the chosen algorithm runs; a malformed decision is refused
 #             on every rank;
 #   csc     : CSC (residual in the pool) on the fp16 wire, every algorithm;
-#   badlog  : an unwritable log file is a ValueError on every rank.
+#   badlog  : an unwritable log file is a ValueError on every rank;
+#   join    : the last rank runs out of data mid-search and calls join(); the
+#             search stops on every rank with the same settings, training
+#             goes on after everyone joined, ranks stay bitwise identical.
 """Every sample's setting reaches the core through a broadcast from rank 0;
 if ranks switched algorithm or bucket cut at different steps their
 collectives would not match (wrong sums or a timeout), so bitwise-identical
@@ -101,6 +104,33 @@ if CASE == "badlog":
         ok("badlog")
     else:
         raise AssertionError("an unwritable autotune log was accepted")
+    hvd.shutdown()
+    raise SystemExit(0)
+
+if CASE == "join":
+    JOIN_AT = 13  # mid-search: past the warm-up samples, before the search can end
+    model = mlp()
+    opt = optimizer(model)
+    train(model, opt, JOIN_AT if R == N - 1 else STEPS, R, N, PER_RANK, x=X, y=Y)
+    last = hvd.join()
+    tuner = opt._gradflow.autotuner
+    assert tuner.done() and not tuner.search.done(), (tuner.done(), tuner.search.done())
+    same_everywhere(tuner.applied.encode(False) + [tuner.sample], "stopped")
+    assert int(hvd.stats().get("autotune.applied", 0)) == tuner.sample
+    # The joined rank stopped stepping: resynchronize from one that did not
+    # (Horovod's pattern after join), then all ranks train again.
+    hvd.broadcast_parameters(model.state_dict(), root_rank=last)
+    hvd.broadcast_optimizer_state(opt, root_rank=last)
+    train(model, opt, 3, R, N, PER_RANK, start=STEPS, x=X, y=Y)
+    assert_identical(model.parameters(), "autotune join")
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    if R == 0 and LOG:
+        with open(LOG, encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        assert rows[-1]["phase"] == "stopped-by-join" and rows[-1]["median_step_seconds"] == "", rows[-1]
+        assert rows[-1]["allreduce_algo"] == tuner.applied.allreduce_algo, (rows[-1], tuner.applied)
+        assert len(rows) == tuner.sample + 1, (len(rows), tuner.sample)
+    ok("autotune join")
     hvd.shutdown()
     raise SystemExit(0)
 

@@ -13,7 +13,8 @@ from _launch import run_mpi
 
 
 @pytest.mark.parametrize("algo,n", [("auto", 2), ("auto", 3), ("auto", 4), ("ring", 2),
-                                    ("two-sync", 3), ("mpi", 2), ("mpi", 3)])
+                                    ("two-sync", 3), ("mpi", 2), ("mpi", 3),
+                                    ("recursive-doubling", 3), ("recursive-doubling", 4)])
 def test_algorithm_that_ran(algo, n):
     out = run_mpi(n, "algo_choice_script.py", env={"GRADFLOW_ALLREDUCE_ALGO": algo}, timeout=120)
     assert f"algo choice OK on {n} ranks with {algo}" in out.stdout, out.stdout
@@ -31,7 +32,7 @@ def test_settings_differ_between_ranks(settings, n):
     assert sorted(int(r) for r in re.findall(r"rank (\d+) refused", out.stdout)) == list(range(n)), out.stdout
 
 
-@pytest.mark.parametrize("algo", ["ring", "two-sync", "mpi"])
+@pytest.mark.parametrize("algo", ["ring", "two-sync", "mpi", "recursive-doubling"])
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_wire_rounding_matches_model(n, algo):
     # 64 KiB pieces: the ring's pipeline splits segments, which must not change a bit.
@@ -40,7 +41,7 @@ def test_wire_rounding_matches_model(n, algo):
     assert f"wire rounding OK on {n} ranks with {algo}" in out.stdout, out.stdout
 
 
-@pytest.mark.parametrize("algo", ["ring", "two-sync"])
+@pytest.mark.parametrize("algo", ["ring", "two-sync", "recursive-doubling"])
 def test_wire_rounding_scalar_codec(algo):
     env = {"GRADFLOW_ALLREDUCE_ALGO": algo, "WIRE_TEST_SCALAR_CODEC": "1"}
     out = run_mpi(3, "wire_rounding_script.py", env=env, timeout=180)
@@ -48,14 +49,16 @@ def test_wire_rounding_scalar_codec(algo):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
-@pytest.mark.parametrize("algo,n", [("two-sync", 2), ("two-sync", 3), ("mpi", 3)])
+@pytest.mark.parametrize("algo,n", [("two-sync", 2), ("two-sync", 3), ("mpi", 3),
+                                    ("recursive-doubling", 3), ("recursive-doubling", 4)])
 def test_training_matches_single_process(algo, n):
     out = run_mpi(n, "algo_train_script.py", env={"GRADFLOW_ALLREDUCE_ALGO": algo}, timeout=240)
     oks = [line for line in out.stdout.splitlines() if line.startswith(f"ok {algo} ")]
-    assert len(oks) == (6 if algo == "two-sync" else 4), out.stdout
+    assert len(oks) == (4 if algo == "mpi" else 6), out.stdout
 
 
-@pytest.mark.parametrize("algo,n", [("two-sync", 3), ("two-sync", 4), ("mpi", 4)])
+@pytest.mark.parametrize("algo,n", [("two-sync", 3), ("two-sync", 4), ("mpi", 4),
+                                    ("recursive-doubling", 4)])
 def test_sub_communicator(algo, n):
     out = run_mpi(n, "subcomm_script.py", env={"GRADFLOW_ALLREDUCE_ALGO": algo}, timeout=120)
     assert out.stdout.count("subcomm OK") == n, out.stdout

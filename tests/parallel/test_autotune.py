@@ -39,6 +39,13 @@ def test_with_csc_and_fp16_wire(n, tmp_path):
              GRADFLOW_AUTOTUNE_LOG=str(tmp_path / "csc.csv"))
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_join_mid_search_stops_it_everywhere(n, tmp_path):
+    # A rank that runs out of data calls join() while the others still tune:
+    # no broadcast may be refused, no rank may keep tuning alone.
+    run_case("join", n, tmp_path, GRADFLOW_AUTOTUNE_LOG=str(tmp_path / "join.csv"))
+
+
 def test_unwritable_log_fails_on_every_rank(tmp_path):
     out = run_mpi(2, "autotune_script.py", timeout=120,
                   env={**FAST, "AUTOTUNE_CASE": "badlog",
