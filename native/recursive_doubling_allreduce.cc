@@ -146,10 +146,7 @@ class RecursiveDoubling {
     // The received operand, in the buffer's dtype.
     uint8_t* theirs = in_;
     if (wire_) {
-      auto t = Clock::now();
-      decode_f32(wdt_, reinterpret_cast<const uint16_t*>(in_), reinterpret_cast<float*>(other_),
-                 count_);
-      stats_->codec_seconds += seconds_since(t);
+      decode_incoming(other_);
       theirs = other_;
     }
     if (r_ < peer) {
@@ -165,12 +162,14 @@ class RecursiveDoubling {
     RequestList reqs;
     post(wire_ ? in_ : buf_, peer, /*is_send=*/false, reqs);
     comm_.wait_all(reqs, "recursive-doubling allreduce");
-    if (wire_) {
-      auto t = Clock::now();
-      decode_f32(wdt_, reinterpret_cast<const uint16_t*>(in_), reinterpret_cast<float*>(buf_),
-                 count_);
-      stats_->codec_seconds += seconds_since(t);
-    }
+    if (wire_) decode_incoming(buf_);
+  }
+
+  // Wire path: the peer's 16-bit bytes (in_) as fp32 into `dst`.
+  void decode_incoming(uint8_t* dst) {
+    auto t = Clock::now();
+    decode_f32(wdt_, reinterpret_cast<const uint16_t*>(in_), reinterpret_cast<float*>(dst), count_);
+    stats_->codec_seconds += seconds_since(t);
   }
 
   MpiComm& comm_;
