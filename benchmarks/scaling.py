@@ -192,11 +192,11 @@ def main() -> None:
             wargs = ["--batch", str(batch), "--warmup", str(a.warmup), "--steps", str(a.steps),
                      "--reps", str(a.reps)]
             env = {"GRADFLOW_SPARSE_CHUNK": "32768", "GRADFLOW_SPARSE_WARMUP_STEPS": "5"} if mode == "netns" else {}
-            if mode == "netns" and a.pool_bucket_mb is not None:
-                env["GRADFLOW_POOL_BUCKET_BYTES"] = str(int(a.pool_bucket_mb * 2**20))
-            if mode == "netns" and a.pool_first_bucket_mb is not None:
-                env["GRADFLOW_POOL_FIRST_BUCKET_BYTES"] = str(int(a.pool_first_bucket_mb * 2**20))
-            if mode == "netns":
+            if mode == "netns":  # the gradflow (and Keras-over-gradflow) groups
+                if a.pool_bucket_mb is not None:
+                    env["GRADFLOW_POOL_BUCKET_BYTES"] = str(int(a.pool_bucket_mb * 2**20))
+                if a.pool_first_bucket_mb is not None:
+                    env["GRADFLOW_POOL_FIRST_BUCKET_BYTES"] = str(int(a.pool_first_bucket_mb * 2**20))
                 env.update(kv.split("=", 1) for kv in a.gf_env)
             print(f"[{done + 1}-{done + len(systems)}/{total}] model {m}, N={n}: {', '.join(systems)} "
                   f"(load {os.getloadavg()[0]:.2f}, {time.time() - t_start:.0f}s elapsed, "

@@ -149,30 +149,28 @@ class Autotuner:
         if self._finished:
             return
         self._finished = True
-        if self.log is not None:
-            x = self.applied
-            self.log.write(f"{len(self.search.samples)},stopped-by-join,{x.allreduce_algo},"
-                           f"{x.pool_bucket_bytes},{x.ring_pipeline_bytes},{x.cycle_time_ms:g},\n")
-            self.log.close()
-            self.log = None
+        self._write_row(len(self.search.samples), "stopped-by-join", self.applied, "", last=True)
 
     def _log(self, s: "_search.Sample") -> None:
-        if self.log is None:
-            return
-        x = s.setting
-        self.log.write(f"{s.index},{s.phase},{x.allreduce_algo},{x.pool_bucket_bytes},"
-                       f"{x.ring_pipeline_bytes},{x.cycle_time_ms:g},{s.seconds:.6f}\n")
-        self.log.flush()
+        self._write_row(s.index, s.phase, s.setting, f"{s.seconds:.6f}")
 
     def _log_final(self) -> None:
+        x = self.search.final
+        self._write_row(len(self.search.samples), "final", x,
+                        f"{self.search.median_seconds(x):.6f}", last=True)
+
+    def _write_row(self, index: int, phase: str, x: "_search.Setting", seconds: str,
+                   last: bool = False) -> None:
+        """One CSV line of LOG_HEADER's columns (rank 0 only); `last` closes the log."""
         if self.log is None:
             return
-        x = self.search.final
-        self.log.write(f"{len(self.search.samples)},final,{x.allreduce_algo},"
-                       f"{x.pool_bucket_bytes},{x.ring_pipeline_bytes},{x.cycle_time_ms:g},"
-                       f"{self.search.median_seconds(x):.6f}\n")
-        self.log.close()
-        self.log = None
+        self.log.write(f"{index},{phase},{x.allreduce_algo},{x.pool_bucket_bytes},"
+                       f"{x.ring_pipeline_bytes},{x.cycle_time_ms:g},{seconds}\n")
+        if last:
+            self.log.close()
+            self.log = None
+        else:
+            self.log.flush()
 
 
 def stop_for_join() -> None:

@@ -95,7 +95,8 @@ void Runtime::check_config_matches_everywhere() {
          << ";wire=" << static_cast<int>(cfg_.wire_dtype)
          << ";algo=" << static_cast<int>(cfg_.allreduce_algo) << ";chunk=" << cfg_.sparse_chunk
          << ";warmup=" << cfg_.sparse_warmup_steps << ";pipeline=" << cfg_.ring_pipeline_bytes
-         << ";momentum=" << cfg_.sparse_momentum << ";cycle=" << cfg_.cycle_time_ms << "," << cfg_.idle_cycle_max_ms
+         << ";momentum=" << cfg_.sparse_momentum << ";cycle=" << cfg_.cycle_time_ms << ","
+         << cfg_.idle_cycle_max_ms
          << ";sparse_policy=" << cfg_.sparse_policy_auto
          << ";autotune=" << cfg_.autotune << "," << cfg_.autotune_warmup_samples << ","
          << cfg_.autotune_steps_per_sample << ";";

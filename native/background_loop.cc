@@ -193,9 +193,8 @@ bool BackgroundLoop::cycle() {
     if (pending_.empty()) {
       // Idle backoff: cycle time x 2^(idle cycles in a row - 1), capped.
       const double cap = std::max(cfg_.cycle_time_ms, cfg_.idle_cycle_max_ms);
-      const double ms =
-          std::min(cap, cfg_.cycle_time_ms * static_cast<double>(1 << std::min(idle_cycles_, 20)));
-      ++idle_cycles_;
+      const double ms = std::min(cap, cfg_.cycle_time_ms * static_cast<double>(1 << idle_cycles_));
+      idle_cycles_ = std::min(idle_cycles_ + 1, 20);  // 2^20 x the cycle time is past any cap
       const auto extra = static_cast<int64_t>((ms - cfg_.cycle_time_ms) * 1000);
       queue_.sleep_until(next + std::chrono::microseconds(extra));
     } else {

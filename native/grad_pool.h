@@ -58,9 +58,9 @@ class GradPool {
 
   int id_;
   int cut_ = 0;  // recut() calls so far
-  size_t first_bucket_bytes_ = 0;  // 0: the first bucket is cut like the others
   uint8_t* data_;
   DataType dtype_;
+  size_t first_bucket_bytes_ = 0;  // 0: the first bucket is cut like the others
   std::vector<size_t> range_offset_, range_elems_;
   std::vector<int> range_bucket_;
   std::vector<size_t> bucket_first_range_, bucket_num_ranges_;

@@ -107,9 +107,9 @@ class RecursiveDoubling {
  private:
   size_t wire_bytes() const { return count_ * (wire_ ? 2 : es_); }
   // What travels: the 16-bit image on the wire path, else the buffer itself.
-  const uint8_t* outgoing() const { return wire_ ? out16_ : buf_; }
+  uint8_t* outgoing() { return wire_ ? out16_ : buf_; }
 
-  void post(const uint8_t* data, int peer, bool is_send, RequestList& reqs) {
+  void post(uint8_t* data, int peer, bool is_send, RequestList& reqs) {
     const size_t total = wire_bytes();
     for (size_t off = 0; off < total; off += kMaxMessageBytes) {
       const size_t len = std::min(kMaxMessageBytes, total - off);
@@ -117,7 +117,7 @@ class RecursiveDoubling {
         comm_.isend(data + off, len, peer, kTagRecursiveDoubling, reqs);
         stats_->bytes_sent += len;
       } else {
-        comm_.irecv(const_cast<uint8_t*>(data) + off, len, peer, kTagRecursiveDoubling, reqs);
+        comm_.irecv(data + off, len, peer, kTagRecursiveDoubling, reqs);
         stats_->bytes_received += len;
       }
     }
