@@ -196,7 +196,11 @@ bool BackgroundLoop::cycle() {
       const double ms = std::min(cap, cfg_.cycle_time_ms * static_cast<double>(1 << idle_cycles_));
       idle_cycles_ = std::min(idle_cycles_ + 1, 20);  // 2^20 x the cycle time is past any cap
       const auto extra = static_cast<int64_t>((ms - cfg_.cycle_time_ms) * 1000);
-      queue_.sleep_until(next + std::chrono::microseconds(extra));
+      // The first idle sleep after work polls briefly for the next submit
+      // (Note [Short spins], tensor_queue.h); later ones just sleep.
+      const bool after_work = idle_cycles_ == 1;
+      queue_.sleep_until(next + std::chrono::microseconds(extra),
+                         after_work ? kLoopWakeSpin : std::chrono::microseconds(0));
     } else {
       queue_.sleep_until(next < soon ? next : soon);
     }

@@ -206,6 +206,28 @@ void reduce_into(void* dst, const void* src, size_t count, DataType dt, ReduceOp
   }
 }
 
+namespace {
+template <typename T>
+void sum_from(T* __restrict d, const T* __restrict a, const T* __restrict b, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] = a[i] + b[i];
+}
+}  // namespace
+
+void reduce_into_from(void* dst, const void* a, const void* b, size_t count, DataType dt,
+                      ReduceOp op) {
+  const bool sum = op == ReduceOp::kSum || op == ReduceOp::kAverage;
+  if (sum && dt == DataType::kFloat32) {
+    sum_from(static_cast<float*>(dst), static_cast<const float*>(a), static_cast<const float*>(b),
+             count);
+  } else if (sum && dt == DataType::kFloat64) {
+    sum_from(static_cast<double*>(dst), static_cast<const double*>(a),
+             static_cast<const double*>(b), count);
+  } else {
+    std::memcpy(dst, a, count * dtype_size(dt));
+    reduce_into(dst, b, count, dt, op);
+  }
+}
+
 void scale_buffer(void* buf, size_t count, DataType dt, double factor) {
   // factor == 1 is what Sum passes: a no-op for every dtype, bool included.
   if (factor == 1.0) return;

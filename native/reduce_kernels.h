@@ -15,6 +15,13 @@ namespace gradflow {
 // Throws GradflowError for unsupported (dtype, op) pairs.
 void reduce_into(void* dst, const void* src, size_t count, DataType dt, ReduceOp op);
 
+// dst[i] = a[i] (op) b[i], out of place (dst overlaps neither): bit for bit
+// what copying `a` to `dst` and reduce_into(dst, b) gives, in one pass
+// instead of two for float32/float64 sums (an out-of-place allreduce's
+// case); other (dtype, op) pairs copy, then reduce.
+void reduce_into_from(void* dst, const void* a, const void* b, size_t count, DataType dt,
+                      ReduceOp op);
+
 // buf[i] *= factor. Floating types multiply in their own precision (fp16/bf16
 // via fp32, the factor rounded to float); integer types follow Horovod: the
 // product in double, truncated toward zero (saturating out of range). bool

@@ -67,9 +67,12 @@ class ResponseExecutor {
   void release_windows() { two_sync_.reset(); }
 
  private:
-  // In-place allreduce of a contiguous buffer (dense), any algorithm.
+  // Allreduce of a contiguous buffer (dense), any algorithm: in place, or
+  // of `input` into `buf` (the ring reads it directly, Note
+  // [Out-of-place ring] in ring_allreduce.cc; the other algorithms copy it
+  // into `buf` first).
   void allreduce_dense(void* buf, size_t count, DataType dt, ReduceOp op, WireDtype wire,
-                       TransferStats* ts);
+                       TransferStats* ts, const void* input = nullptr);
   // Coarse-grained sparse allreduce of a float32 buffer with error feedback
   // in `res` (see sparse_chunks.h), result multiplied by `postscale`
   // (applied to the sent chunks only: every other element of the result is

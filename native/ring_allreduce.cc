@@ -83,6 +83,17 @@ class Ring {
     shadow_ = scratch.data();
     rbuf_[0] = scratch.data() + shadow;
     rbuf_[1] = rbuf_[0] + rbytes;
+    // Note [Out-of-place ring]: on rank r every segment but r-1 is reduced
+    // exactly once (reduce-scatter step s reduces segment r-2-s), and segment
+    // r-1 is sent once at step 0 and then arrives whole in the allgather. So
+    // reading the input only at those two places and writing each reduced or
+    // received segment into the buffer gives the in-place result without a
+    // copy pass. The 16-bit wire accumulates in its shadow: it copies first.
+    src_ = static_cast<const uint8_t*>(opt.input);
+    if (src_ && wire_) {
+      std::memcpy(buf_, src_, total * es_);
+      src_ = nullptr;
+    }
   }
 
   // Phase 1. With `then_allgather`, the owner finalizes its segment piece by
@@ -92,7 +103,13 @@ class Ring {
     // Step 0: push segment r-1 whole, piece by piece.
     for (size_t j = 0; j < pieces(first); ++j) {
       if (wire_) encode_piece(first, j);
-      send_piece(first, j, rs_sends_);
+      if (src_) {  // out of place: straight from the input
+        const size_t bytes = piece_len(first, j) * es_;
+        comm_.isend(src_ + elem(first, j) * es_, bytes, right(), kTagRing, rs_sends_);
+        stats_->bytes_sent += bytes;
+      } else {
+        send_piece(first, j, rs_sends_);
+      }
     }
     RequestList recvs[2];
     post_recvs_rs(0, recvs[0]);
@@ -176,7 +193,10 @@ class Ring {
 
   void reduce_piece(int k, size_t j, const uint8_t* in) {
     if (!wire_) {
-      reduce_into(buf_at(k, j), in, piece_len(k, j), dt_, op_);
+      if (src_)
+        reduce_into_from(buf_at(k, j), src_ + elem(k, j) * es_, in, piece_len(k, j), dt_, op_);
+      else
+        reduce_into(buf_at(k, j), in, piece_len(k, j), dt_, op_);
       return;
     }
     auto t = Clock::now();
@@ -214,6 +234,7 @@ class Ring {
   size_t piece_ = 1;         // elements per piece
   uint8_t* shadow_ = nullptr;  // wire path: 16-bit image of the buffer
   uint8_t* rbuf_[2] = {nullptr, nullptr};  // reduce-scatter receive buffers
+  const uint8_t* src_ = nullptr;  // out of place: the input (Note [Out-of-place ring])
   RequestList rs_sends_, ag_sends_;
 };
 
@@ -234,6 +255,8 @@ void ring_allreduce(MpiComm& comm, void* buf, size_t count, DataType dt, ReduceO
     Ring ring(comm, buf, balanced_segments(count, comm.size()), dt, op, opt, scratch, st);
     ring.reduce_scatter(/*then_allgather=*/true);
     ring.allgather();
+  } else if (opt.input && count > 0) {
+    std::memcpy(buf, opt.input, count * dtype_size(dt));
   }
   st->transfer_seconds += seconds_since(t0);
 }
@@ -246,6 +269,7 @@ void ring_reducescatter(MpiComm& comm, void* buf, const std::vector<size_t>& cou
                                                                            << " for "
                                                                            << comm.size()
                                                                            << " ranks");
+  GF_CHECK(opt.input == nullptr, "gradflow: ring reducescatter is in place only");
   TransferStats local;
   TransferStats* st = stats ? stats : &local;
   auto t0 = Clock::now();

@@ -27,9 +27,13 @@ struct RingOptions {
   size_t pipeline_bytes = 1 << 20;
   // Only honoured for float32 with kSum/kAverage; otherwise native.
   WireDtype wire = WireDtype::kNative;
+  // ring_allreduce only: when set, the input is read from here and `buf` is
+  // only written (Note [Out-of-place ring], ring_allreduce.cc), so the caller
+  // need not copy the input into `buf` first. Must not overlap `buf`.
+  const void* input = nullptr;
 };
 
-// In-place allreduce of `count` elements of `buf`. `op` kAverage reduces as a
+// Allreduce of `count` elements of `buf`, in place (or of opt.input into `buf`). `op` kAverage reduces as a
 // sum (the caller scales). All ranks end with bitwise-identical buffers.
 // `scratch` is caller-owned memory the function may grow.
 void ring_allreduce(MpiComm& comm, void* buf, size_t count, DataType dt, ReduceOp op,

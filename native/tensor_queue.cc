@@ -1,7 +1,9 @@
 // tensor_queue.cc — submit queue, handle table and in-flight name set.
 #include "tensor_queue.h"
 
+#include <algorithm>
 #include <atomic>
+#include <thread>
 
 namespace gradflow {
 
@@ -30,6 +32,7 @@ int64_t TensorQueue::submit(TensorEntry entry) {
   // Wake the background loop: a sleeping loop starts its next cycle now
   // instead of at the end of GRADFLOW_CYCLE_TIME (see BackgroundLoop::cycle).
   woken_ = true;
+  wakes_.fetch_add(1, std::memory_order_release);
   lock.unlock();
   wake_cv_.notify_all();
   return h;
@@ -53,6 +56,7 @@ void TensorQueue::complete(const TensorEntry& entry, HandleResult result) {
       if (!waiters_.count(entry.handle)) return;  // nobody will wait: drop the result
     }
     finished_[entry.handle] = std::make_shared<HandleResult>(std::move(result));
+    completions_.fetch_add(1, std::memory_order_release);
   }
   done_cv_.notify_all();
 }
@@ -73,6 +77,16 @@ HandleResult TensorQueue::wait(int64_t handle) {
   // rest when the loop stops), so this wait ends. Several threads may wait on
   // one handle: each gets the result, the last one out forgets it.
   ++waiters_[handle];
+  if (!finished_.count(handle)) {
+    // Note [Short spins] (tensor_queue.h): poll a little before sleeping.
+    const uint64_t seen = completions_.load(std::memory_order_acquire);
+    lock.unlock();
+    const auto until = std::chrono::steady_clock::now() + kWaitSpin;
+    while (completions_.load(std::memory_order_acquire) == seen &&
+           std::chrono::steady_clock::now() < until)
+      std::this_thread::yield();
+    lock.lock();
+  }
   done_cv_.wait(lock, [&] { return finished_.count(handle) > 0; });
   std::shared_ptr<HandleResult> r = finished_[handle];
   if (--waiters_[handle] == 0) {
@@ -130,11 +144,21 @@ void TensorQueue::notify() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     woken_ = true;
+    wakes_.fetch_add(1, std::memory_order_release);
   }
   wake_cv_.notify_all();
 }
 
-void TensorQueue::sleep_until(std::chrono::steady_clock::time_point deadline) {
+void TensorQueue::sleep_until(std::chrono::steady_clock::time_point deadline,
+                              std::chrono::microseconds spin) {
+  if (spin.count() > 0) {
+    // Note [Short spins]: a wake that comes within `spin` costs no futex.
+    // woken_ (under mu_) stays the truth; wakes_ only ends the poll early.
+    const uint64_t seen = wakes_.load(std::memory_order_acquire);
+    const auto until = std::min(deadline, std::chrono::steady_clock::now() + spin);
+    while (wakes_.load(std::memory_order_acquire) == seen && std::chrono::steady_clock::now() < until)
+      std::this_thread::yield();
+  }
   std::unique_lock<std::mutex> lock(mu_);
   wake_cv_.wait_until(lock, deadline, [&] { return woken_; });
   woken_ = false;
