@@ -98,6 +98,56 @@ def timed_iterations(comm, fn, iters: int, refill=None) -> List[float]:
     return times.tolist()
 
 
+def nic_tx_bytes() -> Optional[int]:
+    """tx_bytes of the emulated host's NIC (GFCLUSTER_IFACE, set by
+    benchmarks/cluster), None outside the emulated cluster."""
+    iface = os.environ.get("GFCLUSTER_IFACE")
+    if not iface:
+        return None
+    try:
+        with open(f"/sys/class/net/{iface}/statistics/tx_bytes") as f:
+            return int(f.read())
+    except OSError:
+        return None
+
+
+def write_json_atomic(path: str, obj) -> None:
+    """Replace `path` with obj as JSON in one step: the driver may read the
+    file of a worker that is killed mid-write (partial results survive)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def step_timing(comm=None):
+    """(barrier, max_all) for the training workers' timed repetitions: over
+    mpi4py communicator `comm`, or no-ops for one process (comm None). A
+    repetition's time is the slowest rank's (max_all)."""
+    if comm is None:
+        return (lambda: None), (lambda v: v)
+    from mpi4py import MPI
+    return comm.Barrier, (lambda v: comm.allreduce(v, op=MPI.MAX))
+
+
+def train_worker_record(a, ranks: int, batch: int, init_seconds: float) -> Dict[str, object]:
+    """The head of a training worker's JSON record (_trainbench, _kerasbench):
+    the run's settings; "results" fills per system, "current" names the
+    system running (a driver reading a killed worker's file sees which)."""
+    return {"model": a.model, "ranks": ranks, "batch_per_rank": batch, "threads": a.threads,
+            "warmup": a.warmup, "steps": a.steps, "reps": a.reps, "init_seconds": init_seconds,
+            "env": {k: v for k, v in os.environ.items() if k.startswith("GRADFLOW_")},
+            "results": {}, "current": None}
+
+
+def throughput_fields(rep_seconds: Sequence[float], ranks: int, batch: int, steps: int):
+    """samples/s of every timed repetition (all ranks), their median and the
+    median step time: a training worker's result fields."""
+    sps = [ranks * batch * steps / t for t in rep_seconds]
+    return {"samples_per_s": sps, "throughput": statistics.median(sps),
+            "step_seconds_median": statistics.median(rep_seconds) / steps}
+
+
 def iters_for(nbytes: int, max_iters: int, min_iters: int, budget_bytes: int) -> int:
     """Fewer iterations for big messages: about `budget_bytes` per size, within [min, max]."""
     return max(min_iters, min(max_iters, budget_bytes // max(nbytes, 1)))
@@ -269,6 +319,32 @@ def run_group(label: str, nranks: int, cluster: Optional[Cluster], worker_args: 
     result["wall_seconds"] = elapsed
     print(f"[bench] {label}: done in {elapsed:.0f}s", file=log, flush=True)
     return result
+
+
+def script_cmdline() -> str:
+    """This benchmark's command line, as the reports print it."""
+    return "python " + portable_cmd([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
+
+
+def run_interleaved(names: Sequence[str], repeat: int, start) -> Dict[str, List[object]]:
+    """`repeat` rounds of one process group per name, the order rotated each
+    round so that load drift hits every name alike. start(name, label)
+    launches one group and returns its result; returns name -> results."""
+    runs: Dict[str, List[object]] = {n: [] for n in names}
+    for rep in range(repeat):
+        order = list(names[rep % len(names):]) + list(names[: rep % len(names)])
+        for n in order:
+            runs[n].append(start(n, f"{n} (repetition {rep + 1}/{repeat})"))
+    return runs
+
+
+def noisy_medians(run_medians: Sequence[float]) -> Optional[str]:
+    """'run medians vary LO .. HI (noisy machine)' when repetitions disagree
+    by more than 1.5x, else None."""
+    if len(run_medians) > 1 and max(run_medians) > 1.5 * min(run_medians):
+        return (f"run medians vary {fmt_time(min(run_medians))} .. "
+                f"{fmt_time(max(run_medians))} (noisy machine)")
+    return None
 
 
 def median(xs: Sequence[float]) -> float:

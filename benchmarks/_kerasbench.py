@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
-import statistics
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _benchutil as bu  # noqa: E402  (worker helpers: timing, NIC bytes, record)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ["KERAS_BACKEND"] = "tensorflow"
@@ -43,24 +44,6 @@ SYSTEMS = {  # name: (DistributedOptimizer keywords or None for plain Keras, ove
     "keras-all-seq": ({"compression": "fp16", "sparse_ratio": 0.01}, False),
 }
 WIDTHS = (1024, 4096, 4096, 1024, 10)
-
-
-def _nic_tx_bytes():
-    iface = os.environ.get("GFCLUSTER_IFACE")
-    if not iface:
-        return None
-    try:
-        with open(f"/sys/class/net/{iface}/statistics/tx_bytes") as f:
-            return int(f.read())
-    except OSError:
-        return None
-
-
-def _write(path, obj):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
 
 
 def _base(system: str) -> str:
@@ -97,12 +80,7 @@ def main(argv=None) -> None:
     gf = hvd = None
     if plain:
         rank, size = 0, 1
-
-        def barrier():
-            pass
-
-        def max_all(v):
-            return v
+        barrier, max_all = bu.step_timing()
     else:
         import gradflow
         import gradflow.keras as hvd
@@ -112,18 +90,9 @@ def main(argv=None) -> None:
         hvd.init()
         gf = gradflow
         rank, size = hvd.rank(), hvd.size()
-        comm = MPI.COMM_WORLD
-
-        def barrier():
-            comm.Barrier()
-
-        def max_all(v):
-            return comm.allreduce(v, op=MPI.MAX)
+        barrier, max_all = bu.step_timing(MPI.COMM_WORLD)
     t_init = time.perf_counter() - t_init
-    out = {"model": a.model, "ranks": size, "batch_per_rank": a.batch, "threads": a.threads,
-           "warmup": a.warmup, "steps": a.steps, "reps": a.reps, "init_seconds": t_init,
-           "env": {k: v for k, v in os.environ.items() if k.startswith("GRADFLOW_")},
-           "results": {}, "current": None}
+    out = bu.train_worker_record(a, size, a.batch, t_init)
 
     bases = []
     for s in systems:
@@ -133,7 +102,7 @@ def main(argv=None) -> None:
         members = [s for s in systems if _base(s) == base]
         out["current"] = members[0]
         if rank == 0:
-            _write(a.json_out, out)
+            bu.write_json_atomic(a.json_out, out)
             print(f"[worker] {', '.join(members)}: {size} rank(s), model {a.model}", flush=True)
         keras.utils.set_random_seed(0)
         model = keras.Sequential([keras.Input((WIDTHS[0],))] + [
@@ -180,14 +149,14 @@ def main(argv=None) -> None:
         for _ in range(a.reps):
             for s in members:  # interleaved: on, off, on, off, ...
                 st0 = gf.stats().get("bytes_sent", 0.0) if gf else 0.0
-                tx0 = _nic_tx_bytes()
+                tx0 = bu.nic_tx_bytes()
                 barrier()
                 t0 = time.perf_counter()
                 for _ in range(a.steps):
                     steps[s](x, y)
                 rec[s]["rep_seconds"].append(max_all(time.perf_counter() - t0))
                 rec[s]["bytes"] += (gf.stats().get("bytes_sent", 0.0) - st0) if gf else 0.0
-                tx1 = _nic_tx_bytes()
+                tx1 = bu.nic_tx_bytes()
                 if tx0 is not None:
                     rec[s]["nic"] += tx1 - tx0
         nsteps = a.reps * a.steps
@@ -196,10 +165,8 @@ def main(argv=None) -> None:
         for s in members:
             r = rec[s]
             times = r["rep_seconds"]
-            r["samples_per_s"] = [size * a.batch * a.steps / t for t in times]
-            r["throughput"] = statistics.median(r["samples_per_s"])
-            r["step_seconds_median"] = statistics.median(times) / a.steps
-            if _nic_tx_bytes() is not None:
+            r.update(bu.throughput_fields(times, size, a.batch, a.steps))
+            if bu.nic_tx_bytes() is not None:
                 r["nic_tx_bytes_per_step"] = max_all(r["nic"] / nsteps)
             if gf is not None:
                 r["bytes_sent_per_step"] = r["bytes"] / nsteps
@@ -213,7 +180,7 @@ def main(argv=None) -> None:
         gc.collect()
     out["current"] = None
     if rank == 0:
-        _write(a.json_out, out)
+        bu.write_json_atomic(a.json_out, out)
     if gf is not None:
         hvd.shutdown()
 

@@ -209,22 +209,20 @@ def driver(args) -> None:
 def run_driver(args, cluster) -> None:
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     info = bu.machine_info()
-    cmdline = "python " + bu.portable_cmd([os.path.relpath(sys.argv[0], bu.ROOT)] + sys.argv[1:])
-    runs = {s: [] for s in systems}
-    for rep in range(args.repeat):
-        # interleaved repetitions (order rotated) so that load drift hits every system alike
-        order = systems[rep % len(systems):] + systems[: rep % len(systems)]
-        for s in order:
-            extra = {}
-            if s.startswith("gradflow-"):
-                algo = s[len("gradflow-"):]
-                algo = algo[: -len("-numpy")] if algo.endswith("-numpy") else algo
-                extra["GRADFLOW_ALLREDUCE_ALGO"] = algo
-            wargs = [os.path.abspath(__file__), "--worker", "--system", s, "--sizes", args.sizes,
-                     "--iters", str(args.iters), "--min-iters", str(args.min_iters),
-                     "--warmup", str(args.warmup), "--budget", args.budget]
-            runs[s].append(bu.run_group(f"{s} (repetition {rep + 1}/{args.repeat})", args.np,
-                                        cluster, wargs, extra, args.timeout))
+    cmdline = bu.script_cmdline()
+
+    def start(s, label):
+        extra = {}
+        if s.startswith("gradflow-"):
+            algo = s[len("gradflow-"):]
+            algo = algo[: -len("-numpy")] if algo.endswith("-numpy") else algo
+            extra["GRADFLOW_ALLREDUCE_ALGO"] = algo
+        wargs = [os.path.abspath(__file__), "--worker", "--system", s, "--sizes", args.sizes,
+                 "--iters", str(args.iters), "--min-iters", str(args.min_iters),
+                 "--warmup", str(args.warmup), "--budget", args.budget]
+        return bu.run_group(label, args.np, cluster, wargs, extra, args.timeout)
+
+    runs = bu.run_interleaved(systems, args.repeat, start)
     merged = {s: merge_runs(runs[s]) for s in systems}
     info["loadavg_end"] = list(os.getloadavg())
     table = make_table(merged, systems, args.np)
@@ -248,11 +246,9 @@ def run_driver(args, cluster) -> None:
                     problems.append(f"- {s}: at {bu.fmt_size(r['bytes'])} gradflow ran {counts}")
     for s in systems:
         for r in merged[s].get("results", []):
-            if len(r.get("run_medians", [])) > 1:
-                lo, hi = min(r["run_medians"]), max(r["run_medians"])
-                if hi > 1.5 * lo:
-                    problems.append(f"- note: {s} at {bu.fmt_size(r['bytes'])}: run medians vary "
-                                    f"{bu.fmt_time(lo)} .. {bu.fmt_time(hi)} (noisy machine)")
+            noisy = bu.noisy_medians(r.get("run_medians", []))
+            if noisy:
+                problems.append(f"- note: {s} at {bu.fmt_size(r['bytes'])}: {noisy}")
     text = header + "\n" + table + "\n"
     if problems:
         text += "\nProblems:\n" + "\n".join(problems) + "\n"

@@ -156,15 +156,15 @@ def driver(args) -> None:
 def run_driver(args, cluster) -> None:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     info = bu.machine_info()
-    cmdline = "python " + bu.portable_cmd([os.path.relpath(sys.argv[0], bu.ROOT)] + sys.argv[1:])
-    runs = {m: [] for m in modes}
-    for rep in range(args.repeat):
-        order = modes[rep % len(modes):] + modes[: rep % len(modes)]
-        for m in order:
-            wargs = [os.path.abspath(__file__), "--worker", "--mode", m, "--elements", str(args.elements),
-                     "--iters", str(args.iters), "--warmup", str(args.warmup)]
-            runs[m].append(bu.run_group(f"{m} (repetition {rep + 1}/{args.repeat})", args.np, cluster,
-                                        wargs, mode_env(m, args.algo, args.chunk), args.timeout))
+    cmdline = bu.script_cmdline()
+
+    def start(m, label):
+        wargs = [os.path.abspath(__file__), "--worker", "--mode", m, "--elements", str(args.elements),
+                 "--iters", str(args.iters), "--warmup", str(args.warmup)]
+        return bu.run_group(label, args.np, cluster, wargs, mode_env(m, args.algo, args.chunk),
+                            args.timeout)
+
+    runs = bu.run_interleaved(modes, args.repeat, start)
     info["loadavg_end"] = list(os.getloadavg())
     res = {}
     problems = []
@@ -221,10 +221,9 @@ def run_driver(args, cluster) -> None:
             f"{args.iters} timed iterations x {args.repeat} process groups per mode\n`{cmdline}`\n\n"
             + "\n".join(lines) + "\n")
     for m in modes:
-        r = res.get(m)
-        if r and len(r["run_medians"]) > 1 and max(r["run_medians"]) > 1.5 * min(r["run_medians"]):
-            problems.append(f"- note: {m}: run medians vary {bu.fmt_time(min(r['run_medians']))} .. "
-                            f"{bu.fmt_time(max(r['run_medians']))} (noisy machine)")
+        noisy = bu.noisy_medians(res[m]["run_medians"]) if m in res else None
+        if noisy:
+            problems.append(f"- note: {m}: {noisy}")
     if problems:
         text += "\nProblems:\n" + "\n".join(problems) + "\n"
     print(text)
