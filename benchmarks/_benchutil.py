@@ -347,6 +347,27 @@ def noisy_medians(run_medians: Sequence[float]) -> Optional[str]:
     return None
 
 
+def interrupt_on_signals() -> None:
+    """SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt in a long sweep, so
+    its finally: takes the emulated cluster down and it saves what it has."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
+
+
+def save_sweep_json(a, info, cmdline: str, status: str, **records) -> None:
+    """A sweep's JSON file (a.json_out): machine, command, status ("partial"
+    while it runs, so a killed sweep leaves its groups so far), arguments,
+    then `records` (e.g. runs=[...])."""
+    os.makedirs(os.path.dirname(os.path.abspath(a.json_out)), exist_ok=True)
+    with open(a.json_out, "w") as f:
+        json.dump({"machine": info, "command": cmdline, "status": status,
+                   "args": {k: portable_path(v) for k, v in vars(a).items()}, **records}, f, indent=1)
+
+
 def median(xs: Sequence[float]) -> float:
     return statistics.median(xs)
 
