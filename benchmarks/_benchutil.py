@@ -10,6 +10,7 @@ add_cluster_args / open_cluster.
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import glob
 import json
@@ -96,56 +97,6 @@ def timed_iterations(comm, fn, iters: int, refill=None) -> List[float]:
         times[i] = time.perf_counter() - t0
     comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
     return times.tolist()
-
-
-def nic_tx_bytes() -> Optional[int]:
-    """tx_bytes of the emulated host's NIC (GFCLUSTER_IFACE, set by
-    benchmarks/cluster), None outside the emulated cluster."""
-    iface = os.environ.get("GFCLUSTER_IFACE")
-    if not iface:
-        return None
-    try:
-        with open(f"/sys/class/net/{iface}/statistics/tx_bytes") as f:
-            return int(f.read())
-    except OSError:
-        return None
-
-
-def write_json_atomic(path: str, obj) -> None:
-    """Replace `path` with obj as JSON in one step: the driver may read the
-    file of a worker that is killed mid-write (partial results survive)."""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
-
-
-def step_timing(comm=None):
-    """(barrier, max_all) for the training workers' timed repetitions: over
-    mpi4py communicator `comm`, or no-ops for one process (comm None). A
-    repetition's time is the slowest rank's (max_all)."""
-    if comm is None:
-        return (lambda: None), (lambda v: v)
-    from mpi4py import MPI
-    return comm.Barrier, (lambda v: comm.allreduce(v, op=MPI.MAX))
-
-
-def train_worker_record(a, ranks: int, batch: int, init_seconds: float) -> Dict[str, object]:
-    """The head of a training worker's JSON record (_trainbench, _kerasbench):
-    the run's settings; "results" fills per system, "current" names the
-    system running (a driver reading a killed worker's file sees which)."""
-    return {"model": a.model, "ranks": ranks, "batch_per_rank": batch, "threads": a.threads,
-            "warmup": a.warmup, "steps": a.steps, "reps": a.reps, "init_seconds": init_seconds,
-            "env": {k: v for k, v in os.environ.items() if k.startswith("GRADFLOW_")},
-            "results": {}, "current": None}
-
-
-def throughput_fields(rep_seconds: Sequence[float], ranks: int, batch: int, steps: int):
-    """samples/s of every timed repetition (all ranks), their median and the
-    median step time: a training worker's result fields."""
-    sps = [ranks * batch * steps / t for t in rep_seconds]
-    return {"samples_per_s": sps, "throughput": statistics.median(sps),
-            "step_seconds_median": statistics.median(rep_seconds) / steps}
 
 
 def iters_for(nbytes: int, max_iters: int, min_iters: int, budget_bytes: int) -> int:
@@ -345,6 +296,50 @@ def noisy_medians(run_medians: Sequence[float]) -> Optional[str]:
         return (f"run medians vary {fmt_time(min(run_medians))} .. "
                 f"{fmt_time(max(run_medians))} (noisy machine)")
     return None
+
+
+# The collective benchmarks (allreduce_bench.py, compression_bench.py) are one
+# script in two roles: the driver starts a process group of the same script
+# with --worker per system or mode and merges the groups' --json-out files.
+
+def add_driver_worker_args(p, json_help: str = "write all measurements here") -> None:
+    """The options after a collective benchmark's own: the emulated cluster,
+    a timeout per process group, the report files, and the hidden worker
+    switches (a worker writes its result to --json-out)."""
+    add_cluster_args(p)
+    p.add_argument("--timeout", type=float, default=1200, help="seconds per process group")
+    p.add_argument("--output", help="also write the markdown table here")
+    p.add_argument("--json", help=json_help)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--json-out", help=argparse.SUPPRESS)
+
+
+def driver_or_worker(args, worker, run_driver) -> None:
+    """--worker: this process is one rank of a group, worker(args). Else the
+    driver: run_driver(args, cluster) on the --netns emulated cluster (None:
+    shared memory), taken down afterwards."""
+    if args.worker:
+        worker(args)
+        return
+    with open_cluster(args, args.np) as cluster:
+        run_driver(args, cluster)
+
+
+def finish_report(args, cluster, info, cmdline: str, text: str, problems: Sequence[str],
+                  **measurements) -> None:
+    """Print the report (text, then its problems), write it to --output, and
+    write the run's meta and `measurements` to --json."""
+    if problems:
+        text += "\nProblems:\n" + "\n".join(problems) + "\n"
+    print(text)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": info | {"nranks": args.np, "netns": args.netns, "command": cmdline,
+                                        "network": netns_config(cluster)},
+                       **measurements}, f, indent=1)
 
 
 def interrupt_on_signals() -> None:

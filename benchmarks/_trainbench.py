@@ -43,7 +43,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _benchutil as bu  # noqa: E402  (worker helpers: timing, NIC bytes, record)
+import _trainworker as tw  # noqa: E402
 
 import torch
 import torch.nn as nn
@@ -220,7 +220,7 @@ def main(argv=None) -> None:
     hvd = gf = dist = None
     if family == "torch":
         rank, size = 0, 1
-        barrier, max_all = bu.step_timing()
+        barrier, max_all = tw.step_timing()
     elif family == "gf":
         import gradflow
         import gradflow.torch as hvd
@@ -228,7 +228,7 @@ def main(argv=None) -> None:
         hvd.init()
         gf = gradflow
         rank, size = hvd.rank(), hvd.size()
-        barrier, max_all = bu.step_timing(MPI.COMM_WORLD)
+        barrier, max_all = tw.step_timing(MPI.COMM_WORLD)
     else:
         import torch.distributed as dist
         rank, size = _env_rank_size()
@@ -245,12 +245,12 @@ def main(argv=None) -> None:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             return float(t.item())
     t_init = time.perf_counter() - t_init
-    out = bu.train_worker_record(a, size, batch, t_init)
+    out = tw.train_worker_record(a, size, batch, t_init)
 
     for system in systems:
         out["current"] = system
         if rank == 0:
-            bu.write_json_atomic(a.json_out, out)
+            tw.write_json_atomic(a.json_out, out)
             print(f"[worker] {system}: {size} rank(s), model {a.model}", flush=True)
         torch.manual_seed(0)
         model = cls()
@@ -283,7 +283,7 @@ def main(argv=None) -> None:
         r["warmup_seconds"] = time.perf_counter() - t0
         if gf is not None:
             gf.reset_stats()
-        tx0 = bu.nic_tx_bytes()
+        tx0 = tw.nic_tx_bytes()
         cpu0 = time.process_time()  # every thread of this process: torch + gradflow's loop
         threads0 = _thread_cpu()
         times = []
@@ -293,7 +293,7 @@ def main(argv=None) -> None:
             for _ in range(a.steps):
                 step()
             times.append(max_all(time.perf_counter() - t0))
-        tx1 = bu.nic_tx_bytes()
+        tx1 = tw.nic_tx_bytes()
         nsteps = a.reps * a.steps
         # CPU seconds per step of the busiest rank (barriers included): above
         # the step's compute, this is what communication cost the cores.
@@ -303,7 +303,7 @@ def main(argv=None) -> None:
         r["thread_cpu_seconds_per_step_rank0"] = {
             k: (v - threads0.get(k, 0.0)) / nsteps for k, v in threads1.items()}
         r["rep_seconds"] = times
-        r.update(bu.throughput_fields(times, size, batch, a.steps))
+        r.update(tw.throughput_fields(times, size, batch, a.steps))
         if tx0 is not None:
             r["nic_tx_bytes_per_step"] = max_all((tx1 - tx0) / nsteps)  # busiest rank
         if gf is not None:
@@ -323,7 +323,7 @@ def main(argv=None) -> None:
         gc.collect()
     out["current"] = None
     if rank == 0:
-        bu.write_json_atomic(a.json_out, out)
+        tw.write_json_atomic(a.json_out, out)
     if family == "gf":
         hvd.shutdown()
     elif family == "ddp":

@@ -201,11 +201,6 @@ def make_table(merged: dict, systems, nranks: int) -> str:
     return "\n".join(lines)
 
 
-def driver(args) -> None:
-    with bu.open_cluster(args, args.np) as cluster:  # None on shared memory
-        run_driver(args, cluster)
-
-
 def run_driver(args, cluster) -> None:
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     info = bu.machine_info()
@@ -249,18 +244,8 @@ def run_driver(args, cluster) -> None:
             noisy = bu.noisy_medians(r.get("run_medians", []))
             if noisy:
                 problems.append(f"- note: {s} at {bu.fmt_size(r['bytes'])}: {noisy}")
-    text = header + "\n" + table + "\n"
-    if problems:
-        text += "\nProblems:\n" + "\n".join(problems) + "\n"
-    print(text)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": info | {"nranks": args.np, "netns": args.netns, "command": cmdline,
-                                        "network": bu.netns_config(cluster)},
-                       "systems": merged, "table": table}, f, indent=1)
+    bu.finish_report(args, cluster, info, cmdline, header + "\n" + table + "\n", problems,
+                     systems=merged, table=table)
 
 
 def main() -> None:
@@ -274,18 +259,9 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeat", type=int, default=1,
                    help="process groups per system, interleaved; table = median of their medians")
-    bu.add_cluster_args(p)
-    p.add_argument("--timeout", type=float, default=1200, help="seconds per process group")
-    p.add_argument("--output", help="also write the markdown table here")
-    p.add_argument("--json", help="write all measurements here (for plot_allreduce.py)")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    bu.add_driver_worker_args(p, json_help="write all measurements here (for plot_allreduce.py)")
     p.add_argument("--system", help=argparse.SUPPRESS)
-    p.add_argument("--json-out", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.worker:
-        worker(args)
-    else:
-        driver(args)
+    bu.driver_or_worker(p.parse_args(), worker, run_driver)
 
 
 if __name__ == "__main__":

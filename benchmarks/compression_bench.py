@@ -148,11 +148,6 @@ def worker(args) -> None:
 
 # ====================================================================== driver
 
-def driver(args) -> None:
-    with bu.open_cluster(args, args.np) as cluster:  # None on shared memory
-        run_driver(args, cluster)
-
-
 def run_driver(args, cluster) -> None:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     info = bu.machine_info()
@@ -224,17 +219,8 @@ def run_driver(args, cluster) -> None:
         noisy = bu.noisy_medians(res[m]["run_medians"]) if m in res else None
         if noisy:
             problems.append(f"- note: {m}: {noisy}")
-    if problems:
-        text += "\nProblems:\n" + "\n".join(problems) + "\n"
-    print(text)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": info | {"nranks": args.np, "netns": args.netns, "command": cmdline,
-                                        "network": bu.netns_config(cluster)},
-                       "modes": res, "runs": runs, "table": "\n".join(lines)}, f, indent=1)
+    bu.finish_report(args, cluster, info, cmdline, text, problems,
+                     modes=res, runs=runs, table="\n".join(lines))
 
 
 def main() -> None:
@@ -247,18 +233,9 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=7)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeat", type=int, default=1, help="process groups per mode, interleaved")
-    bu.add_cluster_args(p)
-    p.add_argument("--timeout", type=float, default=1200)
-    p.add_argument("--output")
-    p.add_argument("--json")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    bu.add_driver_worker_args(p)
     p.add_argument("--mode", help=argparse.SUPPRESS)
-    p.add_argument("--json-out", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.worker:
-        worker(args)
-    else:
-        driver(args)
+    bu.driver_or_worker(p.parse_args(), worker, run_driver)
 
 
 if __name__ == "__main__":
