@@ -97,14 +97,14 @@ def combined_reference(combine: Callable, steps: int, size: int, per_rank: int, 
     ref = mlp()
     opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     for step in range(steps):
-        per_rank = []
+        grads = []  # grads[r][i]: rank r's gradient of parameter i
         for r in range(size):
             ref.zero_grad()
             xb, yb = batch(x, y, step, r, size, per_rank)
             F.cross_entropy(ref(xb), yb).backward()
-            per_rank.append([p.grad.clone() for p in ref.parameters()])
+            grads.append([p.grad.clone() for p in ref.parameters()])
         for i, p in enumerate(ref.parameters()):
-            p.grad = combine([g[i] for g in per_rank])
+            p.grad = combine([g[i] for g in grads])
         opt.step()
     return ref
 
