@@ -10,6 +10,7 @@ add_cluster_args / open_cluster.
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import glob
 import json
@@ -269,6 +270,97 @@ def run_group(label: str, nranks: int, cluster: Optional[Cluster], worker_args: 
     result["wall_seconds"] = elapsed
     print(f"[bench] {label}: done in {elapsed:.0f}s", file=log, flush=True)
     return result
+
+
+def script_cmdline() -> str:
+    """This benchmark's command line, as the reports print it."""
+    return "python " + portable_cmd([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
+
+
+def run_interleaved(names: Sequence[str], repeat: int, start) -> Dict[str, List[object]]:
+    """`repeat` rounds of one process group per name, the order rotated each
+    round so that load drift hits every name alike. start(name, label)
+    launches one group and returns its result; returns name -> results."""
+    runs: Dict[str, List[object]] = {n: [] for n in names}
+    for rep in range(repeat):
+        order = list(names[rep % len(names):]) + list(names[: rep % len(names)])
+        for n in order:
+            runs[n].append(start(n, f"{n} (repetition {rep + 1}/{repeat})"))
+    return runs
+
+
+def noisy_medians(run_medians: Sequence[float]) -> Optional[str]:
+    """'run medians vary LO .. HI (noisy machine)' when repetitions disagree
+    by more than 1.5x, else None."""
+    if len(run_medians) > 1 and max(run_medians) > 1.5 * min(run_medians):
+        return (f"run medians vary {fmt_time(min(run_medians))} .. "
+                f"{fmt_time(max(run_medians))} (noisy machine)")
+    return None
+
+
+# The collective benchmarks (allreduce_bench.py, compression_bench.py) are one
+# script in two roles: the driver starts a process group of the same script
+# with --worker per system or mode and merges the groups' --json-out files.
+
+def add_driver_worker_args(p, json_help: str = "write all measurements here") -> None:
+    """The options after a collective benchmark's own: the emulated cluster,
+    a timeout per process group, the report files, and the hidden worker
+    switches (a worker writes its result to --json-out)."""
+    add_cluster_args(p)
+    p.add_argument("--timeout", type=float, default=1200, help="seconds per process group")
+    p.add_argument("--output", help="also write the markdown table here")
+    p.add_argument("--json", help=json_help)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--json-out", help=argparse.SUPPRESS)
+
+
+def driver_or_worker(args, worker, run_driver) -> None:
+    """--worker: this process is one rank of a group, worker(args). Else the
+    driver: run_driver(args, cluster) on the --netns emulated cluster (None:
+    shared memory), taken down afterwards."""
+    if args.worker:
+        worker(args)
+        return
+    with open_cluster(args, args.np) as cluster:
+        run_driver(args, cluster)
+
+
+def finish_report(args, cluster, info, cmdline: str, text: str, problems: Sequence[str],
+                  **measurements) -> None:
+    """Print the report (text, then its problems), write it to --output, and
+    write the run's meta and `measurements` to --json."""
+    if problems:
+        text += "\nProblems:\n" + "\n".join(problems) + "\n"
+    print(text)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": info | {"nranks": args.np, "netns": args.netns, "command": cmdline,
+                                        "network": netns_config(cluster)},
+                       **measurements}, f, indent=1)
+
+
+def interrupt_on_signals() -> None:
+    """SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt in a long sweep, so
+    its finally: takes the emulated cluster down and it saves what it has."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
+
+
+def save_sweep_json(a, info, cmdline: str, status: str, **records) -> None:
+    """A sweep's JSON file (a.json_out): machine, command, status ("partial"
+    while it runs, so a killed sweep leaves its groups so far), arguments,
+    then `records` (e.g. runs=[...])."""
+    os.makedirs(os.path.dirname(os.path.abspath(a.json_out)), exist_ok=True)
+    with open(a.json_out, "w") as f:
+        json.dump({"machine": info, "command": cmdline, "status": status,
+                   "args": {k: portable_path(v) for k, v in vars(a).items()}, **records}, f, indent=1)
 
 
 def median(xs: Sequence[float]) -> float:

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
-import statistics
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _trainworker as tw  # noqa: E402
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ["KERAS_BACKEND"] = "tensorflow"
@@ -45,22 +46,23 @@ SYSTEMS = {  # name: (DistributedOptimizer keywords or None for plain Keras, ove
 WIDTHS = (1024, 4096, 4096, 1024, 10)
 
 
-def _nic_tx_bytes():
-    iface = os.environ.get("GFCLUSTER_IFACE")
-    if not iface:
-        return None
-    try:
-        with open(f"/sys/class/net/{iface}/statistics/tx_bytes") as f:
-            return int(f.read())
-    except OSError:
-        return None
+def traced_train_step(model, opt, loss_fn, x, y, overlap_on: bool):
+    """The compiled train step (forward, tape.gradient, opt.apply), traced now
+    with GRADFLOW_TF_OVERLAP as `overlap_on` says: the setting is read when
+    the step is traced. jit_compile=False: gradflow's host callbacks cannot
+    run under XLA. Shared with tf_overlap_probe.py."""
+    import tensorflow as tf
 
-
-def _write(path, obj):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply(grads, model.trainable_variables)
+        return loss
+    fn = tf.function(train_step, jit_compile=False)
+    os.environ["GRADFLOW_TF_OVERLAP"] = "1" if overlap_on else "0"
+    fn.get_concrete_function(x, y)  # trace now, under this setting
+    return fn
 
 
 def _base(system: str) -> str:
@@ -97,12 +99,7 @@ def main(argv=None) -> None:
     gf = hvd = None
     if plain:
         rank, size = 0, 1
-
-        def barrier():
-            pass
-
-        def max_all(v):
-            return v
+        barrier, max_all = tw.step_timing()
     else:
         import gradflow
         import gradflow.keras as hvd
@@ -112,18 +109,9 @@ def main(argv=None) -> None:
         hvd.init()
         gf = gradflow
         rank, size = hvd.rank(), hvd.size()
-        comm = MPI.COMM_WORLD
-
-        def barrier():
-            comm.Barrier()
-
-        def max_all(v):
-            return comm.allreduce(v, op=MPI.MAX)
+        barrier, max_all = tw.step_timing(MPI.COMM_WORLD)
     t_init = time.perf_counter() - t_init
-    out = {"model": a.model, "ranks": size, "batch_per_rank": a.batch, "threads": a.threads,
-           "warmup": a.warmup, "steps": a.steps, "reps": a.reps, "init_seconds": t_init,
-           "env": {k: v for k, v in os.environ.items() if k.startswith("GRADFLOW_")},
-           "results": {}, "current": None}
+    out = tw.train_worker_record(a, size, a.batch, t_init)
 
     bases = []
     for s in systems:
@@ -133,7 +121,7 @@ def main(argv=None) -> None:
         members = [s for s in systems if _base(s) == base]
         out["current"] = members[0]
         if rank == 0:
-            _write(a.json_out, out)
+            tw.write_json_atomic(a.json_out, out)
             print(f"[worker] {', '.join(members)}: {size} rank(s), model {a.model}", flush=True)
         keras.utils.set_random_seed(0)
         model = keras.Sequential([keras.Input((WIDTHS[0],))] + [
@@ -153,19 +141,7 @@ def main(argv=None) -> None:
         x = tf.constant(rng.standard_normal((a.batch, WIDTHS[0])).astype(np.float32))
         y = tf.constant(rng.integers(0, 10, a.batch).astype(np.int32))
 
-        def make_step(overlap_on: bool):
-            def train_step(x, y):
-                with tf.GradientTape() as tape:
-                    loss = loss_fn(y, model(x, training=True))
-                grads = tape.gradient(loss, model.trainable_variables)
-                opt.apply(grads, model.trainable_variables)
-                return loss
-            fn = tf.function(train_step, jit_compile=False)
-            os.environ["GRADFLOW_TF_OVERLAP"] = "1" if overlap_on else "0"
-            fn.get_concrete_function(x, y)  # trace now, under this setting
-            return fn
-
-        steps = {s: make_step(SYSTEMS[s][1]) for s in members}
+        steps = {s: traced_train_step(model, opt, loss_fn, x, y, SYSTEMS[s][1]) for s in members}
         os.environ.pop("GRADFLOW_TF_OVERLAP", None)
         rec = {s: {"system": s, "params": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
                    "rep_seconds": [], "bytes": 0.0, "nic": 0} for s in members}
@@ -180,14 +156,14 @@ def main(argv=None) -> None:
         for _ in range(a.reps):
             for s in members:  # interleaved: on, off, on, off, ...
                 st0 = gf.stats().get("bytes_sent", 0.0) if gf else 0.0
-                tx0 = _nic_tx_bytes()
+                tx0 = tw.nic_tx_bytes()
                 barrier()
                 t0 = time.perf_counter()
                 for _ in range(a.steps):
                     steps[s](x, y)
                 rec[s]["rep_seconds"].append(max_all(time.perf_counter() - t0))
                 rec[s]["bytes"] += (gf.stats().get("bytes_sent", 0.0) - st0) if gf else 0.0
-                tx1 = _nic_tx_bytes()
+                tx1 = tw.nic_tx_bytes()
                 if tx0 is not None:
                     rec[s]["nic"] += tx1 - tx0
         nsteps = a.reps * a.steps
@@ -196,10 +172,8 @@ def main(argv=None) -> None:
         for s in members:
             r = rec[s]
             times = r["rep_seconds"]
-            r["samples_per_s"] = [size * a.batch * a.steps / t for t in times]
-            r["throughput"] = statistics.median(r["samples_per_s"])
-            r["step_seconds_median"] = statistics.median(times) / a.steps
-            if _nic_tx_bytes() is not None:
+            r.update(tw.throughput_fields(times, size, a.batch, a.steps))
+            if tw.nic_tx_bytes() is not None:
                 r["nic_tx_bytes_per_step"] = max_all(r["nic"] / nsteps)
             if gf is not None:
                 r["bytes_sent_per_step"] = r["bytes"] / nsteps
@@ -213,7 +187,7 @@ def main(argv=None) -> None:
         gc.collect()
     out["current"] = None
     if rank == 0:
-        _write(a.json_out, out)
+        tw.write_json_atomic(a.json_out, out)
     if gf is not None:
         hvd.shutdown()
 

@@ -38,11 +38,12 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
-import statistics
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _trainworker as tw  # noqa: E402
 
 import torch
 import torch.nn as nn
@@ -147,18 +148,6 @@ def n_params(model_name: str) -> int:
 
 # ---------------------------------------------------------------- helpers
 
-def _nic_tx_bytes():
-    """tx_bytes of the emulated host's NIC (GFCLUSTER_IFACE, set by
-    benchmarks/cluster), None outside the emulated cluster."""
-    iface = os.environ.get("GFCLUSTER_IFACE")
-    if not iface:
-        return None
-    try:
-        with open(f"/sys/class/net/{iface}/statistics/tx_bytes") as f:
-            return int(f.read())
-    except OSError:
-        return None
-
 
 def _env_rank_size():
     for r, s in (("RANK", "WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
@@ -166,13 +155,6 @@ def _env_rank_size():
         if r in os.environ and s in os.environ:
             return int(os.environ[r]), int(os.environ[s])
     return 0, 1
-
-
-def _write(path, obj):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------- worker
@@ -238,12 +220,7 @@ def main(argv=None) -> None:
     hvd = gf = dist = None
     if family == "torch":
         rank, size = 0, 1
-
-        def barrier():
-            pass
-
-        def max_all(v):
-            return v
+        barrier, max_all = tw.step_timing()
     elif family == "gf":
         import gradflow
         import gradflow.torch as hvd
@@ -251,13 +228,7 @@ def main(argv=None) -> None:
         hvd.init()
         gf = gradflow
         rank, size = hvd.rank(), hvd.size()
-        comm = MPI.COMM_WORLD
-
-        def barrier():
-            comm.Barrier()
-
-        def max_all(v):
-            return comm.allreduce(v, op=MPI.MAX)
+        barrier, max_all = tw.step_timing(MPI.COMM_WORLD)
     else:
         import torch.distributed as dist
         rank, size = _env_rank_size()
@@ -274,15 +245,12 @@ def main(argv=None) -> None:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             return float(t.item())
     t_init = time.perf_counter() - t_init
-    out = {"model": a.model, "ranks": size, "batch_per_rank": batch, "threads": a.threads,
-           "warmup": a.warmup, "steps": a.steps, "reps": a.reps, "init_seconds": t_init,
-           "env": {k: v for k, v in os.environ.items() if k.startswith("GRADFLOW_")},
-           "results": {}, "current": None}
+    out = tw.train_worker_record(a, size, batch, t_init)
 
     for system in systems:
         out["current"] = system
         if rank == 0:
-            _write(a.json_out, out)
+            tw.write_json_atomic(a.json_out, out)
             print(f"[worker] {system}: {size} rank(s), model {a.model}", flush=True)
         torch.manual_seed(0)
         model = cls()
@@ -315,7 +283,7 @@ def main(argv=None) -> None:
         r["warmup_seconds"] = time.perf_counter() - t0
         if gf is not None:
             gf.reset_stats()
-        tx0 = _nic_tx_bytes()
+        tx0 = tw.nic_tx_bytes()
         cpu0 = time.process_time()  # every thread of this process: torch + gradflow's loop
         threads0 = _thread_cpu()
         times = []
@@ -325,7 +293,7 @@ def main(argv=None) -> None:
             for _ in range(a.steps):
                 step()
             times.append(max_all(time.perf_counter() - t0))
-        tx1 = _nic_tx_bytes()
+        tx1 = tw.nic_tx_bytes()
         nsteps = a.reps * a.steps
         # CPU seconds per step of the busiest rank (barriers included): above
         # the step's compute, this is what communication cost the cores.
@@ -335,9 +303,7 @@ def main(argv=None) -> None:
         r["thread_cpu_seconds_per_step_rank0"] = {
             k: (v - threads0.get(k, 0.0)) / nsteps for k, v in threads1.items()}
         r["rep_seconds"] = times
-        r["samples_per_s"] = [size * batch * a.steps / t for t in times]
-        r["throughput"] = statistics.median(r["samples_per_s"])
-        r["step_seconds_median"] = statistics.median(times) / a.steps
+        r.update(tw.throughput_fields(times, size, batch, a.steps))
         if tx0 is not None:
             r["nic_tx_bytes_per_step"] = max_all((tx1 - tx0) / nsteps)  # busiest rank
         if gf is not None:
@@ -357,7 +323,7 @@ def main(argv=None) -> None:
         gc.collect()
     out["current"] = None
     if rank == 0:
-        _write(a.json_out, out)
+        tw.write_json_atomic(a.json_out, out)
     if family == "gf":
         hvd.shutdown()
     elif family == "ddp":

@@ -41,7 +41,6 @@ import argparse
 import datetime
 import json
 import os
-import signal
 import statistics
 import sys
 import time
@@ -51,7 +50,6 @@ import _benchutil as bu  # noqa: E402
 import _traindriver as td  # noqa: E402
 from _trainbench import n_params  # noqa: E402
 from cluster import Cluster, ClusterError  # noqa: E402
-from scaling import _on_signal  # noqa: E402
 
 MODEL = "alexnet"
 STEPS = [  # (system in _trainbench.py, row label), in the paper's order
@@ -114,8 +112,7 @@ def run(a) -> tuple:
     wargs = ["--batch", str(a.batch), "--warmup", str(a.warmup), "--steps", str(a.steps),
              "--reps", str(a.reps)]
     t0 = time.time()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _on_signal)
+    bu.interrupt_on_signals()
     print(f"[ablation] model {MODEL}: {info['params']:,} parameters "
           f"({info['params'] * 4 / 2**20:.1f} MiB of fp32 gradients per step)", flush=True)
     try:

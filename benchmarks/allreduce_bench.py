@@ -201,30 +201,23 @@ def make_table(merged: dict, systems, nranks: int) -> str:
     return "\n".join(lines)
 
 
-def driver(args) -> None:
-    with bu.open_cluster(args, args.np) as cluster:  # None on shared memory
-        run_driver(args, cluster)
-
-
 def run_driver(args, cluster) -> None:
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     info = bu.machine_info()
-    cmdline = "python " + bu.portable_cmd([os.path.relpath(sys.argv[0], bu.ROOT)] + sys.argv[1:])
-    runs = {s: [] for s in systems}
-    for rep in range(args.repeat):
-        # interleaved repetitions (order rotated) so that load drift hits every system alike
-        order = systems[rep % len(systems):] + systems[: rep % len(systems)]
-        for s in order:
-            extra = {}
-            if s.startswith("gradflow-"):
-                algo = s[len("gradflow-"):]
-                algo = algo[: -len("-numpy")] if algo.endswith("-numpy") else algo
-                extra["GRADFLOW_ALLREDUCE_ALGO"] = algo
-            wargs = [os.path.abspath(__file__), "--worker", "--system", s, "--sizes", args.sizes,
-                     "--iters", str(args.iters), "--min-iters", str(args.min_iters),
-                     "--warmup", str(args.warmup), "--budget", args.budget]
-            runs[s].append(bu.run_group(f"{s} (repetition {rep + 1}/{args.repeat})", args.np,
-                                        cluster, wargs, extra, args.timeout))
+    cmdline = bu.script_cmdline()
+
+    def start(s, label):
+        extra = {}
+        if s.startswith("gradflow-"):
+            algo = s[len("gradflow-"):]
+            algo = algo[: -len("-numpy")] if algo.endswith("-numpy") else algo
+            extra["GRADFLOW_ALLREDUCE_ALGO"] = algo
+        wargs = [os.path.abspath(__file__), "--worker", "--system", s, "--sizes", args.sizes,
+                 "--iters", str(args.iters), "--min-iters", str(args.min_iters),
+                 "--warmup", str(args.warmup), "--budget", args.budget]
+        return bu.run_group(label, args.np, cluster, wargs, extra, args.timeout)
+
+    runs = bu.run_interleaved(systems, args.repeat, start)
     merged = {s: merge_runs(runs[s]) for s in systems}
     info["loadavg_end"] = list(os.getloadavg())
     table = make_table(merged, systems, args.np)
@@ -248,23 +241,11 @@ def run_driver(args, cluster) -> None:
                     problems.append(f"- {s}: at {bu.fmt_size(r['bytes'])} gradflow ran {counts}")
     for s in systems:
         for r in merged[s].get("results", []):
-            if len(r.get("run_medians", [])) > 1:
-                lo, hi = min(r["run_medians"]), max(r["run_medians"])
-                if hi > 1.5 * lo:
-                    problems.append(f"- note: {s} at {bu.fmt_size(r['bytes'])}: run medians vary "
-                                    f"{bu.fmt_time(lo)} .. {bu.fmt_time(hi)} (noisy machine)")
-    text = header + "\n" + table + "\n"
-    if problems:
-        text += "\nProblems:\n" + "\n".join(problems) + "\n"
-    print(text)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": info | {"nranks": args.np, "netns": args.netns, "command": cmdline,
-                                        "network": bu.netns_config(cluster)},
-                       "systems": merged, "table": table}, f, indent=1)
+            noisy = bu.noisy_medians(r.get("run_medians", []))
+            if noisy:
+                problems.append(f"- note: {s} at {bu.fmt_size(r['bytes'])}: {noisy}")
+    bu.finish_report(args, cluster, info, cmdline, header + "\n" + table + "\n", problems,
+                     systems=merged, table=table)
 
 
 def main() -> None:
@@ -278,18 +259,9 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeat", type=int, default=1,
                    help="process groups per system, interleaved; table = median of their medians")
-    bu.add_cluster_args(p)
-    p.add_argument("--timeout", type=float, default=1200, help="seconds per process group")
-    p.add_argument("--output", help="also write the markdown table here")
-    p.add_argument("--json", help="write all measurements here (for plot_allreduce.py)")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    bu.add_driver_worker_args(p, json_help="write all measurements here (for plot_allreduce.py)")
     p.add_argument("--system", help=argparse.SUPPRESS)
-    p.add_argument("--json-out", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.worker:
-        worker(args)
-    else:
-        driver(args)
+    bu.driver_or_worker(p.parse_args(), worker, run_driver)
 
 
 if __name__ == "__main__":

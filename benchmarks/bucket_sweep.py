@@ -22,9 +22,7 @@ section between the markers below in docs/performance.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import signal
 import statistics
 import sys
 import time
@@ -36,10 +34,6 @@ from cluster import Cluster, ClusterError  # noqa: E402
 
 BEGIN, END = "<!-- bucket_sweep.py:begin -->", "<!-- bucket_sweep.py:end -->"
 PER_TENSOR = "per-tensor"
-
-
-def _on_signal(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def parse_args():
@@ -97,8 +91,7 @@ def main() -> None:
     a = parse_args()
     cmdline = "python benchmarks/bucket_sweep.py " + bu.portable_cmd(sys.argv[1:])
     info = bu.machine_info()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _on_signal)
+    bu.interrupt_on_signals()
     clusters = []
     status = "complete"
     runs = []  # one record per (round, group, worker system)
@@ -135,7 +128,7 @@ def main() -> None:
                     tp = r.get("samples_per_s")
                     print(f"    {w:18s} {'FAILED ' + str(r.get('error')) if not tp else ', '.join(f'{v:.1f}' for v in tp)}",
                           flush=True)
-                _save(a, info, cmdline, runs, "partial")
+                bu.save_sweep_json(a, info, cmdline, "partial", runs=runs)
     except (KeyboardInterrupt, ClusterError) as e:
         status = f"interrupted ({e})"
         print(f"[bucket_sweep] {status}; cleaning up", flush=True)
@@ -143,7 +136,7 @@ def main() -> None:
         for c in clusters:
             c.down()
     info["wall_seconds"] = time.time() - t0
-    _save(a, info, cmdline, runs, status)
+    bu.save_sweep_json(a, info, cmdline, status, runs=runs)
     md = report(a, info, cmdline, runs, status)
     print()
     print(md)
@@ -154,13 +147,6 @@ def main() -> None:
         print(f"docs: {a.docs}")
     if status != "complete":
         sys.exit(130)
-
-
-def _save(a, info, cmdline, runs, status):
-    os.makedirs(os.path.dirname(os.path.abspath(a.json_out)), exist_ok=True)
-    with open(a.json_out, "w") as f:
-        json.dump({"machine": info, "command": cmdline, "status": status,
-                   "args": {k: bu.portable_path(v) for k, v in vars(a).items()}, "runs": runs}, f, indent=1)
 
 
 def _cell(runs):

@@ -148,23 +148,18 @@ def worker(args) -> None:
 
 # ====================================================================== driver
 
-def driver(args) -> None:
-    with bu.open_cluster(args, args.np) as cluster:  # None on shared memory
-        run_driver(args, cluster)
-
-
 def run_driver(args, cluster) -> None:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     info = bu.machine_info()
-    cmdline = "python " + bu.portable_cmd([os.path.relpath(sys.argv[0], bu.ROOT)] + sys.argv[1:])
-    runs = {m: [] for m in modes}
-    for rep in range(args.repeat):
-        order = modes[rep % len(modes):] + modes[: rep % len(modes)]
-        for m in order:
-            wargs = [os.path.abspath(__file__), "--worker", "--mode", m, "--elements", str(args.elements),
-                     "--iters", str(args.iters), "--warmup", str(args.warmup)]
-            runs[m].append(bu.run_group(f"{m} (repetition {rep + 1}/{args.repeat})", args.np, cluster,
-                                        wargs, mode_env(m, args.algo, args.chunk), args.timeout))
+    cmdline = bu.script_cmdline()
+
+    def start(m, label):
+        wargs = [os.path.abspath(__file__), "--worker", "--mode", m, "--elements", str(args.elements),
+                 "--iters", str(args.iters), "--warmup", str(args.warmup)]
+        return bu.run_group(label, args.np, cluster, wargs, mode_env(m, args.algo, args.chunk),
+                            args.timeout)
+
+    runs = bu.run_interleaved(modes, args.repeat, start)
     info["loadavg_end"] = list(os.getloadavg())
     res = {}
     problems = []
@@ -221,21 +216,11 @@ def run_driver(args, cluster) -> None:
             f"{args.iters} timed iterations x {args.repeat} process groups per mode\n`{cmdline}`\n\n"
             + "\n".join(lines) + "\n")
     for m in modes:
-        r = res.get(m)
-        if r and len(r["run_medians"]) > 1 and max(r["run_medians"]) > 1.5 * min(r["run_medians"]):
-            problems.append(f"- note: {m}: run medians vary {bu.fmt_time(min(r['run_medians']))} .. "
-                            f"{bu.fmt_time(max(r['run_medians']))} (noisy machine)")
-    if problems:
-        text += "\nProblems:\n" + "\n".join(problems) + "\n"
-    print(text)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": info | {"nranks": args.np, "netns": args.netns, "command": cmdline,
-                                        "network": bu.netns_config(cluster)},
-                       "modes": res, "runs": runs, "table": "\n".join(lines)}, f, indent=1)
+        noisy = bu.noisy_medians(res[m]["run_medians"]) if m in res else None
+        if noisy:
+            problems.append(f"- note: {m}: {noisy}")
+    bu.finish_report(args, cluster, info, cmdline, text, problems,
+                     modes=res, runs=runs, table="\n".join(lines))
 
 
 def main() -> None:
@@ -248,18 +233,9 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=7)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeat", type=int, default=1, help="process groups per mode, interleaved")
-    bu.add_cluster_args(p)
-    p.add_argument("--timeout", type=float, default=1200)
-    p.add_argument("--output")
-    p.add_argument("--json")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    bu.add_driver_worker_args(p)
     p.add_argument("--mode", help=argparse.SUPPRESS)
-    p.add_argument("--json-out", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.worker:
-        worker(args)
-    else:
-        driver(args)
+    bu.driver_or_worker(p.parse_args(), worker, run_driver)
 
 
 if __name__ == "__main__":

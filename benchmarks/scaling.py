@@ -50,9 +50,7 @@ plots come from full runs; pass --docs/--plots-dir to override).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import signal
 import statistics
 import sys
 import time
@@ -85,10 +83,6 @@ LABELS = {
 MODEL_DESC = {"mlp": "WideMLP 1024-4096-4096-1024-10, 25.2 M parameters (communication-heavy)",
               "resnet": "small ResNet-style CNN on 32x32x3, 0.31 M parameters (compute-heavy)"}
 BEGIN, END = "<!-- scaling.py:begin -->", "<!-- scaling.py:end -->"
-
-
-def _on_signal(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 # ------------------------------------------------------------------ main
@@ -170,8 +164,7 @@ def main() -> None:
     results = []
     t_start = time.time()
     status = "complete"
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _on_signal)
+    bu.interrupt_on_signals()
     try:
         if a.cluster:
             cluster = Cluster.attach(a.cluster)
@@ -213,14 +206,14 @@ def main() -> None:
                     print(f"    {s:11s} N={n}: {r['throughput']:8.1f} samples/s  "
                           f"(reps {', '.join(f'{v:.1f}' for v in r['samples_per_s'])})", flush=True)
             done += len(systems)
-            _save(a, info, cmdline, results, "partial")
+            bu.save_sweep_json(a, info, cmdline, "partial", results=results)
     except KeyboardInterrupt as e:
         status = f"interrupted ({e})"
         print(f"[scaling] {status}; cleaning up", flush=True)
     finally:
         cluster.down()  # only what we built (not a --cluster one)
     info["wall_seconds"] = time.time() - t_start
-    _save(a, info, cmdline, results, status)
+    bu.save_sweep_json(a, info, cmdline, status, results=results)
     md = report(a, info, cmdline, results, status)
     print()
     print(md)
@@ -232,14 +225,6 @@ def main() -> None:
         print(f"docs: {a.docs} (section between {BEGIN} and {END})")
     if status != "complete":
         sys.exit(130)
-
-
-def _save(a, info, cmdline, results, status):
-    os.makedirs(os.path.dirname(os.path.abspath(a.json_out)), exist_ok=True)
-    with open(a.json_out, "w") as f:
-        json.dump({"machine": info, "command": cmdline, "status": status,
-                   "args": {k: bu.portable_path(v) for k, v in vars(a).items()},
-                   "results": results}, f, indent=1)
 
 
 # ------------------------------------------------------------------ report

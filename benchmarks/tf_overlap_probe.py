@@ -38,8 +38,8 @@ import gradflow.keras as hvd  # noqa: E402
 from gradflow.keras.callbacks import broadcast_keras_variables  # noqa: E402
 from gradflow.tensorflow import ops as tf_ops  # noqa: E402
 from gradflow.tensorflow import overlap  # noqa: E402
+from _kerasbench import WIDTHS, traced_train_step  # noqa: E402  (the benchmark's model and step)
 
-WIDTHS = (1024, 4096, 4096, 1024, 10)
 _marks: list = []
 _submits: list = []
 
@@ -101,18 +101,8 @@ def main() -> None:
     x = tf.constant(rng.standard_normal((a.batch, WIDTHS[0])).astype(np.float32))
     y = tf.constant(rng.integers(0, 10, a.batch).astype(np.int32))
 
-    def make(on: bool):
-        def step(x, y):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True))
-            opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
-            return loss
-        fn = tf.function(step, jit_compile=False)
-        os.environ[overlap.OVERLAP_ENV] = "1" if on else "0"
-        fn.get_concrete_function(x, y)
-        return fn
-
-    fns = {"overlapped": make(True), "not overlapped": make(False)}
+    fns = {"overlapped": traced_train_step(model, opt, loss_fn, x, y, True),
+           "not overlapped": traced_train_step(model, opt, loss_fn, x, y, False)}
     rows = {k: [] for k in fns}
     for i in range(a.warmup + a.steps):
         for kind, fn in fns.items():

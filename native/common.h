@@ -114,22 +114,20 @@ std::string shape_string(const std::vector<int64_t>& shape);
 
 }  // namespace gradflow
 
-// GF_CHECK(cond, stream-expression): throw GradflowError with a message.
-#define GF_CHECK(cond, msg)                        \
+// GF_CHECK_AS(ErrorType, cond, stream-expression): throw ErrorType (a
+// GradflowError) with the streamed message unless `cond` holds. The two
+// checks below differ only in the error type Python sees.
+#define GF_CHECK_AS(ErrorType, cond, msg)          \
   do {                                             \
     if (!(cond)) {                                 \
       std::ostringstream gf_check_os_;             \
       gf_check_os_ << msg;                         \
-      throw ::gradflow::GradflowError(gf_check_os_.str()); \
+      throw ErrorType(gf_check_os_.str());         \
     }                                              \
   } while (0)
 
+// GF_CHECK(cond, stream-expression): throw GradflowError with a message.
+#define GF_CHECK(cond, msg) GF_CHECK_AS(::gradflow::GradflowError, cond, msg)
+
 // GF_CHECK_ARG(cond, stream-expression): throw InvalidArgumentError.
-#define GF_CHECK_ARG(cond, msg)                    \
-  do {                                             \
-    if (!(cond)) {                                 \
-      std::ostringstream gf_check_os_;             \
-      gf_check_os_ << msg;                         \
-      throw ::gradflow::InvalidArgumentError(gf_check_os_.str()); \
-    }                                              \
-  } while (0)
+#define GF_CHECK_ARG(cond, msg) GF_CHECK_AS(::gradflow::InvalidArgumentError, cond, msg)

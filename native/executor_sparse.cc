@@ -87,6 +87,38 @@ bool ResponseExecutor::sparse_warmup(const Response& r) {
   return ++sparse_[r.name].steps <= cfg_.sparse_warmup_steps;
 }
 
+ResponseExecutor::ImportanceAgreement ResponseExecutor::agree_on_importance(
+    std::vector<float>* importance, SparseAutoPolicy* policy, double t0, double* cpu_seconds,
+    TransferStats* ts) {
+  ImportanceAgreement a;
+  if (policy) policy->append_costs(importance);
+  *cpu_seconds += now_seconds() - t0;
+  const double tr0 = ts->transfer_seconds;
+  allreduce_dense(importance->data(), importance->size(), DataType::kFloat32, ReduceOp::kSum,
+                  WireDtype::kNative, ts);
+  a.transfer_s = ts->transfer_seconds - tr0;
+  // Agreed data (the summed vector), so every rank decides the same.
+  a.dense = policy && policy->decide_dense(importance);
+  a.agreed_at = now_seconds();
+  return a;
+}
+
+double ResponseExecutor::reduce_chosen_chunks(std::vector<float>* packed,
+                                              const std::vector<uint32_t>& chosen, size_t count,
+                                              size_t chunk, ReduceOp op, WireDtype wire,
+                                              double postscale, float* dst, double t0,
+                                              double* cpu_seconds, TransferStats* ts) {
+  *cpu_seconds += now_seconds() - t0;
+  const double tr0 = ts->transfer_seconds;
+  allreduce_dense(packed->data(), packed->size(), DataType::kFloat32, op, wire, ts);
+  const double transfer_s = ts->transfer_seconds - tr0;
+  t0 = now_seconds();
+  scale_buffer(packed->data(), packed->size(), DataType::kFloat32, postscale);
+  unpack_chunks(packed->data(), count, chunk, chosen, dst);
+  *cpu_seconds += now_seconds() - t0;
+  return transfer_s;
+}
+
 void ResponseExecutor::allreduce_sparse(SparseResidual* res, float* buf, ReduceOp op,
                                         WireDtype wire, double ratio, double postscale,
                                         TransferStats* ts, SparseAutoPolicy* policy) {
@@ -101,16 +133,10 @@ void ResponseExecutor::allreduce_sparse(SparseResidual* res, float* buf, ReduceO
   //    norms are summed (a tiny allreduce).
   std::vector<float> importance;
   res->absorb(buf, &importance);
-  if (policy) policy->append_costs(&importance);
-  cpu_seconds += now_seconds() - t0;
-  double tr0 = ts->transfer_seconds;
-  allreduce_dense(importance.data(), importance.size(), DataType::kFloat32, ReduceOp::kSum,
-                  WireDtype::kNative, ts);
-  const double t_importance = ts->transfer_seconds - tr0;
-  // Agreed data (the summed vector), so every rank decides the same.
-  const bool dense = policy && policy->decide_dense(&importance);
-  t0 = now_seconds();
-  const double t_agreed = t0;
+  const ImportanceAgreement agreed =
+      agree_on_importance(&importance, policy, t0, &cpu_seconds, ts);
+  const bool dense = agreed.dense;
+  t0 = agreed.agreed_at;
   // 2. some rank overflowed (inf/NaN): send nothing, keep the residual as it
   //    was, hand every rank the same non-finite output (Note [Coarse-grained
   //    sparse communication], sparse_chunks.cc).
@@ -129,19 +155,13 @@ void ResponseExecutor::allreduce_sparse(SparseResidual* res, float* buf, ReduceO
             : select_top_chunks(importance, chunks_to_send(ratio, importance.size()));
   std::vector<float> packed(packed_size(chosen, count, chunk));
   res->commit(chosen, packed.data());
-  cpu_seconds += now_seconds() - t0;
-  tr0 = ts->transfer_seconds;
-  allreduce_dense(packed.data(), packed.size(), DataType::kFloat32, op, wire, ts);
-  const double t_packed = ts->transfer_seconds - tr0;
-  t0 = now_seconds();
-  scale_buffer(packed.data(), packed.size(), DataType::kFloat32, postscale);
-  unpack_chunks(packed.data(), count, chunk, chosen, buf);
-  cpu_seconds += now_seconds() - t0;
+  const double t_packed = reduce_chosen_chunks(&packed, chosen, count, chunk, op, wire, postscale,
+                                               buf, t0, &cpu_seconds, ts);
   ts->codec_seconds += cpu_seconds;
   stats_.add("seconds_sparse", cpu_seconds);
   if (policy)
-    policy->record(dense, now_seconds() - t_agreed,
-                   dense_estimate(t_importance, t_packed, count, packed.size()));
+    policy->record(dense, now_seconds() - agreed.agreed_at,
+                   dense_estimate(agreed.transfer_s, t_packed, count, packed.size()));
   if (dense) {
     stats_.add("sparse.buckets_sent_dense_by_policy", 1);
     return;
@@ -182,16 +202,9 @@ void ResponseExecutor::allreduce_pool_residual(const Response& r, TensorEntry* e
   sampled_chunk_importance(pool, count, chunk, &importance, res->next_phase());
   res->clear_output(out);
   SparseAutoPolicy* policy = auto_policy(r, count);
-  if (policy) policy->append_costs(&importance);
-  cpu_seconds += now_seconds() - t0;
-  double tr0 = ts->transfer_seconds;
-  allreduce_dense(importance.data(), importance.size(), DataType::kFloat32, ReduceOp::kSum,
-                  WireDtype::kNative, ts);
-  const double t_importance = ts->transfer_seconds - tr0;
-  // Agreed data (the summed vector), so every rank decides the same.
-  const bool dense = policy && policy->decide_dense(&importance);
-  t0 = now_seconds();
-  const double t_agreed = t0;
+  const ImportanceAgreement agreed =
+      agree_on_importance(&importance, policy, t0, &cpu_seconds, ts);
+  t0 = agreed.agreed_at;
   // 2. overflow somewhere: nothing is sent (as on the classic path, so the
   //    collectives match a joined rank's); the non-finite chunks are
   //    marked in G and dropped from P (they cannot be restored).
@@ -210,11 +223,11 @@ void ResponseExecutor::allreduce_pool_residual(const Response& r, TensorEntry* e
   }
   // 3. CSC does not pay on this bucket (Note [Auto sparse policy]): all of
   //    P goes, dense; nothing is held back or counted twice.
-  if (dense) {
+  if (agreed.dense) {
     ts->codec_seconds += cpu_seconds;
     stats_.add("seconds_sparse", cpu_seconds);
     send_all();
-    policy->record(true, now_seconds() - t_agreed);
+    policy->record(true, now_seconds() - agreed.agreed_at);
     stats_.add("sparse.buckets_sent_dense_by_policy", 1);
     return;
   }
@@ -224,21 +237,15 @@ void ResponseExecutor::allreduce_pool_residual(const Response& r, TensorEntry* e
   std::vector<float> packed(packed_size(chosen, count, chunk));
   res->take_chunks(pool, chosen, packed.data());
   scale_buffer(packed.data(), packed.size(), DataType::kFloat32, r.prescale);
-  cpu_seconds += now_seconds() - t0;
-  tr0 = ts->transfer_seconds;
-  allreduce_dense(packed.data(), packed.size(), DataType::kFloat32, r.op, r.wire, ts);
-  const double t_packed = ts->transfer_seconds - tr0;
-  t0 = now_seconds();
-  scale_buffer(packed.data(), packed.size(), DataType::kFloat32, post);
-  unpack_chunks(packed.data(), count, chunk, chosen, out);
+  const double t_packed = reduce_chosen_chunks(&packed, chosen, count, chunk, r.op, r.wire, post,
+                                               out, t0, &cpu_seconds, ts);
   stats_.add("sparse.chunks_sent", static_cast<double>(chosen.size()));
   res->set_written(std::move(chosen));
-  cpu_seconds += now_seconds() - t0;
   ts->codec_seconds += cpu_seconds;
   stats_.add("seconds_sparse", cpu_seconds);
   if (policy)
-    policy->record(false, now_seconds() - t_agreed,
-                   dense_estimate(t_importance, t_packed, count, packed.size()));
+    policy->record(false, now_seconds() - agreed.agreed_at,
+                   dense_estimate(agreed.transfer_s, t_packed, count, packed.size()));
   stats_.add("sparse.steps", 1);
   stats_.add("sparse.in_pool_steps", 1);
   stats_.add("sparse.chunks_total", static_cast<double>(importance.size()));

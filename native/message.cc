@@ -103,10 +103,12 @@ std::string Request::signature() const {
   return os.str();
 }
 
+namespace {
+
 // One field list per message type, walked by both the Writer and the Reader
 // so serialization and deserialization cannot drift apart.
-template <typename Archive, typename R>
-void fields(Archive& a, R& r) {
+template <typename Archive>
+void fields(Archive& a, Request& r) {
   a.field(r.rank);
   a.field(r.kind);
   a.field(r.name);
@@ -123,7 +125,7 @@ void fields(Archive& a, R& r) {
 }
 
 template <typename Archive>
-void response_fields(Archive& a, Response& r) {
+void fields(Archive& a, Response& r) {
   a.field(r.kind);
   a.field(r.name);
   a.field(r.error);
@@ -141,43 +143,53 @@ void response_fields(Archive& a, Response& r) {
   a.field(r.cache_bit);
 }
 
-template <typename Archive, typename Message, typename Items, typename Visit>
-void message_fields(Archive& a, Message& m, Items& items, Visit visit) {
+// The list a message carries (its items are walked with fields()).
+std::vector<Request>& items(RequestMessage& m) { return m.requests; }
+std::vector<Response>& items(ResponseMessage& m) { return m.responses; }
+
+// A message's flags, then its item count and items: one walk for both
+// message types and both directions.
+template <typename Archive, typename Message>
+void message_fields(Archive& a, Message& m) {
   a.field(m.shutdown);
   a.field(m.abort_message);
-  uint64_t n = items.size();
+  auto& list = items(m);
+  uint64_t n = list.size();
   a.field(n);
   GF_CHECK(n < (uint64_t{1} << 32), "gradflow: corrupt negotiation message");
-  items.resize(n);
-  for (auto& it : items) visit(a, it);
+  list.resize(n);
+  for (auto& it : list) fields(a, it);
 }
 
-std::vector<uint8_t> serialize(const RequestMessage& list) {
+template <typename Message>
+std::vector<uint8_t> write_message(const Message& list) {
   Writer w;
-  RequestMessage& m = const_cast<RequestMessage&>(list);  // Writer only reads
-  message_fields(w, m, m.requests, [](Writer& a, Request& r) { fields(a, r); });
+  // The walk is shared with the Reader, so it takes a non-const message;
+  // the Writer only reads it (the resize() keeps the size it has).
+  message_fields(w, const_cast<Message&>(list));
   return w.out;
 }
+
+template <typename Message>
+Message read_message(const std::vector<uint8_t>& bytes) {
+  Reader rd(bytes);
+  Message m;
+  message_fields(rd, m);
+  return m;
+}
+
+}  // namespace
+
+std::vector<uint8_t> serialize(const RequestMessage& list) { return write_message(list); }
 
 RequestMessage deserialize_requests(const std::vector<uint8_t>& bytes) {
-  Reader rd(bytes);
-  RequestMessage m;
-  message_fields(rd, m, m.requests, [](Reader& a, Request& r) { fields(a, r); });
-  return m;
+  return read_message<RequestMessage>(bytes);
 }
 
-std::vector<uint8_t> serialize(const ResponseMessage& list) {
-  Writer w;
-  ResponseMessage& m = const_cast<ResponseMessage&>(list);  // Writer only reads
-  message_fields(w, m, m.responses, [](Writer& a, Response& r) { response_fields(a, r); });
-  return w.out;
-}
+std::vector<uint8_t> serialize(const ResponseMessage& list) { return write_message(list); }
 
 ResponseMessage deserialize_responses(const std::vector<uint8_t>& bytes) {
-  Reader rd(bytes);
-  ResponseMessage m;
-  message_fields(rd, m, m.responses, [](Reader& a, Response& r) { response_fields(a, r); });
-  return m;
+  return read_message<ResponseMessage>(bytes);
 }
 
 }  // namespace gradflow

@@ -87,6 +87,26 @@ class ResponseExecutor {
   // [Residual in the pool], sparse_pool_residual.cc): reads the entry's
   // input P, leaves the result in its output G.
   void allreduce_pool_residual(const Response& r, TensorEntry* e, TransferStats* ts);
+  // The two steps both CSC paths share (executor_sparse.cc); `t0` starts
+  // the CPU-time span each one closes into *cpu_seconds.
+  // Step 1's agreement: the per-rank importance (with the auto policy's cost
+  // entries appended) is summed over ranks and the policy decides from the
+  // sum, so every rank decides the same.
+  struct ImportanceAgreement {
+    bool dense = false;       // the auto policy sends the whole bucket dense
+    double transfer_s = 0.0;  // the importance allreduce's transfer time
+    double agreed_at = 0.0;   // now_seconds() once agreed
+  };
+  ImportanceAgreement agree_on_importance(std::vector<float>* importance,
+                                          SparseAutoPolicy* policy, double t0,
+                                          double* cpu_seconds, TransferStats* ts);
+  // Step 3's collective: the packed chosen chunks are reduced densely,
+  // multiplied by `postscale` and unpacked into `dst` (count elements of
+  // `chunk`-element chunks). Returns the transfer time.
+  double reduce_chosen_chunks(std::vector<float>* packed, const std::vector<uint32_t>& chosen,
+                              size_t count, size_t chunk, ReduceOp op, WireDtype wire,
+                              double postscale, float* dst, double t0, double* cpu_seconds,
+                              TransferStats* ts);
   // The residual a sparse response uses: its pool's (via the entry), a zero
   // one for a joined rank, or the per-name one. Sets *error (and returns
   // null) if a name's size changed.

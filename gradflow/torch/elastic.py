@@ -101,7 +101,9 @@ class ElasticSampler(torch.utils.data.Sampler):
 
 
 class _Handler:
-    """Saves, restores and syncs one kind of object in a TorchState."""
+    """Saves, restores and syncs one kind of object in a TorchState. Every
+    kind saves a deep copy of its state_dict and restores it; they differ
+    only in how rank 0's state reaches the others (sync)."""
 
     def __init__(self, value: Any):
         self.value = value
@@ -111,36 +113,27 @@ class _Handler:
         self.value = value
         self.save()
 
-
-class _ModelHandler(_Handler):
     def save(self) -> None:
         self.saved = copy.deepcopy(self.value.state_dict())
 
     def restore(self) -> None:
         self.value.load_state_dict(self.saved)
 
+    def sync(self) -> None:
+        raise NotImplementedError
+
+
+class _ModelHandler(_Handler):
     def sync(self) -> None:
         broadcast_parameters(self.value.state_dict(), root_rank=0)
 
 
 class _OptimizerHandler(_Handler):
-    def save(self) -> None:
-        self.saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self) -> None:
-        self.value.load_state_dict(self.saved)
-
     def sync(self) -> None:
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
 class _SamplerHandler(_Handler):
-    def save(self) -> None:
-        self.saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self) -> None:
-        self.value.load_state_dict(self.saved)
-
     def sync(self) -> None:
         self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0,
                                                     name="gradflow.elastic.sampler"))

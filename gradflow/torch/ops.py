@@ -221,17 +221,26 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int = Average,
 
 # ---------------------------------------------------------------- grouped allreduce
 
+def _grouped(allreduce_one, tensors, average, name, op, prescale_factor, postscale_factor,
+             process_set, compression) -> GroupHandle:
+    """One `allreduce_one` per tensor under `{base}.{i}` names (the core fuses
+    them); the op is validated before a name is drawn, as the single-tensor
+    calls do."""
+    _op_of(average, op)
+    base = auto_name(ALLREDUCE, name, process_set)
+    return GroupHandle([allreduce_one(t, average, f"{base}.{i}", op, prescale_factor,
+                                      postscale_factor, process_set, compression=compression)
+                        for i, t in enumerate(tensors)])
+
+
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
                              name: Optional[str] = None, op: Optional[int] = None,
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: Optional[ProcessSet] = global_process_set,
                              compression=Compression.none) -> GroupHandle:
     """In-place allreduce of a list of tensors over `process_set` (the core fuses them)."""
-    _op_of(average, op)  # validate before naming, as the single-tensor calls do
-    base = auto_name(ALLREDUCE, name, process_set)
-    return GroupHandle([allreduce_async_(t, average, f"{base}.{i}", op, prescale_factor,
-                                         postscale_factor, process_set, compression=compression)
-                        for i, t in enumerate(tensors)])
+    return _grouped(allreduce_async_, tensors, average, name, op, prescale_factor,
+                    postscale_factor, process_set, compression)
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
@@ -240,11 +249,8 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[b
                             process_set: Optional[ProcessSet] = global_process_set,
                             compression=Compression.none) -> GroupHandle:
     """Allreduce of a list of tensors over `process_set` into new tensors."""
-    _op_of(average, op)  # validate before naming, as the single-tensor calls do
-    base = auto_name(ALLREDUCE, name, process_set)
-    return GroupHandle([allreduce_async(t, average, f"{base}.{i}", op, prescale_factor,
-                                        postscale_factor, process_set, compression=compression)
-                        for i, t in enumerate(tensors)])
+    return _grouped(allreduce_async, tensors, average, name, op, prescale_factor,
+                    postscale_factor, process_set, compression)
 
 
 class _GroupedAllreduceFn(torch.autograd.Function):

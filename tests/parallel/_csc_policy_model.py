@@ -1,10 +1,11 @@
-"""numpy model of CSC with error feedback under the auto sparse policy, for
-sparse_policy_script.py: per rank residual; importance = float32 L1 of
-residual + gradient per chunk (sampled: the residual-in-pool estimate),
-summed over ranks; top-k by (importance desc, index asc); the chosen chunks
-averaged, the rest kept. A dense step (the policy's choice, given) sends
-every chunk, residual included, and leaves every residual zero. An overflow
-(non-finite summed importance) sends nothing and keeps every residual."""
+"""numpy model of CSC with error feedback (and the auto sparse policy's
+dense steps), for sparse_policy_script.py and torch_csc_script.py: per rank
+residual; importance = float32 L1 of residual + gradient per chunk (sampled:
+the residual-in-pool estimate), summed over ranks; top-k by (importance
+desc, index asc); the chosen chunks averaged, the rest kept. A dense step
+(the policy's choice, given) sends every chunk, residual included, and
+leaves every residual zero. An overflow (non-finite summed importance)
+sends nothing and keeps every residual."""
 from __future__ import annotations
 
 import math

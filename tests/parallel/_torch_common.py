@@ -44,6 +44,23 @@ class SmallCNN(torch.nn.Module):
         return self.fc(F.relu(self.conv(x.view(-1, 1, 8, 8))).flatten(1))
 
 
+class Branchy(torch.nn.Module):
+    """Linear 64 -> 10 plus a second head `extra` added only when the caller
+    says so (unused on some ranks or steps) and a Linear `never` no forward
+    uses: the unused-parameter cases of the optimizer tests."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = torch.nn.Linear(64, 10)
+        self.extra = torch.nn.Linear(64, 10)
+        self.never = torch.nn.Linear(3, 3)
+
+    def forward(self, x, use_extra: bool):
+        out = self.body(x)
+        return out + self.extra(x) if use_extra else out
+
+
 def batch(x, y, step: int, rank: int, size: int, per_rank: int):
     """Rank `rank`'s shard of global batch `step` (deterministic)."""
     g = torch.Generator().manual_seed(1000 + step)
@@ -72,6 +89,26 @@ def train(model, opt, steps: int, rank: int, size: int, per_rank: int, bpps: int
         opt.step()
 
 
+def combined_reference(combine: Callable, steps: int, size: int, per_rank: int, x, y):
+    """Single-process reference of SGD(lr=0.1, momentum=0.9) training on
+    mlp(): each step computes every rank's gradient from that rank's batch
+    and applies combine(per-rank gradients of one parameter), the reduction
+    the distributed run documents for its algorithm and wire."""
+    ref = mlp()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for step in range(steps):
+        grads = []  # grads[r][i]: rank r's gradient of parameter i
+        for r in range(size):
+            ref.zero_grad()
+            xb, yb = batch(x, y, step, r, size, per_rank)
+            F.cross_entropy(ref(xb), yb).backward()
+            grads.append([p.grad.clone() for p in ref.parameters()])
+        for i, p in enumerate(ref.parameters()):
+            p.grad = combine([g[i] for g in grads])
+        opt.step()
+    return ref
+
+
 def flat(params) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).double() for p in params])
 
@@ -94,16 +131,16 @@ def assert_close(a: torch.Tensor, b: torch.Tensor, what: str, tol: float = 1e-5)
     assert err <= tol * scale, f"{what}: max abs difference {err} (tolerance {tol * scale})"
 
 
-def expect_error(fn: Callable, *needles: str) -> str:
-    """Run fn; it must raise GradflowError whose message contains every needle."""
+def expect_error(fn: Callable, *needles: str, exc: type = hvd.GradflowError) -> str:
+    """Run fn; it must raise `exc` whose message contains every needle."""
     try:
         fn()
-    except hvd.GradflowError as e:
+    except exc as e:
         msg = str(e)
         for n in needles:
             assert n in msg, f"error message lacks {n!r}: {msg}"
         return msg
-    raise AssertionError(f"expected GradflowError containing {needles}")
+    raise AssertionError(f"expected {exc.__name__} containing {needles}")
 
 
 def ok(name: str) -> None:

@@ -12,11 +12,10 @@ additions (tests/parallel/_rd_model.py): the reference follows it."""
 import os
 
 import torch
-import torch.nn.functional as F
 
 import gradflow.torch as hvd
 from _rd_model import recursive_doubling
-from _torch_common import assert_identical, batch, digits, flat, mlp, ok, train
+from _torch_common import assert_identical, combined_reference, digits, flat, mlp, ok, train
 
 ALGO = os.environ["GRADFLOW_ALLREDUCE_ALGO"]
 hvd.init()
@@ -40,19 +39,7 @@ def combine(grads, wire):
 
 def reference(wire):
     """Single-process training: rank r's gradient is computed from rank r's batch."""
-    ref = mlp()
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    for step in range(STEPS):
-        per_rank = []
-        for r in range(N):
-            ref.zero_grad()
-            xb, yb = batch(X, Y, step, r, N, PER_RANK)
-            F.cross_entropy(ref(xb), yb).backward()
-            per_rank.append([p.grad.clone() for p in ref.parameters()])
-        for i, p in enumerate(ref.parameters()):
-            p.grad = combine([g[i] for g in per_rank], wire)
-        opt.step()
-    return ref
+    return combined_reference(lambda grads: combine(grads, wire), STEPS, N, PER_RANK, X, Y)
 
 
 def case(wire, use_pool):

@@ -21,12 +21,11 @@ import os
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 import gradflow
 import gradflow.torch as hvd
 from gradflow import autotune_search
-from _torch_common import assert_identical, batch, digits, flat, mlp, ok, train
+from _torch_common import assert_identical, combined_reference, digits, flat, mlp, ok, train
 
 CASE = os.environ["AUTOTUNE_CASE"]
 LOG = os.environ.get("GRADFLOW_AUTOTUNE_LOG", "")
@@ -49,22 +48,12 @@ def optimizer(model):
 def two_sync_reference():
     """Single-process training; gradients averaged as two-sync does on fp32:
     sum in rank order 0..N-1, times float32(1/N)."""
-    ref = mlp()
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    for step in range(STEPS):
-        per_rank = []
-        for r in range(N):
-            ref.zero_grad()
-            xb, yb = batch(X, Y, step, r, N, PER_RANK)
-            F.cross_entropy(ref(xb), yb).backward()
-            per_rank.append([p.grad.clone() for p in ref.parameters()])
-        for i, p in enumerate(ref.parameters()):
-            acc = per_rank[0][i].clone()
-            for g in per_rank[1:]:
-                acc = acc + g[i]
-            p.grad = acc * torch.tensor(1.0 / N, dtype=torch.float32)
-        opt.step()
-    return ref
+    def rank_order_average(grads):
+        acc = grads[0].clone()
+        for g in grads[1:]:
+            acc = acc + g
+        return acc * torch.tensor(1.0 / N, dtype=torch.float32)
+    return combined_reference(rank_order_average, STEPS, N, PER_RANK, X, Y)
 
 
 def check_log(tuner):

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import gradflow.torch as hvd
 from _torch_common import assert_close as _assert_close
-from _torch_common import assert_identical, digits, flat, ok
+from _torch_common import assert_identical, digits, expect_error, flat, ok
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
@@ -20,15 +20,6 @@ def assert_close(a, b, what, tol):
     assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} != {tuple(b.shape)}"
     if b.numel():  # a rank with an empty local batch has nothing to compare
         _assert_close(a, b, what, tol)
-
-
-def raises(fn, exc, needle):
-    try:
-        fn()
-    except exc as e:
-        assert needle in str(e), f"message lacks {needle!r}: {e}"
-        return
-    raise AssertionError(f"expected {exc.__name__} containing {needle!r}")
 
 
 def layouts():
@@ -169,12 +160,12 @@ ok("DistributedOptimizer training matches single process")
 
 # 5. errors: bad input raises on every rank (all ranks call alike), no hang
 bn = hvd.SyncBatchNorm(3)
-raises(lambda: bn(torch.ones(3)), ValueError, "at least 2D")
-raises(lambda: bn(torch.ones(4, 2)), ValueError, "expected 3 channels")
+expect_error(lambda: bn(torch.ones(3)), "at least 2D", exc=ValueError)
+expect_error(lambda: bn(torch.ones(4, 2)), "expected 3 channels", exc=ValueError)
 # one value per channel in the *global* batch: every rank sees the gathered counts
 tiny = torch.randn(1 if R == 0 else 0, 3)
 if N > 1:
-    raises(lambda: bn(tiny), ValueError, "more than 1 value per channel")
+    expect_error(lambda: bn(tiny), "more than 1 value per channel", exc=ValueError)
     bn(torch.randn(1, 3))  # one row per rank is enough globally: no error
 hvd.barrier()
 ok("errors on every rank")

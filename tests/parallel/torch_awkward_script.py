@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import gradflow.torch as hvd
-from _torch_common import (assert_close, assert_identical, batch, digits, flat, mlp, ok, train)
+from _torch_common import (Branchy, assert_close, assert_identical, batch, digits, flat, mlp, ok,
+                           train)
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
@@ -40,28 +41,13 @@ for use_pool in (True, False):
 
 
 # 2. unused parameters: a head used only by rank 0 on some steps, one never used
-class Branchy(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.body = torch.nn.Linear(64, 10)
-        self.extra = torch.nn.Linear(64, 10)
-        self.never = torch.nn.Linear(3, 3)
-        self.use_extra = False
-
-    def forward(self, x):
-        out = self.body(x)
-        return out + self.extra(x) if self.use_extra else out
-
-
 for use_pool in (True, False):
     m = Branchy()
     opt = hvd.DistributedOptimizer(sgd(m.parameters()), m.named_parameters(), use_pool=use_pool)
     for step in range(5):
-        m.use_extra = R == 0 and step in (1, 3)
         opt.zero_grad()
         xb, yb = batch(X, Y, step, R, N, PER)
-        F.cross_entropy(m(xb), yb).backward()
+        F.cross_entropy(m(xb, use_extra=R == 0 and step in (1, 3)), yb).backward()
         opt.step()
     assert_identical(m.parameters(), "unused")
     assert torch.equal(m.never.weight.grad, torch.zeros(3, 3)), "never-used grad must be zeros"

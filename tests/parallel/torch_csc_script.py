@@ -7,7 +7,6 @@
 # overflow steps on the classic path (grad_scaler=); residual bookkeeping.
 # Run with GRADFLOW_SPARSE_CHUNK=64 GRADFLOW_SPARSE_WARMUP_STEPS=0.
 import gc
-import math
 
 import numpy as np
 import torch
@@ -16,8 +15,7 @@ import torch.nn.functional as F
 import gradflow
 import gradflow.torch as hvd
 from gradflow import _native
-from _csc_policy_model import rank_grads, set_grads  # written once, shared with the policy model
-from _csc_sample import sample_blocks
+from _csc_policy_model import CscModel, layout, rank_grads, set_grads  # shared with the policy test
 from _torch_common import assert_close, assert_identical, batch, digits, expect_error, flat, mlp, ok
 
 hvd.init()
@@ -25,82 +23,6 @@ R, N = hvd.rank(), hvd.size()
 X, Y = digits()
 PER, LR, CHUNK = 16, 0.1, 64
 assert _native.config()["sparse_chunk"] == CHUNK and _native.config()["sparse_warmup_steps"] == 0
-
-
-def layout(opt):
-    """(params in pool order with their pool offsets, bucket bounds) of a built pool."""
-    s = opt._gradflow
-    assert len(s.pools) == 1, "one float32 pool expected"
-    pool = s.pools[0]
-    where = sorted((slot[2].data_ptr() - pool.buf.data_ptr()) // 4 for slot in s.range_of.values())
-    by_off = {(s.range_of[id(p)][2].data_ptr() - pool.buf.data_ptr()) // 4: p for p in s.params}
-    starts = list(_native.pool_bucket_offsets(pool.id)) + [pool.buf.numel()]
-    return [by_off[o] for o in where], list(zip(starts[:-1], starts[1:]))
-
-
-def sample(c, length, phase):
-    """The positions native/sparse_pool_residual.cc samples in chunk c of
-    `length` elements at sparse step `phase` (_csc_sample.py)."""
-    return sample_blocks(c, length, CHUNK, phase)
-
-
-def chunk_l1(x, c, sampled, phase=0):
-    """float32 importance of chunk x (chunk index c): its L1 norm, or the
-    sampled estimate (at sparse step `phase`) scaled by length / sampled length."""
-    x = np.abs(x.astype(np.float64))
-    if not sampled:
-        return np.float32(x.sum())
-    parts = sample(c, len(x), phase)
-    n = sum(hi - lo for lo, hi in parts)
-    return np.float32(sum(x[lo:hi].sum() for lo, hi in parts) * len(x) / n)
-
-
-class CscModel:
-    """numpy CSC: per rank residual; importance = float32 L1 of residual + grad
-    per chunk (sampled: the residual-in-pool path's estimate), summed over
-    ranks; top-k by (importance desc, index asc); the chosen chunks averaged,
-    the rest kept. An overflow (non-finite global importance) sends nothing
-    and leaves every residual as it was."""
-
-    def __init__(self, bounds, ratio, sampled):
-        self.bounds, self.ratio, self.sampled = bounds, ratio, sampled
-        self.res = None
-        self.phase = 0  # sparse steps so far: every bucket's sample phase
-
-    def step(self, grads):  # grads: N float32 vectors; returns (averaged output, overflowed)
-        if self.res is None:
-            self.res = [np.zeros_like(g) for g in grads]
-        out = np.zeros_like(grads[0])
-        xs = [r + g for r, g in zip(self.res, grads)]
-        plans = []
-        for lo, hi in self.bounds:
-            nch = math.ceil((hi - lo) / CHUNK)
-            imp = np.zeros(nch, np.float32)
-            for x in xs:
-                per = [chunk_l1(x[lo + c * CHUNK:min(lo + (c + 1) * CHUNK, hi)], c, self.sampled,
-                                self.phase) for c in range(nch)]
-                imp += np.array(per, np.float32)
-            plans.append((lo, hi, nch, imp))
-        self.phase += 1
-        if any(not np.isfinite(imp).all() for *_, imp in plans):
-            return None, True
-        for lo, hi, nch, imp in plans:
-            k = max(1, min(math.ceil(self.ratio * nch), nch))
-            chosen = sorted(sorted(range(nch), key=lambda c: (-imp[c], c))[:k])
-            for c in range(nch):
-                a, b = lo + c * CHUNK, min(lo + (c + 1) * CHUNK, hi)
-                if c in chosen:
-                    tot = np.zeros(b - a, np.float32)
-                    for x in xs:
-                        tot += x[a:b]
-                    out[a:b] = tot * np.float32(1.0 / N)
-        for i, x in enumerate(xs):
-            self.res[i] = x
-            for lo, hi, nch, imp in plans:
-                k = max(1, min(math.ceil(self.ratio * nch), nch))
-                for c in sorted(range(nch), key=lambda c: (-imp[c], c))[:k]:
-                    self.res[i][lo + c * CHUNK:min(lo + (c + 1) * CHUNK, hi)] = 0
-        return out, False
 
 
 def plain_loss(model, step, r):
@@ -119,7 +41,7 @@ for ratio, bucket_mb in ((0.25, 0.004), (0.05, None)):
         plain_loss(m, step, R).backward()
         opt.step()
         if step == 0:
-            order, bounds = layout(opt)
+            order, bounds = layout(opt, CHUNK)
             assert (len(bounds) > 1) == (bucket_mb is not None), bounds
             assert opt._gradflow.pools[0].out is not None, "residual in the pool expected"
     assert gradflow.stats().get("sparse.in_pool_steps", 0) > 0
@@ -129,7 +51,7 @@ for ratio, bucket_mb in ((0.25, 0.004), (0.05, None)):
         ref_opt = torch.optim.SGD(ref.parameters(), lr=LR, momentum=0.9)
         ref_order = [dict(ref.named_parameters())[n] for n in
                      [k for p in order for k, q in m.named_parameters() if q is p]]
-        csc = CscModel(bounds, ratio, sampled=True)
+        csc = CscModel(bounds, ratio, True, CHUNK, N)
         for step in range(STEPS):
             grads = rank_grads(ref, ref_order, step, plain_loss, N)
             out = np.mean(grads, 0, dtype=np.float32) if step == 0 else csc.step(grads)[0]
@@ -199,14 +121,14 @@ for step, flavour in enumerate(FLAVOURS):
 assert all(pool.out is not None for pool in opt._gradflow.pools)
 assert_identical(m.parameters(), "csc residual in pool, awkward protocol")
 if R == 0:
-    order, bounds = layout(opt)
+    order, bounds = layout(opt, CHUNK)
     assert len(bounds) > 1, bounds
     torch.manual_seed(1)
     ref = TwoHeads()
     ref_opt = torch.optim.SGD(ref.parameters(), lr=LR)
     names = [k for p in order for k, q in m.named_parameters() if q is p]
     ref_order = [dict(ref.named_parameters())[n] for n in names]
-    csc, prev = CscModel(bounds, 0.2, sampled=True), None
+    csc, prev = CscModel(bounds, 0.2, True, CHUNK, N), None
     for step, flavour in enumerate(FLAVOURS):
         grads = []
         for r in range(N):
@@ -259,13 +181,13 @@ for step in range(STEPS):
 assert skipped == [3], f"skipped steps {skipped} (scales {scales}); only step 3 overflowed"
 assert_identical(m.parameters(), "csc amp")
 if R == 0:
-    order, bounds = layout(opt)
+    order, bounds = layout(opt, CHUNK)
     ref = mlp()
     ref_opt = torch.optim.SGD(ref.parameters(), lr=LR)
     ref_order = [dict(ref.named_parameters())[n] for n in
                  [k for p in order for k, q in m.named_parameters() if q is p]]
     assert opt._gradflow.pools[0].out is None, "grad_scaler= keeps the classic residual"
-    csc = CscModel(bounds, 0.1, sampled=False)
+    csc = CscModel(bounds, 0.1, False, CHUNK, N)
     for step in range(STEPS):
         S = scales[step]
         grads = [g / np.float32(S) for g in

@@ -6,7 +6,8 @@ import numpy as np
 import torch
 
 import gradflow.torch as hvd
-from _torch_common import (assert_close, assert_identical, digits, flat, mlp, ok, train)
+from _torch_common import (assert_close, assert_identical, digits, expect_error, flat, mlp, ok,
+                           train)
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
@@ -27,15 +28,6 @@ def my_block(full, r=R):
     rows = rows_of(N, full.shape[0])
     start = sum(rows[:r])
     return full[start:start + rows[r]]
-
-
-def raises(fn, exc, needle):
-    try:
-        fn()
-    except exc as e:
-        assert needle in str(e), f"message lacks {needle!r}: {e}"
-        return
-    raise AssertionError(f"expected {exc.__name__} containing {needle!r}")
 
 
 # 1. set_backward_passes_per_step(2) trains like backward_passes_per_step=2
@@ -67,11 +59,11 @@ for use_pool in (True, False):
     ob.set_backward_passes_per_step(2)
     ob.zero_grad()
     torch.nn.functional.cross_entropy(b(X[:PER]), Y[:PER]).backward()
-    raises(lambda: ob.set_backward_passes_per_step(3), hvd.GradflowError, "middle of a step")
+    expect_error(lambda: ob.set_backward_passes_per_step(3), "middle of a step")
     torch.nn.functional.cross_entropy(b(X[:PER]), Y[:PER]).backward()
     ob.step()
     for bad in (0, -1, 1.5, True):
-        raises(lambda: ob.set_backward_passes_per_step(bad), ValueError, ">= 1")
+        expect_error(lambda: ob.set_backward_passes_per_step(bad), ">= 1", exc=ValueError)
     ok(f"set_backward_passes_per_step pool={use_pool}")
 
 
@@ -96,7 +88,8 @@ for root in {0, N - 1}:
         for name, v in st.items():
             assert torch.equal(torch.as_tensor(got["state"][k][name]), torch.as_tensor(v)), name
     hvd.broadcast_optimizer_state(opt, root_rank=root, model=None)  # keyword spelling
-    raises(lambda: hvd.broadcast_optimizer_state(opt, root, model="net"), TypeError, "nn.Module")
+    expect_error(lambda: hvd.broadcast_optimizer_state(opt, root, model="net"), "nn.Module",
+                 exc=TypeError)
 ok("broadcast_optimizer_state model=")
 
 
@@ -124,7 +117,7 @@ off = sum(range(1, R + 1))
 assert torch.equal(xs[0].grad, (torch.arange(off, off + R + 1).float() + 1).reshape(-1, 1)
                    .expand(R + 1, 2))
 assert torch.equal(xs[1].grad, 2 * (torch.arange(2 * R, 2 * R + 2).float() + 1))
-raises(lambda: hvd.grouped_allgather(torch.ones(2)), TypeError, "list or tuple")
+expect_error(lambda: hvd.grouped_allgather(torch.ones(2)), "list or tuple", exc=TypeError)
 ok("grouped_allgather ragged")
 
 
@@ -150,8 +143,8 @@ assert torch.allclose(d, torch.full((1, 2), (N + 1) / 2.0, dtype=torch.float32))
 x = torch.ones(2 * N, requires_grad=True)
 hvd.grouped_reducescatter([x], name="grs.grad", op=hvd.Average)[0].sum().backward()
 assert torch.allclose(x.grad, torch.full((2 * N,), 1.0 / N))
-raises(lambda: hvd.grouped_reducescatter([torch.ones(2)], process_set=object()), ValueError,
-       "process_set")
+expect_error(lambda: hvd.grouped_reducescatter([torch.ones(2)], process_set=object()),
+             "process_set", exc=ValueError)
 
 
 # 5. reducescatter with prescale / postscale (sync, async, Sum, Average, Max)
@@ -183,7 +176,8 @@ np.testing.assert_allclose(got.numpy(), my_block(full), rtol=1e-5, atol=1e-6)
 x = torch.ones(N, requires_grad=True)
 hvd.reducescatter(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=3.0).sum().backward()
 assert torch.allclose(x.grad, torch.full((N,), 6.0))
-raises(lambda: hvd.reducescatter(torch.ones(N), process_set=object()), ValueError, "process_set")
+expect_error(lambda: hvd.reducescatter(torch.ones(N), process_set=object()), "process_set",
+             exc=ValueError)
 ok("reducescatter scaling float32 + gradient")
 
 # step() after synchronize() outside skip_synchronize(): one warning in

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import gradflow.torch as hvd
-from _torch_common import assert_close, assert_identical, batch, digits, flat, mlp, ok
+from _torch_common import Branchy, assert_close, assert_identical, batch, digits, flat, mlp, ok
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
@@ -38,19 +38,6 @@ def simulate_ranks(model, loss_of_rank, size=N):
 # then by one rank per step; `never` by no rank. Pool and copy paths, with
 # model.zero_grad() (set_to_none=True: the pool view is dropped),
 # model.zero_grad(set_to_none=False) and the optimizer's zero_grad().
-class Branchy(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.body = torch.nn.Linear(64, 10)
-        self.extra = torch.nn.Linear(64, 10)
-        self.never = torch.nn.Linear(3, 3)
-
-    def forward(self, x, use_extra):
-        out = self.body(x)
-        return out + self.extra(x) if use_extra else out
-
-
 def branchy_loss(model, step, r):
     xb, yb = batch(X, Y, step, r, N, PER)
     return F.cross_entropy(model(xb, step == 0 or r == step % N), yb)
