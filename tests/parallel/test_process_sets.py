@@ -96,6 +96,17 @@ def test_failure_under_gradflowrun_default_settings(mode):
     check_survivors(r, [0, 2, 3], 0.0, report)
 
 
+def test_abandoned_negotiation_does_not_corrupt_memory():
+    # A set member joining, late, the negotiation allreduce another member
+    # gave up on (Note [Abandoned operations]). Before the fix about 1 run in
+    # 3 aborted (heap corruption); three runs.
+    for _ in range(3):
+        out = run_mpi(3, "abandoned_negotiation_script.py", timeout=120,
+                      mpi_args=("-disable-auto-cleanup",))
+        assert "abandoned OK" in out.stdout, out.stdout + out.stderr
+        assert "corrupt" not in out.stderr and "Segmentation" not in out.stderr, out.stderr
+
+
 @pytest.mark.parametrize("n", [3, 4])
 def test_tensorflow_and_keras_per_set(n):
     pytest.importorskip("tensorflow")
