@@ -340,7 +340,9 @@ def _at_exit() -> None:
         sys.stderr.flush()
         os._exit(1 if _uncaught_exception else 0)
     failed = _native.failed_fatally()
-    _native.shutdown()  # its last cycle carries this rank's abort message, if any
+    # Its last cycle carries this rank's abort message, if any; it may also be
+    # where a dead peer shows (that cycle's deadline): True then.
+    failed = _native.shutdown() or failed
     # A notice that arrived while shutdown() waited (it interrupts the wait):
     # e.g. this rank's own error came from a peer's orderly shutdown in a
     # process set before the launcher's word that another peer had died.

@@ -252,6 +252,11 @@ HandleResult Runtime::wait(int64_t handle) {
 
 void Runtime::shutdown() {
   std::lock_guard<std::mutex> lock(shutdown_mu_);
+  // A dead global engine aborts the set engines from its loop thread (the
+  // fatal listener), but a thread woken by that failure may get here first:
+  // sets stopped without the abort would tell their peers "shutdown() was
+  // called" instead of why (a raising or dead rank elsewhere).
+  if (sets_ && loop_ && loop_->failed_fatally()) sets_->abort_sets(loop_->failure());
   if (sets_) sets_->shutdown_sets();  // Note [Process sets]: every engine stops
   if (loop_) loop_->shutdown();  // joins: the loop thread was the only MPI user
   timeline_.close();

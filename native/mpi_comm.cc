@@ -383,14 +383,26 @@ void MpiComm::barrier(const char* what, WaitStyle style) {
 }
 
 // In-place MPI_Iallreduce in chunks of kMaxCount elements, each polled.
+// Control collectives (kControl) run on a ControlCopy (Note [Abandoned
+// operations], mpi_internal.h).
 void MpiComm::Impl::iallreduce(MpiComm& self, void* buf, size_t count, size_t elem_bytes,
                                MPI_Datatype t, MPI_Op op, const char* what, WaitStyle style) {
   for (size_t done = 0; done < count; done += kMaxCount) {
+    const size_t n = std::min(kMaxCount, count - done);
+    char* chunk = static_cast<char*>(buf) + done * elem_bytes;
+    std::unique_ptr<ControlCopy> copy;
+    if (style == WaitStyle::kControl) copy = std::make_unique<ControlCopy>(chunk, n * elem_bytes);
     MPI_Request r;
-    mpi_check(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(buf) + done * elem_bytes,
-                             static_cast<int>(std::min(kMaxCount, count - done)), t, op, comm, &r),
+    mpi_check(MPI_Iallreduce(MPI_IN_PLACE, copy ? copy->get() : static_cast<void*>(chunk),
+                             static_cast<int>(n), t, op, comm, &r),
               "MPI_Iallreduce", what);
-    self.wait_request(&r, what, -1, style);
+    try {
+      self.wait_request(&r, what, -1, style);
+    } catch (...) {
+      (void)copy.release();  // MPI may still write it
+      throw;
+    }
+    if (copy) copy->commit();
   }
 }
 
@@ -408,13 +420,27 @@ void MpiComm::allreduce_builtin(void* buf, size_t count, DataType dt, ReduceOp o
                     WaitStyle::kData);
 }
 
+// Negotiation's broadcast: the size, then the bytes, each on a ControlCopy
+// (Note [Abandoned operations]).
 void MpiComm::bcast_vector(std::vector<uint8_t>& data, int root, const char* what) {
+  auto ibcast = [&](void* dst, size_t bytes, WaitStyle style) {
+    auto copy = std::make_unique<ControlCopy>(dst, bytes);
+    MPI_Request r;
+    mpi_check(MPI_Ibcast(copy->get(), static_cast<int>(bytes), MPI_BYTE, root, impl_->comm, &r),
+              "MPI_Ibcast", what);
+    try {
+      wait_request(&r, what, root, style);
+    } catch (...) {
+      (void)copy.release();  // MPI may still write it
+      throw;
+    }
+    copy->commit();
+  };
   uint64_t n = data.size();
-  MPI_Request r;
-  mpi_check(MPI_Ibcast(&n, 1, MPI_UINT64_T, root, impl_->comm, &r), "MPI_Ibcast", what);
-  wait_request(&r, what, root, WaitStyle::kControl);
+  ibcast(&n, sizeof n, WaitStyle::kControl);
   if (rank_ != root) data.resize(n);
-  bcast(data.data(), n, root, what);
+  for (size_t done = 0; done < n; done += kMaxCount)
+    ibcast(data.data() + done, std::min(kMaxCount, static_cast<size_t>(n) - done), WaitStyle::kData);
 }
 
 // Point-to-point rather than MPI_Igatherv so that, when the deadline passes,
@@ -424,9 +450,17 @@ std::vector<std::vector<uint8_t>> MpiComm::gather_to_root(const std::vector<uint
                                                           int root, const char* what) {
   std::vector<std::vector<uint8_t>> out;
   if (rank_ != root) {
+    // A freed send request still reads its buffer: a copy MPI may keep
+    // (Note [Abandoned operations]).
+    auto copy = std::make_unique<std::vector<uint8_t>>(mine);
     RequestList reqs;
-    isend(mine.data(), mine.size(), root, kTagGather, reqs);
-    wait_all(reqs, what, WaitStyle::kControl);
+    isend(copy->data(), copy->size(), root, kTagGather, reqs);
+    try {
+      wait_all(reqs, what, WaitStyle::kControl);
+    } catch (...) {
+      (void)copy.release();
+      throw;
+    }
     return out;
   }
   out.resize(size_);
@@ -461,7 +495,10 @@ std::vector<std::vector<uint8_t>> MpiComm::gather_to_root(const std::vector<uint
     std::vector<int> missing;
     for (int p = 0; p < size_; ++p) {
       if (!done[p]) missing.push_back(p);
-      if (reqs[p] != MPI_REQUEST_NULL) MPI_Request_free(&reqs[p]);  // matched: data in flight
+      if (reqs[p] != MPI_REQUEST_NULL) {  // matched: data in flight, into a buffer kept for MPI
+        MPI_Request_free(&reqs[p]);
+        (void)new std::vector<uint8_t>(std::move(out[p]));  // Note [Abandoned operations]
+      }
     }
     mark_broken();
     mpi_check(rc, "MPI_Improbe/MPI_Imrecv", what);

@@ -9,6 +9,8 @@
 #include <chrono>
 #include <climits>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -40,6 +42,50 @@ inline void mpi_check(int rc, const char* call, const char* what) {
   throw TransportError(std::string("gradflow: ") + call + " failed in " + what + ": " +
                       std::string(text, static_cast<size_t>(len)));
 }
+
+// Note [Abandoned operations]
+// A wait that fails (deadline, interrupt_waits, MPI error) leaves its
+// operation inside MPI: a nonblocking collective can be neither cancelled nor
+// freed (MPI 3.1, 5.12), and a receive that MPI already matched goes on. MPI
+// may complete it later, in any MPI call of any thread of this process, once
+// a peer that was merely late takes part: a live member of a process set
+// whose engine stops after this rank's engine failed (its shutdown cycle
+// joins the bit-vector allreduce this rank gave up on), or a rank not yet
+// told of a death. MPI then writes into the operation's buffer. The buffers
+// of the control collectives (negotiation) were locals of the caller, freed
+// on unwinding: the late write corrupted the heap of a survivor
+// (test_process_sets.py::test_failure_under_gradflowrun_default_settings
+// [dead], 2 runs in 150: "free(): corrupted unsorted chunks", SIGSEGV; or a
+// hang). So control collectives run on a ControlCopy, which a failed wait
+// leaves to MPI for good (never freed: the process is ending), and gather's
+// matched receives keep their buffers. Data collectives (the mpi algorithm,
+// allgather, ...) and the algorithms' point-to-point receives still run on
+// the caller's memory: copying every data buffer would cost the data path,
+// and there a late write needs a live peer still sending to a rank that
+// already failed.
+class ControlCopy {
+ public:
+  ControlCopy(void* data, size_t bytes)
+      : data_(data), bytes_(bytes), copy_(new uint8_t[bytes > 0 ? bytes : 1]) {
+    if (bytes > 0) std::memcpy(copy_, data, bytes);
+  }
+  ControlCopy(const ControlCopy&) = delete;
+  ControlCopy& operator=(const ControlCopy&) = delete;
+  // Not freed unless commit() ran: the operation was abandoned.
+  ~ControlCopy() = default;
+  uint8_t* get() { return copy_; }
+  // The operation completed: its result back to the caller's memory.
+  void commit() {
+    if (bytes_ > 0) std::memcpy(data_, copy_, bytes_);
+    delete[] copy_;
+    copy_ = nullptr;
+  }
+
+ private:
+  void* data_;
+  size_t bytes_;
+  uint8_t* copy_;
+};
 
 // What MpiComm hides from its header: the MPI communicator itself.
 struct MpiComm::Impl {

@@ -153,14 +153,17 @@ PYBIND11_MODULE(_native, m) {
             std::lock_guard<std::mutex> lock(process().mu);
             rt.swap(process().runtime);
           }
-          if (!rt) return;
+          if (!rt) return false;
           if (!rt->owned_by_this_process()) {  // fork() child: the parent's; leave it alone
             new std::shared_ptr<Runtime>(std::move(rt));
-            return;
+            return false;
           }
           rt->shutdown();  // waiters holding a reference wake with an error
+          return rt->failed_fatally();
         },
-        "Stop the background loop and release the runtime (destroyed once no call uses it).",
+        "Stop the background loop and release the runtime (destroyed once no call uses it). "
+        "True if it had failed fatally by then (its last cycle may be where a dead peer shows): "
+        "MPI_Finalize may hang.",
         py::call_guard<py::gil_scoped_release>());
   m.def("is_initialized", [] { return static_cast<bool>(current_or_null()); },
         "True if init() was called in this process (not inherited through fork()) and shutdown() was not.");

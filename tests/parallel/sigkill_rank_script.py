@@ -1,10 +1,15 @@
 """One rank (argv[1], default 1) kills itself with SIGKILL; every other rank
 must raise GradflowError. argv[2] says when: "mid" while a stream of 64 MiB
-allreduces is on the wire (MPI itself may notice), "idle" while the others
-wait for it in negotiation (only GRADFLOW_TIMEOUT or gradflowrun's failure
-notice ends that wait), "busy" while the others compute outside gradflow
-(gradflowrun's grace period stops them). Prints "rank V: SIGKILL at <epoch>" and "rank R
-raised at <epoch> after T s ...": the test checks the times and exit codes."""
+allreduces is on the wire (MPI itself may notice), "inside" a quarter of the
+way through one 64 MiB allreduce (its duration measured on three before
+it), so the death lands inside the algorithm's own exchanges rather than
+between two collectives (measured: 23 of 24 runs; a busy machine may delay
+the victim's wake-up past the collective), "idle" while the others wait for it in negotiation (only
+GRADFLOW_TIMEOUT or gradflowrun's failure notice ends that wait), "busy"
+while the others compute outside gradflow (gradflowrun's grace period stops
+them). argv[3] is the reduction, "sum" (default) or "adasum". Prints "rank
+V: SIGKILL at <epoch>" and "rank R raised at <epoch> after T s ...": the
+test checks the times and exit codes."""
 import os
 import signal
 import sys
@@ -17,12 +22,13 @@ import gradflow as gf
 
 VICTIM = int(sys.argv[1]) if len(sys.argv) > 1 else 1
 MODE = sys.argv[2] if len(sys.argv) > 2 else "mid"
+OP = {"sum": gf.Sum, "adasum": gf.Adasum}[sys.argv[3] if len(sys.argv) > 3 else "sum"]
 BIG = 16 << 20  # float32 elements: 64 MiB
 
 gf.init()
 R = gf.rank()
-x = np.ones(BIG if MODE == "mid" else 4, np.float32)
-gf.allreduce(x, op=gf.Sum, name="warmup")  # everyone is up (and the big path is warm)
+x = np.ones(BIG if MODE in ("mid", "inside") else 4, np.float32)
+gf.allreduce(x, op=OP, name="warmup")  # everyone is up (and the big path is warm)
 gf.barrier()
 
 
@@ -43,13 +49,35 @@ if R == VICTIM:
     def kill_soon():
         time.sleep(0.3)  # a 64 MiB allreduce takes longer than the gap between them
         die()
-    threading.Thread(target=kill_soon, daemon=True).start()
+    if MODE == "mid":
+        threading.Thread(target=kill_soon, daemon=True).start()
+
+# "inside": the victim submits last, when the others have long been waiting,
+# so the collective starts at once and its duration from the victim's submit
+# is the algorithm's own; it then dies a quarter of that after submitting
+# (late enough for the negotiation to be over, early enough to be inside
+# the exchanges although the sleep may overshoot on a busy machine).
+quarter_allreduce = 0.0
+if MODE == "inside":
+    took = []
+    for i in range(3):
+        if R == VICTIM:
+            time.sleep(0.2)
+        t = time.time()
+        gf.allreduce(x, op=OP, name=f"timed.{i}")
+        took.append(time.time() - t)
+    quarter_allreduce = sorted(took)[1] / 4
 
 t0 = time.time()
 i = 0
 try:
     while time.time() - t0 < 300:  # the victim never finishes this loop
-        h = gf.allreduce_async(x, op=gf.Sum, name=f"op.{i}")
+        if R == VICTIM and MODE == "inside":
+            time.sleep(0.2)
+        h = gf.allreduce_async(x, op=OP, name=f"op.{i}")
+        if R == VICTIM and MODE == "inside":
+            time.sleep(quarter_allreduce)  # its loop thread is in the exchanges
+            die()
         h.wait()
         i += 1
 except gf.GradflowError as e:
