@@ -110,16 +110,20 @@ def worker(modes: List[str], batch: int, warmup: int, steps: int, reps: int, out
             fn(x, y)
     before = gradflow.stats().get("allreduce.count", 0.0)
     res: Dict[str, List[float]] = {s: [] for s in runs}
+    cpu: Dict[str, List[float]] = {s: [] for s in runs}
     names = list(runs)
     for r in range(reps):
         order = names[r % len(names):] + names[:r % len(names)]
         for system in order:
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             for _ in range(steps):
                 runs[system](x, y)
             res[system].append(batch * steps / (time.perf_counter() - t0))
+            # CPU of every thread of the process (TF's, gradflow's loop):
+            # what the step costs, less sensitive to other jobs than wall time
+            cpu[system].append((time.process_time() - c0) / steps * 1e3)
     with open(out, "w") as f:
-        json.dump({"samples_per_s": res,
+        json.dump({"samples_per_s": res, "cpu_ms_per_step": cpu,
                    "allreduces_while_timed": gradflow.stats().get("allreduce.count", 0.0) - before},
                   f)
     hvd.shutdown()
@@ -146,6 +150,7 @@ def main() -> int:
         p.error(f"unknown modes {unknown}; known: {', '.join(MODES + PROBES)}")
     trees = [os.path.abspath(t) for t in a.trees]
     raw: Dict[str, List[Dict[str, List[float]]]] = {t: [] for t in trees}
+    raw_cpu: Dict[str, List[Dict[str, List[float]]]] = {t: [] for t in trees}
     sent: Dict[str, List[float]] = {t: [] for t in trees}
     load0, t_start = os.getloadavg()[0], time.time()
     with tempfile.TemporaryDirectory() as d:
@@ -161,6 +166,7 @@ def main() -> int:
                 with open(out) as f:
                     rec = json.load(f)
                 raw[t].append(rec["samples_per_s"])
+                raw_cpu[t].append(rec["cpu_ms_per_step"])
                 sent[t].append(rec["allreduces_while_timed"])
                 print(f"group {g + 1}/{a.groups} {t}: done (load {os.getloadavg()[0]:.1f})", flush=True)
     summary = {}
@@ -171,16 +177,19 @@ def main() -> int:
         # load of a shared machine moves much less within one round.
         ratio = {s: statistics.median(x / k for grp in raw[t] for x, k in zip(grp[s], grp["keras"]))
                  for s in systems}
+        cpu = {s: statistics.median(v for grp in raw_cpu[t] for v in grp[s]) for s in systems}
         summary[t] = {"median_samples_per_s": med, "ratio_vs_keras": ratio,
-                      "allreduces_while_timed": sent[t]}
+                      "median_cpu_ms_per_step": cpu, "allreduces_while_timed": sent[t]}
         print(f"\n{t}  (allreduces submitted while timed: {sent[t]})")
         for s in systems:
-            print(f"  {s:12s} {med[s]:7.1f} samples/s  ratio vs keras {ratio[s]:.3f}")
+            print(f"  {s:12s} {med[s]:7.1f} samples/s  ratio vs keras {ratio[s]:.3f}  "
+                  f"CPU {cpu[s]:6.1f} ms/step")
     bu.record_result("keras_one_rank_overhead", {
         "batch": a.batch, "warmup": a.warmup, "steps": a.steps, "reps": a.reps, "groups": a.groups,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t_start)),
         "load_start": load0, "load_end": os.getloadavg()[0],
         "raw": {bu.portable_path(t): v for t, v in raw.items()},
+        "raw_cpu_ms_per_step": {bu.portable_path(t): v for t, v in raw_cpu.items()},
         "summary": {bu.portable_path(t): v for t, v in summary.items()}})
     return 0
 
