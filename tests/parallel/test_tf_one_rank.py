@@ -1,8 +1,9 @@
 """TensorFlow/Keras on one rank costs nothing (issue 16 target 2,
 gradflow/one_rank.py): at N = 1 every DistributedOptimizer /
 DistributedGradientTape mode trains bit for bit like plain Keras / TF and
-sends nothing through the core; in a 2- or 3-rank job a one-member process
-set takes that path while the other set still reduces, against numpy."""
+sends nothing through the core (also Keras on the torch backend); in a 2-4
+rank job a one-member process set takes that path while the other set still
+reduces, against numpy."""
 import importlib.util
 
 import pytest
@@ -30,3 +31,11 @@ def test_one_member_process_set_takes_the_one_rank_path(n):
     out = run_mpi(n, "tf_one_rank_sets_script.py", env={**TF_ENV, "GRADFLOW_SPARSE_CHUNK": "4"},
                   timeout=400)
     assert f"tf one rank sets OK on {n} ranks" in out.stdout, out.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_keras_torch_backend_one_rank_is_plain_keras():
+    out = run_mpi(1, "keras_torch_one_rank_script.py",
+                  env={**TF_ENV, "KERAS_BACKEND": "torch", "GRADFLOW_SPARSE_CHUNK": "4"},
+                  timeout=240)
+    assert "keras torch one rank OK" in out.stdout, out.stdout
