@@ -5,10 +5,15 @@ sends nothing through the core (also Keras on the torch backend); in a 2-4
 rank job a one-member process set takes that path while the other set still
 reduces, against numpy."""
 import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
-from _launch import run_mpi
+from _launch import HERE, rank_env, run_cwd, run_mpi, skip_unless_hydra
 
 TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTEROP_THREADS": "1",
           "TF_NUM_INTRAOP_THREADS": "1", "KERAS_BACKEND": "tensorflow"}
@@ -39,3 +44,47 @@ def test_keras_torch_backend_one_rank_is_plain_keras():
                   env={**TF_ENV, "KERAS_BACKEND": "torch", "GRADFLOW_SPARSE_CHUNK": "4"},
                   timeout=240)
     assert "keras torch one rank OK" in out.stdout, out.stdout
+
+
+@skip_unless_hydra("elastic workers are started with the mpich wheel's mpiexec")
+def test_elastic_keras_grows_from_one_worker(tmp_path):
+    """model.fit's train function is traced while the world has one worker
+    and kept when a second one joins (gradflow/keras/elastic.py): in elastic
+    mode the traced step must not bake in the one-rank path, or the two
+    workers would stop reducing together. Both end with the same weights."""
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost:1\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    env = rank_env()
+    env.update(ELASTIC_EPOCHS="2", ELASTIC_LOG=str(log_dir), ELASTIC_STEP_SLEEP="0.05",
+               ELASTIC_WAIT="2:1", GRADFLOW_TIMEOUT="60")
+    cmd = [sys.executable, "-m", "gradflow.runner.launch", "--min-np", "1", "--max-np", "2",
+           "--start-timeout", "150", "--host-discovery-script", str(script),
+           sys.executable, os.path.join(HERE, "elastic_keras_script.py")]
+    p = subprocess.Popen(cmd, env=env, cwd=run_cwd(), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 200
+        while time.time() < deadline and p.poll() is None:
+            if any('"step"' in f.read_text() for f in log_dir.iterdir()):
+                break  # the one worker has traced and run its train function
+            time.sleep(0.2)
+        hosts.write_text("localhost:2\n")
+        out, _ = p.communicate(timeout=400)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, out[-6000:]
+    assert "generation 1: 2 worker(s)" in out, out[-6000:]
+    results = {}
+    for path in log_dir.iterdir():
+        with open(path) as f:
+            events = [json.loads(line) for line in f]
+        results.update({path.stem: e for e in events if e["event"] == "result"})
+    assert sorted(results) == ["worker-0", "worker-1"], out[-6000:]
+    assert {r["size"] for r in results.values()} == {2}, results
+    assert len({r["hash"] for r in results.values()}) == 1, results
