@@ -7,6 +7,7 @@ reduces, against numpy."""
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -65,8 +66,10 @@ def test_elastic_keras_grows_from_one_worker(tmp_path):
     cmd = [sys.executable, "-m", "gradflow.runner.launch", "--min-np", "1", "--max-np", "2",
            "--start-timeout", "150", "--host-discovery-script", str(script),
            sys.executable, os.path.join(HERE, "elastic_keras_script.py")]
+    # Own session: a hung job (what a baked-in one-rank path gives) is killed
+    # whole, workers included, not only the launcher.
     p = subprocess.Popen(cmd, env=env, cwd=run_cwd(), stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.time() + 200
         while time.time() < deadline and p.poll() is None:
@@ -76,8 +79,10 @@ def test_elastic_keras_grows_from_one_worker(tmp_path):
         hosts.write_text("localhost:2\n")
         out, _ = p.communicate(timeout=400)
     finally:
-        if p.poll() is None:
-            p.kill()
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # leftovers of a failed run, if any
+        except ProcessLookupError:
+            pass
     assert p.returncode == 0, out[-6000:]
     assert "generation 1: 2 worker(s)" in out, out[-6000:]
     results = {}
