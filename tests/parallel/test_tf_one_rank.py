@@ -66,8 +66,9 @@ def test_elastic_keras_grows_from_one_worker(tmp_path):
     cmd = [sys.executable, "-m", "gradflow.runner.launch", "--min-np", "1", "--max-np", "2",
            "--start-timeout", "150", "--host-discovery-script", str(script),
            sys.executable, os.path.join(HERE, "elastic_keras_script.py")]
-    # Own session: a hung job (what a baked-in one-rank path gives) is killed
-    # whole, workers included, not only the launcher.
+    # Own session, and SIGINT first: a hung job (what a baked-in one-rank path
+    # gives) is ended whole; the elastic driver kills its workers (each in a
+    # session of its own) on KeyboardInterrupt.
     p = subprocess.Popen(cmd, env=env, cwd=run_cwd(), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -79,6 +80,12 @@ def test_elastic_keras_grows_from_one_worker(tmp_path):
         hosts.write_text("localhost:2\n")
         out, _ = p.communicate(timeout=400)
     finally:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                pass
         try:
             os.killpg(p.pid, signal.SIGKILL)  # leftovers of a failed run, if any
         except ProcessLookupError:
