@@ -37,6 +37,13 @@ def count_step() -> None:
     _steps += 1
 
 
+def running() -> bool:
+    """Whether this process writes monitoring snapshots (gradflowrun
+    --monitor): a wrapper that adds per-step work only to count steps
+    (the one-rank TensorFlow path) checks this first."""
+    return _thread is not None
+
+
 def steps() -> int:
     """Optimizer updates counted in this process so far."""
     return _steps

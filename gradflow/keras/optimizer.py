@@ -23,6 +23,13 @@ and the update uses their SUM (Horovod's default,
 (`average_aggregated_gradients=True`, which is what Keras's accumulation alone
 would do).
 
+Over a process set of one member (e.g. one rank) the gradients are not
+reduced at all: averaging is the identity, so the update is the plain
+optimizer's, bit for bit, in every mode (wire format, CSC, Adasum, predivide,
+accumulation), and nothing crosses to the core (gradflow/one_rank.py;
+decided when the step is traced, except in elastic mode where the world may
+re-form under a compiled step). The argument checks stay.
+
 `optimizer.sparse_ratio` is read on every step (so `SparseWarmupCallback` can
 change it between epochs without retracing): None follows
 GRADFLOW_SPARSE_RATIO, 1.0 is dense, r < 1 sends the top r fraction of chunks.
@@ -38,6 +45,7 @@ from .. import collectives as _c
 from .. import monitor as _monitor
 from ..collectives import Average, ReduceOp, reduce_op
 from ..compression import Compression, wire_code
+from ..one_rank import check_sparse_ratio, gradients_are_local
 from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
 
 
@@ -45,6 +53,18 @@ class _DistributedMixin:
     """Methods placed in front of the user's optimizer class (see DistributedOptimizer)."""
 
     _gradflow_wrapped = True
+
+    @property
+    def sparse_ratio(self) -> Optional[float]:
+        """CSC ratio read on every step (None: GRADFLOW_SPARSE_RATIO, 1.0:
+        dense). Checked when set: the one-rank path never submits, so the
+        core would never see a bad value."""
+        return self._gradflow_sparse_ratio
+
+    @sparse_ratio.setter
+    def sparse_ratio(self, value: Optional[float]) -> None:
+        check_sparse_ratio(value, "DistributedOptimizer")
+        self._gradflow_sparse_ratio = value
 
     def _gradflow_setup(self, name: str, compression, op: ReduceOp, sparse_ratio: Optional[float],
                         backward_passes_per_step: int, sparse_as_dense: bool,
@@ -128,6 +148,8 @@ class _DistributedMixin:
 
 
 def _divided(grad: Any, n: int) -> Any:
+    if n == 1:
+        return grad  # x / 1 == x: no elementwise pass on one rank
     if keras.backend.backend() == "tensorflow":
         from ..tensorflow.gradient_tape import _divide  # handles tf.IndexedSlices too
         return _divide(grad, n)
@@ -136,8 +158,11 @@ def _divided(grad: Any, n: int) -> Any:
 
 def _reduce_eager_numpy(grads: List[Any], names: List[str], opt: _DistributedMixin) -> List[Any]:
     """Eager backends (torch): gradients cross as numpy arrays, one collective
-    each, all submitted before any is waited on so the core fuses them."""
+    each, all submitted before any is waited on so the core fuses them.
+    Over a one-member set they come back as they are (gradflow/one_rank.py)."""
     _monitor.count_step()  # one reduction = one update (gradflowrun --monitor)
+    if gradients_are_local(opt.process_set, "DistributedOptimizer", traced=False):
+        return list(grads)
     out = list(grads)
     f = opt.gradient_predivide_factor
     handles = []
@@ -200,6 +225,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     member_id(process_set, "DistributedOptimizer")  # registered, and this rank a member
     reduce_op(op)  # an unknown op raises here, at construction
     _c.check_adasum_options(op, wire_code(compression), sparse_ratio, "DistributedOptimizer")
+    check_sparse_ratio(sparse_ratio, "DistributedOptimizer")
     base = optimizer.__class__
     # Same module and name as the user's class: a saved model reloads with the
     # plain optimizer (wrap it again after loading).

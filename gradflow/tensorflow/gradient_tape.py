@@ -13,6 +13,8 @@ the core in ONE call. Either way every tensor is submitted before any is
 waited on, so the core fuses those that are ready together.
 `tf.IndexedSlices` gradients are made dense (`sparse_as_dense=True`) or their
 values and indices are allgathered, as in Horovod.
+Over a process set of one member nothing crosses to the core: the gradients
+are the reduced gradients (one_rank.py).
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ import tensorflow as tf
 from ..collectives import Adasum, Average, ReduceOp, Sum, check_adasum_options, reduce_op
 from ..compression import Compression, wire_code
 from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
+from ..one_rank import check_sparse_ratio, gradients_are_local
+from .one_rank import local_gradients
 from .ops import SparseRatio, _allreduce_indexed_slices
 from .overlap import start_allreduce
 
@@ -38,13 +42,18 @@ def reduce_gradients(grads: Sequence[Any], names: Sequence[str], op: ReduceOp = 
     Dense gradients go in one grouped crossing; `names[i]` names gradient i on
     every rank, so it must be derived the same way everywhere (e.g. from the
     position in the variable list). `sparse_ratio` may be a callable read on
-    every step (the Keras wrapper's mutable setting)."""
+    every step (the Keras wrapper's mutable setting). Over a one-member set
+    the gradients come back as they are, nothing crossing to the core
+    (gradflow/one_rank.py; decided when traced, except in elastic mode)."""
     op = reduce_op(op)
     if op not in (Sum, Average, Adasum):
         raise ValueError(f"gradflow: gradients can be reduced with Sum, Average or Adasum, not "
                          f"{op!r}")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradflow: gradient_predivide_factor needs op=Average")
+    if gradients_are_local(process_set, "gradient reduction", traced=not tf.executing_eagerly()):
+        # One member: the reduction is the identity (gradflow/one_rank.py).
+        return local_gradients(grads, names, compression, sparse_ratio, sparse_as_dense)
     # Average with predivide f: each rank scales by 1/f before the sum and the
     # core scales the sum by f/size afterwards (Horovod's split of the average).
     prescale, postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor
@@ -126,6 +135,7 @@ class DistributedGradientTape:
         # Registered, and this rank a member: a non-member's tape could never reduce.
         member_id(process_set, "DistributedGradientTape")
         check_adasum_options(op, wire_code(compression), sparse_ratio, "DistributedGradientTape")
+        check_sparse_ratio(sparse_ratio, "DistributedGradientTape")
         if isinstance(gradtape, DistributedGradientTape):
             gradtape = gradtape._tape
         self._tape = gradtape
@@ -194,6 +204,8 @@ class DistributedGradientTape:
 
 
 def _divide(grad: Any, n: int) -> Any:
+    if n == 1:
+        return grad  # x / 1 == x: no elementwise pass on one rank
     if isinstance(grad, tf.IndexedSlices):
         return tf.IndexedSlices(grad.values / tf.cast(n, grad.values.dtype), grad.indices,
                                 grad.dense_shape)
