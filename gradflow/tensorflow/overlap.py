@@ -163,7 +163,10 @@ def start_allreduce(tensors: Sequence[tf.Tensor], names: Sequence[str], op: Redu
     wire_code(compression)  # validate now, not inside the callback
     _check_not_xla(f"allreduce {names[0]!r}")
     last = len(tensors) - 1
-    keys: List[Optional[tf.Tensor]] = [None] * len(tensors)
+    # No annotation here: AutoGraph converts this function when a traced step
+    # calls it, and cannot make an annotated name nonlocal for finish() (it
+    # warned on every trace). One submit key (int64 tensor) per tensor.
+    keys = [None] * len(tensors)
     for i in range(last, -1, -1):  # backward order: the last variable's gradient comes first
         fn = _submit_fn(names[i], op, compression, prescale_factor, postscale_factor,
                         sparse_ratio, process_set, count_step and i == last)

@@ -1,0 +1,66 @@
+"""Per-call latency of back-to-back synchronous small allreduces (issue 16,
+target 6): `gradflow.torch.allreduce_` of a float32 tensor called again as
+soon as the previous call returns, no barrier in between: what a training
+loop's metric or scalar allreduces see. (allreduce_bench.py puts a barrier
+before every call, so there each call starts with every loop asleep.)
+
+    mpiexec -n 2 python benchmarks/back_to_back_latency.py            # 4 KiB, 3 blocks of 2000 calls
+    mpiexec -n 1 python benchmarks/back_to_back_latency.py --bytes 65536
+    mpiexec -n 2 python benchmarks/back_to_back_latency.py --bytes 1048576 --api numpy
+
+Prints, per rank and block, the median call time in µs, then the core's
+negotiation and transfer seconds per call (gradflow.stats(), all blocks).
+The value is checked once against the exact sum."""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+import gradflow
+import gradflow.torch as hvd
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bytes", type=int, default=4096)
+    p.add_argument("--calls", type=int, default=2000, help="calls per block")
+    p.add_argument("--blocks", type=int, default=3)
+    p.add_argument("--api", choices=("torch", "numpy"), default="torch",
+                   help="torch: allreduce_ in place; numpy: gradflow.allreduce, out of place "
+                        "(a new result array per call, the input untouched)")
+    a = p.parse_args()
+    hvd.init()
+    t = torch.ones(a.bytes // 4)
+    x = np.ones(a.bytes // 4, np.float32)
+    if a.api == "torch":
+        def call():
+            hvd.allreduce_(t, op=hvd.Sum, name="b2b")
+    else:
+        def call():
+            return gradflow.allreduce(x, op=gradflow.Sum, name="b2b")
+    out = call()
+    got = t.numpy() if a.api == "torch" else out
+    assert np.array_equal(got, np.full_like(got, float(hvd.size()))), "wrong sum"
+    gradflow.reset_stats()
+    for _ in range(a.blocks):
+        times = []
+        for _ in range(a.calls):
+            t0 = time.perf_counter_ns()
+            call()
+            times.append(time.perf_counter_ns() - t0)
+        print(f"rank {hvd.rank()}: median {statistics.median(times) / 1e3:.1f} us per call "
+              f"({a.api}, {a.bytes} B, {hvd.size()} rank(s))", flush=True)
+    st = gradflow.stats()
+    n = a.calls * a.blocks
+    print(f"rank {hvd.rank()}: per call negotiation {st.get('seconds_negotiation', 0) / n * 1e6:.1f} us, "
+          f"transfer {st.get('seconds_transfer', 0) / n * 1e6:.1f} us, "
+          f"cycles {st.get('negotiation.cycles', 0) / n:.2f}", flush=True)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
