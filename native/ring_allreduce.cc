@@ -40,6 +40,25 @@
 // Message order. All traffic is left -> right on kTagRing; MPI matches
 // messages between one pair in order, and both sides enumerate (step, piece)
 // in the same order, so piece sizes always agree.
+//
+// Note [Receives before send waits]. With two ranks, left and right are the
+// same peer, and that peer sends us its allgather pieces while it is still
+// receiving our reduce-scatter pieces. If those allgather pieces find no
+// posted receive, they wait in the transport as unexpected messages; MPICH
+// over libfabric's tcp provider (the netmod of benchmarks/cluster) then
+// stopped completing our reduce-scatter sends: the peer had received every
+// byte, yet our wait_all(rs_sends_) and its wait_all(ag_sends_) both timed
+// out. Seen 5 times in ~70 loaded runs of a 64 MiB, 256 KiB-piece ring
+// between two emulated hosts (docs/performance.md, "The two-rank ring
+// deadlock"); never with the receives posted first. So at two ranks the
+// allgather receives are posted together with the reduce-scatter receives,
+// before any wait on our sends. They cannot land in place while a send may
+// still read that memory (MPI forbids writing a pending send's buffer), so
+// they land in the spare receive buffer and are copied (or decoded) into
+// place once the reduce-scatter sends are complete. The out-of-place path
+// sent segment r-1 from the input, so there they land in place directly.
+// With three or more ranks the peer we wait on for send completion (right)
+// never sends us data, so the order there is unchanged.
 #include "ring_allreduce.h"
 
 #include <algorithm>
@@ -113,6 +132,7 @@ class Ring {
     }
     RequestList recvs[2];
     post_recvs_rs(0, recvs[0]);
+    if (then_allgather && n_ == 2) post_early_allgather_recvs();
     for (int s = 0; s < n_ - 1; ++s) {
       const int k = mod(r_ - 2 - s);  // the segment arriving at this step
       const bool last = s == n_ - 2;  // k == r: we are its owner
@@ -142,6 +162,10 @@ class Ring {
   // steps are posted at once. Reduce-scatter sends were completed first since
   // they read the memory these receives overwrite.
   void allgather() {
+    if (early_ag_) {
+      finish_early_allgather();
+      return;
+    }
     RequestList recvs;
     for (int s = 0; s < n_ - 1; ++s) {
       const int k = mod(r_ - 1 - s);
@@ -179,6 +203,43 @@ class Ring {
     size_t bytes = piece_len(k, j) * ws_;
     comm_.isend(wire_at(k, j), bytes, right(), kTagRing, sends);
     stats_->bytes_sent += bytes;
+  }
+
+  // Note [Receives before send waits]: two ranks, allgather step 0 receives
+  // segment r-1, posted before reduce-scatter waits on its sends. Staged in
+  // receive buffer 1 (reduce-scatter at two ranks only uses buffer 0) unless
+  // the out-of-place dense path left that part of the buffer unsent.
+  void post_early_allgather_recvs() {
+    const int k = mod(r_ - 1);
+    ag_stage_ = (src_ && !wire_) ? nullptr : rbuf_[1];
+    for (size_t j = 0; j < pieces(k); ++j) {
+      const size_t bytes = piece_len(k, j) * ws_;
+      uint8_t* dst = ag_stage_ ? ag_stage_ + j * piece_ * ws_ : buf_at(k, j);
+      comm_.irecv(dst, bytes, left(), kTagRing, ag_recvs_);
+      stats_->bytes_received += bytes;
+    }
+    early_ag_ = true;
+  }
+
+  // The reduce-scatter sends are complete here (reduce_scatter waited for
+  // them), so the staged pieces may now overwrite what they read.
+  void finish_early_allgather() {
+    const int k = mod(r_ - 1);
+    for (size_t j = 0; j < pieces(k); ++j) {
+      comm_.wait(ag_recvs_, j, "ring allgather");
+      if (!ag_stage_) continue;  // landed in place
+      const uint8_t* staged = ag_stage_ + j * piece_ * ws_;
+      if (wire_) {
+        auto t = Clock::now();
+        decode_f32(wdt_, reinterpret_cast<const uint16_t*>(staged),
+                   reinterpret_cast<float*>(buf_at(k, j)), piece_len(k, j));
+        stats_->codec_seconds += seconds_since(t);
+      } else {
+        std::memcpy(buf_at(k, j), staged, piece_len(k, j) * es_);
+      }
+    }
+    ag_recvs_.clear();
+    comm_.wait_all(ag_sends_, "ring allgather");
   }
 
   // Receives of reduce-scatter step s (segment r-2-s) into receive buffer s%2.
@@ -236,6 +297,10 @@ class Ring {
   uint8_t* rbuf_[2] = {nullptr, nullptr};  // reduce-scatter receive buffers
   const uint8_t* src_ = nullptr;  // out of place: the input (Note [Out-of-place ring])
   RequestList rs_sends_, ag_sends_;
+  // Note [Receives before send waits] (two ranks only).
+  bool early_ag_ = false;
+  RequestList ag_recvs_;
+  uint8_t* ag_stage_ = nullptr;  // staging for ag_recvs_, or null: in place
 };
 
 std::vector<size_t> balanced_segments(size_t count, int n) {

@@ -97,3 +97,22 @@ def test_auto_takes_the_ring_across_hosts(two_hosts):
     r, report = _run_across_hosts(two_hosts, "algo_choice_script.py", "--allreduce-algo", "auto",
                                   env={"EXPECT_ONE_NODE": "0"})
     assert "[0]<stdout>: algo choice OK on 4 ranks with auto" in r.stdout, report
+
+
+def test_two_rank_ring_with_many_pieces_in_flight(two_hosts):
+    # Note [Receives before send waits] (native/ring_allreduce.cc): one rank
+    # per host, so left == right and the allgather pieces cross the
+    # reduce-scatter on one TCP connection; 256 KiB pieces, 16 MiB buffers,
+    # out of place, in place and on the 16-bit wire, bitwise against numpy.
+    env = dict(os.environ, MPIR_CVAR_POLLS_BEFORE_YIELD="10", GRADFLOW_TIMEOUT="60",
+               GRADFLOW_RING_PIPELINE_BYTES=str(256 << 10), GRADFLOW_ALLREDUCE_ALGO="ring")
+    if in_place_build():
+        env["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
+    try:
+        r = two_hosts.run([sys.executable, os.path.join(HERE, "two_rank_ring_script.py")], n=2,
+                          timeout=240, env=env, cwd=run_cwd())
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"timed out after 240 s: {e}")
+    report = f"stdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}"
+    assert r.returncode == 0, report
+    assert "two-rank ring OK" in r.stdout, report
