@@ -14,6 +14,7 @@ namespace gradflow {
 
 namespace {
 
+// MPI's own type and operation for allreduce_builtin.
 MPI_Datatype mpi_type(DataType dt) {
   switch (dt) {
     case DataType::kUInt8: return MPI_UINT8_T;
@@ -44,7 +45,6 @@ MPI_Op mpi_op(ReduceOp op, DataType dt) {
   }
   throw GradflowError("gradflow: unknown reduce op");
 }
-
 
 }  // namespace
 
