@@ -277,14 +277,21 @@ def script_cmdline() -> str:
     return "python " + portable_cmd([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
 
 
+def rotated(names: Sequence[str], round_: int) -> List[str]:
+    """`names` started at position round_ (mod len): the order of one round
+    of an interleaved measurement, rotated each round so that load drift
+    hits every name alike."""
+    k = round_ % len(names)
+    return list(names[k:]) + list(names[:k])
+
+
 def run_interleaved(names: Sequence[str], repeat: int, start) -> Dict[str, List[object]]:
     """`repeat` rounds of one process group per name, the order rotated each
     round so that load drift hits every name alike. start(name, label)
     launches one group and returns its result; returns name -> results."""
     runs: Dict[str, List[object]] = {n: [] for n in names}
     for rep in range(repeat):
-        order = list(names[rep % len(names):]) + list(names[: rep % len(names)])
-        for n in order:
+        for n in rotated(names, rep):
             runs[n].append(start(n, f"{n} (repetition {rep + 1}/{repeat})"))
     return runs
 

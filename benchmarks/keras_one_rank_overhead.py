@@ -30,16 +30,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from typing import Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import _benchutil as bu  # noqa: E402
+import _one_rank as one_rank  # noqa: E402
 
 MODES = ["gf-fp32", "gf-fp32-seq", "gf-fp16", "gf-csc0.01", "gf-all", "gf-tape"]
 PROBES = ["probe-view", "probe-copy"]
@@ -113,8 +111,7 @@ def worker(modes: List[str], batch: int, warmup: int, steps: int, reps: int, out
     cpu: Dict[str, List[float]] = {s: [] for s in runs}
     names = list(runs)
     for r in range(reps):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for system in order:
+        for system in bu.rotated(names, r):
             c0, t0 = time.process_time(), time.perf_counter()
             for _ in range(steps):
                 runs[system](x, y)
@@ -131,53 +128,27 @@ def worker(modes: List[str], batch: int, warmup: int, steps: int, reps: int, out
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trees", nargs="+", default=[bu.ROOT], help="gradflow source trees (built in place)")
-    p.add_argument("--modes", default=",".join(MODES),
-                   help=f"comma-separated; known: {','.join(MODES + PROBES)}")
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--warmup", type=int, default=8, help="steps per mode before timing")
-    p.add_argument("--steps", type=int, default=1, help="steps per timed repetition")
-    p.add_argument("--reps", type=int, default=25, help="repetitions (rounds) per mode and group")
-    p.add_argument("--groups", type=int, default=1, help="process groups per tree (alternating)")
-    p.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
+    one_rank.add_args(p, MODES, modes_help=f"comma-separated; known: {','.join(MODES + PROBES)}",
+                      warmup_help="steps per mode before timing")
     a = p.parse_args()
-    if a.worker:
-        w = a.worker
-        worker([m for m in w[0].split(",") if m], int(w[1]), int(w[2]), int(w[3]), int(w[4]), w[5])
+    if one_rank.run_worker_if_asked(a, worker):
         return 0
     unknown = [m for m in a.modes.split(",") if m and m not in MODES + PROBES]
     if unknown:
         p.error(f"unknown modes {unknown}; known: {', '.join(MODES + PROBES)}")
-    trees = [os.path.abspath(t) for t in a.trees]
-    raw: Dict[str, List[Dict[str, List[float]]]] = {t: [] for t in trees}
-    raw_cpu: Dict[str, List[Dict[str, List[float]]]] = {t: [] for t in trees}
-    sent: Dict[str, List[float]] = {t: [] for t in trees}
     load0, t_start = os.getloadavg()[0], time.time()
-    with tempfile.TemporaryDirectory() as d:
-        for g in range(a.groups):
-            for t in trees:
-                env = bu.base_env(1)
-                env["PYTHONPATH"] = os.pathsep.join([t, HERE])
-                out = os.path.join(d, f"{g}-{len(raw[t])}.json")
-                cmd = bu.launcher_prefix(1) + [sys.executable, os.path.abspath(__file__), "--worker",
-                                               a.modes, str(a.batch), str(a.warmup), str(a.steps),
-                                               str(a.reps), out]
-                subprocess.run(cmd, env=env, check=True, timeout=1800, cwd=d)
-                with open(out) as f:
-                    rec = json.load(f)
-                raw[t].append(rec["samples_per_s"])
-                raw_cpu[t].append(rec["cpu_ms_per_step"])
-                sent[t].append(rec["allreduces_while_timed"])
-                print(f"group {g + 1}/{a.groups} {t}: done (load {os.getloadavg()[0]:.1f})", flush=True)
+    records = one_rank.run_groups(__file__, a, timeout=1800)
+    trees = list(records)
+    raw: Dict[str, List[one_rank.Runs]] = one_rank.field(records, "samples_per_s")
+    raw_cpu: Dict[str, List[one_rank.Runs]] = one_rank.field(records, "cpu_ms_per_step")
+    sent: Dict[str, List[float]] = one_rank.field(records, "allreduces_while_timed")
     summary = {}
     for t in trees:
         systems = raw[t][0].keys()
-        med = {s: statistics.median(v for grp in raw[t] for v in grp[s]) for s in systems}
-        # Paired per round (seconds apart), then the median over rounds: the
-        # load of a shared machine moves much less within one round.
-        ratio = {s: statistics.median(x / k for grp in raw[t] for x, k in zip(grp[s], grp["keras"]))
-                 for s in systems}
-        cpu = {s: statistics.median(v for grp in raw_cpu[t] for v in grp[s]) for s in systems}
+        med = one_rank.pooled_median(raw[t])
+        # Paired: each repetition's samples/s over plain Keras's in the same round.
+        ratio = one_rank.paired_median_ratio(raw[t], "keras")
+        cpu = one_rank.pooled_median(raw_cpu[t])
         summary[t] = {"median_samples_per_s": med, "ratio_vs_keras": ratio,
                       "median_cpu_ms_per_step": cpu, "allreduces_while_timed": sent[t]}
         print(f"\n{t}  (allreduces submitted while timed: {sent[t]})")

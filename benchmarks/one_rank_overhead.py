@@ -18,16 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from typing import Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import _benchutil as bu  # noqa: E402
+import _one_rank as one_rank  # noqa: E402
 
 MODES = ["gf-pool", "gf-copy", "gf-fp16", "gf-csc0.1", "gf-csc0.01", "gf-all"]
 
@@ -63,8 +61,7 @@ def worker(modes: List[str], batch: int, warmup: int, steps: int, reps: int, out
     res: Dict[str, List[float]] = {s: [] for s in runs}
     names = list(runs)
     for r in range(reps):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for system in order:
+        for system in bu.rotated(names, r):
             t0 = time.perf_counter()
             for _ in range(steps):
                 step(system)
@@ -78,46 +75,21 @@ def worker(modes: List[str], batch: int, warmup: int, steps: int, reps: int, out
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trees", nargs="+", default=[bu.ROOT], help="gradflow source trees (built in place)")
-    p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--warmup", type=int, default=8, help="steps per mode before timing (pool build, "
-                   "dense CSC warm-up)")
-    p.add_argument("--steps", type=int, default=1, help="steps per timed repetition")
-    p.add_argument("--reps", type=int, default=25, help="repetitions (rounds) per mode and group")
-    p.add_argument("--groups", type=int, default=1, help="process groups per tree (alternating)")
-    p.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
+    one_rank.add_args(p, MODES, modes_help=None,
+                      warmup_help="steps per mode before timing (pool build, dense CSC warm-up)")
     a = p.parse_args()
-    if a.worker:
-        w = a.worker
-        worker([m for m in w[0].split(",") if m], int(w[1]), int(w[2]), int(w[3]), int(w[4]), w[5])
+    if one_rank.run_worker_if_asked(a, worker):
         return 0
-    trees = [os.path.abspath(t) for t in a.trees]
-    raw: Dict[str, List[Dict[str, List[float]]]] = {t: [] for t in trees}
     load0, t_start = os.getloadavg()[0], time.time()
-    with tempfile.TemporaryDirectory() as d:
-        for g in range(a.groups):
-            for t in trees:
-                env = bu.base_env(1)
-                env["PYTHONPATH"] = os.pathsep.join([t, HERE])
-                out = os.path.join(d, f"{g}-{len(raw[t])}.json")
-                cmd = bu.launcher_prefix(1) + [sys.executable, os.path.abspath(__file__), "--worker",
-                                               a.modes, str(a.batch), str(a.warmup), str(a.steps),
-                                               str(a.reps), out]
-                subprocess.run(cmd, env=env, check=True, timeout=1200, cwd=d)
-                with open(out) as f:
-                    raw[t].append(json.load(f)["samples_per_s"])
-                print(f"group {g + 1}/{a.groups} {t}: done (load {os.getloadavg()[0]:.1f})", flush=True)
+    records = one_rank.run_groups(__file__, a, timeout=1200)
+    trees = list(records)
+    raw: Dict[str, List[one_rank.Runs]] = one_rank.field(records, "samples_per_s")
     summary = {}
     for t in trees:
         systems = raw[t][0].keys()
-        med = {s: statistics.median(v for grp in raw[t] for v in grp[s]) for s in systems}
-        # Paired: each repetition's samples/s over plain torch's in the same
-        # round (seconds apart), then the median over all rounds: the load
-        # of a shared machine moves by 2-4x within minutes, much less
-        # within one round.
-        ratio = {s: statistics.median(a / b for grp in raw[t] for a, b in zip(grp[s], grp["torch"]))
-                 for s in systems}
+        med = one_rank.pooled_median(raw[t])
+        # Paired: each repetition's samples/s over plain torch's in the same round.
+        ratio = one_rank.paired_median_ratio(raw[t], "torch")
         summary[t] = {"median_samples_per_s": med, "ratio_vs_torch": ratio}
         print(f"\n{t}")
         for s in systems:

@@ -1,8 +1,9 @@
-// mpi_comm.cc — the transport seam (with mpi_data_collectives.cc and
-// rma_window.cc, the only users of mpi.h). Owns the private duplicate
-// communicator, deadline-polled waits, point-to-point and control
-// collectives (nonblocking MPI, so every wait can time out) and the creation
-// of RMA windows. Knows nothing about tensors, algorithms or configuration.
+// mpi_comm.cc — the transport seam (with mpi_control_collectives.cc,
+// mpi_data_collectives.cc and rma_window.cc, the only users of mpi.h). Owns
+// the private duplicate communicator, deadline-polled waits and
+// point-to-point (nonblocking MPI, so every wait can time out) and the
+// creation of RMA windows. Knows nothing about tensors, algorithms or
+// configuration.
 #include "mpi_comm.h"
 
 #include <algorithm>
@@ -21,10 +22,8 @@ namespace gradflow {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-// interrupt_waits(): the flag is read in every poll, the reason only after.
-std::atomic<bool> g_interrupted{false};
+// interrupt_waits(): the flag (g_waits_interrupted, mpi_internal.h) is read
+// in every poll, the reason only after.
 std::mutex g_interrupt_mu;
 std::string g_interrupt_why;
 
@@ -49,40 +48,11 @@ uintptr_t handle_from_comm(C c) {
   }
 }
 
-// Polls `done` until it returns true or the deadline passes. MPICH moves data
-// only inside MPI calls, so a wait first tests back to back (yielding the core
-// between tests so oversubscribed ranks still run), then sleeps between tests
-// with a growing gap so that a long wait — a slow network, a peer still
-// computing its backward pass — does not take the core from this rank's own
-// compute thread. kData waits (peers are transferring right now) spin longer
-// and cap the gap lower than kControl waits (negotiation, barriers), which can
-// last seconds. Sleeps are precise because the background thread sets its
-// timer slack to 1 us (BackgroundLoop::run).
-template <typename Done>
-bool poll_until(Clock::time_point deadline, WaitStyle style, Done done) {
-  using us = std::chrono::microseconds;
-  const bool data = style == WaitStyle::kData;
-  const us spin_for = data ? us(1000) : us(50);
-  const us max_gap = data ? us(100) : us(250);
-  const auto start = Clock::now();
-  us gap(5);
-  for (int spins = 0;; ++spins) {
-    if (done()) return true;
-    if (spins < 16) continue;
-    auto now = Clock::now();
-    if (now >= deadline || g_interrupted.load(std::memory_order_relaxed)) return done();
-    if (now - start < spin_for) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(gap);
-      gap = std::min(max_gap, gap * 2);
-    }
-  }
-}
+}  // namespace
 
 std::string timeout_message(double timeout_s, const char* what, const std::string& whom) {
   std::ostringstream os;
-  if (g_interrupted.load()) {
+  if (g_waits_interrupted.load()) {
     std::lock_guard<std::mutex> lock(g_interrupt_mu);
     os << "gradflow: stopped waiting for " << whom << " in " << what << ": " << g_interrupt_why;
     return os.str();
@@ -99,51 +69,18 @@ std::string rank_list(const std::vector<int>& ranks) {
   return os.str();
 }
 
-MPI_Datatype mpi_type(DataType dt) {
-  switch (dt) {
-    case DataType::kUInt8: return MPI_UINT8_T;
-    case DataType::kBool: return MPI_UINT8_T;  // 0/1 bytes; min = and, max = or
-    case DataType::kInt32: return MPI_INT32_T;
-    case DataType::kInt8: return MPI_INT8_T;
-    case DataType::kInt16: return MPI_INT16_T;
-    case DataType::kUInt16: return MPI_UINT16_T;
-    case DataType::kInt64: return MPI_INT64_T;
-    case DataType::kFloat32: return MPI_FLOAT;
-    case DataType::kFloat64: return MPI_DOUBLE;
-    default: break;
-  }
-  throw GradflowError(std::string("gradflow: MPI_Allreduce has no builtin type for ") +
-                      dtype_name(dt) + "; use the ring or two-sync algorithm");
-}
-
-MPI_Op mpi_op(ReduceOp op, DataType dt) {
-  GF_CHECK(dt != DataType::kBool || op == ReduceOp::kMin || op == ReduceOp::kMax,
-           "gradflow: bool supports only min/max, not " << reduce_op_name(op));
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAverage: return MPI_SUM;  // the caller divides
-    case ReduceOp::kMin: return MPI_MIN;
-    case ReduceOp::kMax: return MPI_MAX;
-    case ReduceOp::kProduct: return MPI_PROD;
-    case ReduceOp::kAdasum: break;  // not element-wise (adasum_allreduce.h)
-  }
-  throw GradflowError("gradflow: unknown reduce op");
-}
-
-}  // namespace
-
 void interrupt_waits(const std::string& why) {
   {
     std::lock_guard<std::mutex> lock(g_interrupt_mu);
-    if (!g_interrupted.load()) g_interrupt_why = why.empty() ? "interrupted" : why;
+    if (!g_waits_interrupted.load()) g_interrupt_why = why.empty() ? "interrupted" : why;
   }
-  g_interrupted.store(true);
+  g_waits_interrupted.store(true);
 }
 
 void clear_interrupt() {
   std::lock_guard<std::mutex> lock(g_interrupt_mu);
   g_interrupt_why.clear();
-  g_interrupted.store(false);
+  g_waits_interrupted.store(false);
 }
 
 // ---------------------------------------------------------------- requests
@@ -372,139 +309,6 @@ void MpiComm::wait_all(RequestList& reqs, const char* what, WaitStyle style) {
     throw TransportError(timeout_message(timeout_s_, what, rank_list(missing)));
   }
   L.clear();
-}
-
-// ---------------------------------------------------------------- control collectives
-
-void MpiComm::barrier(const char* what, WaitStyle style) {
-  MPI_Request r;
-  mpi_check(MPI_Ibarrier(impl_->comm, &r), "MPI_Ibarrier", what);
-  wait_request(&r, what, -1, style);
-}
-
-// In-place MPI_Iallreduce in chunks of kMaxCount elements, each polled.
-// Control collectives (kControl) run on a ControlCopy (Note [Abandoned
-// operations], mpi_internal.h).
-void MpiComm::Impl::iallreduce(MpiComm& self, void* buf, size_t count, size_t elem_bytes,
-                               MPI_Datatype t, MPI_Op op, const char* what, WaitStyle style) {
-  for (size_t done = 0; done < count; done += kMaxCount) {
-    const size_t n = std::min(kMaxCount, count - done);
-    char* chunk = static_cast<char*>(buf) + done * elem_bytes;
-    std::unique_ptr<ControlCopy> copy;
-    if (style == WaitStyle::kControl) copy = std::make_unique<ControlCopy>(chunk, n * elem_bytes);
-    MPI_Request r;
-    mpi_check(MPI_Iallreduce(MPI_IN_PLACE, copy ? copy->get() : static_cast<void*>(chunk),
-                             static_cast<int>(n), t, op, comm, &r),
-              "MPI_Iallreduce", what);
-    try {
-      self.wait_request(&r, what, -1, style);
-    } catch (...) {
-      (void)copy.release();  // MPI may still write it
-      throw;
-    }
-    if (copy) copy->commit();
-  }
-}
-
-void MpiComm::allreduce_band(uint64_t* words, size_t n, const char* what) {
-  impl_->iallreduce(*this, words, n, 8, MPI_UINT64_T, MPI_BAND, what, WaitStyle::kControl);
-}
-
-void MpiComm::allreduce_max_i64(int64_t* values, size_t n, const char* what) {
-  impl_->iallreduce(*this, values, n, 8, MPI_INT64_T, MPI_MAX, what, WaitStyle::kControl);
-}
-
-void MpiComm::allreduce_builtin(void* buf, size_t count, DataType dt, ReduceOp op,
-                                const char* what) {
-  impl_->iallreduce(*this, buf, count, dtype_size(dt), mpi_type(dt), mpi_op(op, dt), what,
-                    WaitStyle::kData);
-}
-
-// Negotiation's broadcast: the size, then the bytes, each on a ControlCopy
-// (Note [Abandoned operations]).
-void MpiComm::bcast_vector(std::vector<uint8_t>& data, int root, const char* what) {
-  auto ibcast = [&](void* dst, size_t bytes, WaitStyle style) {
-    auto copy = std::make_unique<ControlCopy>(dst, bytes);
-    MPI_Request r;
-    mpi_check(MPI_Ibcast(copy->get(), static_cast<int>(bytes), MPI_BYTE, root, impl_->comm, &r),
-              "MPI_Ibcast", what);
-    try {
-      wait_request(&r, what, root, style);
-    } catch (...) {
-      (void)copy.release();  // MPI may still write it
-      throw;
-    }
-    copy->commit();
-  };
-  uint64_t n = data.size();
-  ibcast(&n, sizeof n, WaitStyle::kControl);
-  if (rank_ != root) data.resize(n);
-  for (size_t done = 0; done < n; done += kMaxCount)
-    ibcast(data.data() + done, std::min(kMaxCount, static_cast<size_t>(n) - done), WaitStyle::kData);
-}
-
-// Point-to-point rather than MPI_Igatherv so that, when the deadline passes,
-// the root knows exactly which ranks' messages are missing. The root matches
-// each peer's message with MPI_Improbe (learning its size) and MPI_Imrecv.
-std::vector<std::vector<uint8_t>> MpiComm::gather_to_root(const std::vector<uint8_t>& mine,
-                                                          int root, const char* what) {
-  std::vector<std::vector<uint8_t>> out;
-  if (rank_ != root) {
-    // A freed send request still reads its buffer: a copy MPI may keep
-    // (Note [Abandoned operations]).
-    auto copy = std::make_unique<std::vector<uint8_t>>(mine);
-    RequestList reqs;
-    isend(copy->data(), copy->size(), root, kTagGather, reqs);
-    try {
-      wait_all(reqs, what, WaitStyle::kControl);
-    } catch (...) {
-      (void)copy.release();
-      throw;
-    }
-    return out;
-  }
-  out.resize(size_);
-  out[root] = mine;
-  std::vector<MPI_Request> reqs(size_, MPI_REQUEST_NULL);
-  std::vector<char> matched(size_, 0), done(size_, 0);
-  done[root] = matched[root] = 1;
-  int rc = MPI_SUCCESS;
-  bool ok = poll_until(impl_->deadline(timeout_s_), WaitStyle::kControl, [&] {
-    bool all = true;
-    for (int p = 0; p < size_ && rc == MPI_SUCCESS; ++p) {
-      if (done[p]) continue;
-      int flag = 0, n = 0;
-      if (!matched[p]) {
-        MPI_Message msg;
-        MPI_Status st;
-        rc = MPI_Improbe(p, kTagGather, impl_->comm, &flag, &msg, &st);
-        if (rc == MPI_SUCCESS && flag) {
-          MPI_Get_count(&st, MPI_BYTE, &n);
-          out[p].resize(static_cast<size_t>(n));
-          rc = MPI_Imrecv(out[p].data(), n, MPI_BYTE, &msg, &reqs[p]);
-          matched[p] = 1;
-        }
-      }
-      if (matched[p] && rc == MPI_SUCCESS) rc = MPI_Test(&reqs[p], &flag, MPI_STATUS_IGNORE);
-      done[p] = matched[p] && flag;
-      all = all && done[p];
-    }
-    return all || rc != MPI_SUCCESS;
-  });
-  if (rc != MPI_SUCCESS || !ok) {
-    std::vector<int> missing;
-    for (int p = 0; p < size_; ++p) {
-      if (!done[p]) missing.push_back(p);
-      if (reqs[p] != MPI_REQUEST_NULL) {  // matched: data in flight, into a buffer kept for MPI
-        MPI_Request_free(&reqs[p]);
-        (void)new std::vector<uint8_t>(std::move(out[p]));  // Note [Abandoned operations]
-      }
-    }
-    mark_broken();
-    mpi_check(rc, "MPI_Improbe/MPI_Imrecv", what);
-    throw TransportError(timeout_message(timeout_s_, what, rank_list(missing)));
-  }
-  return out;
 }
 
 std::unique_ptr<RmaWindow> MpiComm::create_window(size_t bytes, bool prefer_shared) {

@@ -1,11 +1,15 @@
 // mpi_internal.h — helpers shared by the transport files that include mpi.h
-// (mpi_comm.cc: communicator, waits, control collectives;
-// mpi_data_collectives.cc: bcast / allgatherv / alltoallv; rma_window.cc:
-// one-sided windows). Never included by algorithm or binding code.
+// (mpi_comm.cc: communicator, waits, point-to-point;
+// mpi_control_collectives.cc: barrier, small allreduces, negotiation's
+// broadcast and gather; mpi_data_collectives.cc: bcast / allgatherv /
+// alltoallv; rma_window.cc: one-sided windows). Never included by algorithm
+// or binding code.
 #pragma once
 
 #include <mpi.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstddef>
@@ -13,6 +17,8 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "mpi_comm.h"
 
@@ -42,6 +48,48 @@ inline void mpi_check(int rc, const char* call, const char* what) {
   throw TransportError(std::string("gradflow: ") + call + " failed in " + what + ": " +
                       std::string(text, static_cast<size_t>(len)));
 }
+
+// Set by interrupt_waits() and cleared by clear_interrupt() (mpi_comm.cc,
+// with the reason); every poll reads it.
+inline std::atomic<bool> g_waits_interrupted{false};
+
+// Polls `done` until it returns true or the deadline passes. MPICH moves data
+// only inside MPI calls, so a wait first tests back to back (yielding the core
+// between tests so oversubscribed ranks still run), then sleeps between tests
+// with a growing gap so that a long wait — a slow network, a peer still
+// computing its backward pass — does not take the core from this rank's own
+// compute thread. kData waits (peers are transferring right now) spin longer
+// and cap the gap lower than kControl waits (negotiation, barriers), which can
+// last seconds. Sleeps are precise because the background thread sets its
+// timer slack to 1 us (BackgroundLoop::run).
+template <typename Done>
+bool poll_until(std::chrono::steady_clock::time_point deadline, WaitStyle style, Done done) {
+  using Clock = std::chrono::steady_clock;
+  using us = std::chrono::microseconds;
+  const bool data = style == WaitStyle::kData;
+  const us spin_for = data ? us(1000) : us(50);
+  const us max_gap = data ? us(100) : us(250);
+  const auto start = Clock::now();
+  us gap(5);
+  for (int spins = 0;; ++spins) {
+    if (done()) return true;
+    if (spins < 16) continue;
+    auto now = Clock::now();
+    if (now >= deadline || g_waits_interrupted.load(std::memory_order_relaxed)) return done();
+    if (now - start < spin_for) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(gap);
+      gap = std::min(max_gap, gap * 2);
+    }
+  }
+}
+
+// The TransportError text of a wait that ran out: the deadline passed, or
+// interrupt_waits() ended it (then with its reason). `whom`: what it waited for.
+std::string timeout_message(double timeout_s, const char* what, const std::string& whom);
+// "rank 3" / "ranks 1, 2", for error messages.
+std::string rank_list(const std::vector<int>& ranks);
 
 // Note [Abandoned operations]
 // A wait that fails (deadline, interrupt_waits, MPI error) leaves its

@@ -12,6 +12,16 @@ namespace {
 // from before shutdown() must not alias a handle of the runtime created by
 // the next init() (it is "unknown" there instead).
 std::atomic<int64_t> g_next_handle{1};
+
+// Note [Short spins] (tensor_queue.h): polls `counter` until it moves past
+// `seen` or `until` passes, yielding the core between polls. It only ends the
+// short spin early; the caller then takes mu_ and checks its state there.
+void yield_until_counter_moves(const std::atomic<uint64_t>& counter, uint64_t seen,
+                               std::chrono::steady_clock::time_point until) {
+  while (counter.load(std::memory_order_acquire) == seen &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::yield();
+}
 }  // namespace
 
 int64_t TensorQueue::submit(TensorEntry entry) {
@@ -81,10 +91,7 @@ HandleResult TensorQueue::wait(int64_t handle) {
     // Note [Short spins] (tensor_queue.h): poll a little before sleeping.
     const uint64_t seen = completions_.load(std::memory_order_acquire);
     lock.unlock();
-    const auto until = std::chrono::steady_clock::now() + kWaitSpin;
-    while (completions_.load(std::memory_order_acquire) == seen &&
-           std::chrono::steady_clock::now() < until)
-      std::this_thread::yield();
+    yield_until_counter_moves(completions_, seen, std::chrono::steady_clock::now() + kWaitSpin);
     lock.lock();
   }
   done_cv_.wait(lock, [&] { return finished_.count(handle) > 0; });
@@ -155,9 +162,8 @@ void TensorQueue::sleep_until(std::chrono::steady_clock::time_point deadline,
     // Note [Short spins]: a wake that comes within `spin` costs no futex.
     // woken_ (under mu_) stays the truth; wakes_ only ends the poll early.
     const uint64_t seen = wakes_.load(std::memory_order_acquire);
-    const auto until = std::min(deadline, std::chrono::steady_clock::now() + spin);
-    while (wakes_.load(std::memory_order_acquire) == seen && std::chrono::steady_clock::now() < until)
-      std::this_thread::yield();
+    yield_until_counter_moves(wakes_, seen,
+                              std::min(deadline, std::chrono::steady_clock::now() + spin));
   }
   std::unique_lock<std::mutex> lock(mu_);
   wake_cv_.wait_until(lock, deadline, [&] { return woken_; });

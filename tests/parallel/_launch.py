@@ -12,7 +12,9 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Dict, Optional, Sequence
+import time
+from pathlib import Path
+from typing import Dict, Optional, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -100,3 +102,29 @@ def run_mpi(n: int, script: str, *args: str, timeout: float = 180,
     assert ok, (f"{' '.join(cmd)} exited with {proc.returncode}\n"
                 f"stdout:\n{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-6000:]}")
     return proc
+
+
+def host_discovery(tmp_path: Path, hosts: str) -> Tuple[Path, Path]:
+    """For an elastic job whose hosts change while it runs: a host file in
+    tmp_path holding `hosts` ("localhost:2\\n") and an executable discovery
+    script that prints it (gradflowrun --host-discovery-script). A test
+    rewrites the file to add or remove hosts. Returns (host file, script)."""
+    host_file = tmp_path / "hosts.txt"
+    host_file.write_text(hosts)
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {host_file}\n")
+    script.chmod(0o755)
+    return host_file, script
+
+
+def change_hosts_after_first_step(job: subprocess.Popen, log_dir: Path, host_file: Path,
+                                  hosts: str, wait_s: float) -> None:
+    """Waits until a worker of `job` has logged a step (a '"step"' event in a
+    file of log_dir; the elastic test scripts' ELASTIC_LOG), the job ended,
+    or wait_s passed; then writes `hosts` to the host file."""
+    deadline = time.time() + wait_s
+    while time.time() < deadline and job.poll() is None:
+        if any('"step"' in f.read_text() for f in log_dir.iterdir()):
+            break
+        time.sleep(0.2)
+    host_file.write_text(hosts)

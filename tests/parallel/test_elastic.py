@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from _launch import ROOT, in_place_build, rank_env, run_cwd, skip_unless_hydra
+from _launch import ROOT, host_discovery, in_place_build, rank_env, run_cwd, skip_unless_hydra
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "elastic_torch_script.py")
@@ -141,11 +141,7 @@ def test_host_added_by_discovery_joins_and_gets_the_state(tmp_path, start):
     broadcast). From 1: the optimizer leaves its one-rank mode (no pool, no
     CSC) for the pooled path."""
     n = start + 1
-    hosts = tmp_path / "hosts.txt"
-    hosts.write_text(f"localhost:{start}\n")
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    script.chmod(0o755)
+    hosts, script = host_discovery(tmp_path, f"localhost:{start}\n")
     logs = tmp_path / "logs"
     logs.mkdir()
     env = rank_env()
@@ -284,11 +280,7 @@ def test_removed_host_is_dismissed_and_the_rest_go_on(tmp_path):
     """The discovery script stops listing 127.0.0.1: its worker is dismissed
     at the next commit (exits 0), the two others re-form without a state sync
     and finish with identical parameters; the job succeeds."""
-    hosts = tmp_path / "hosts.txt"
-    hosts.write_text("localhost:2\n127.0.0.1:1\n")
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    script.chmod(0o755)
+    hosts, script = host_discovery(tmp_path, "localhost:2\n127.0.0.1:1\n")
     logs = tmp_path / "logs"
     logs.mkdir()
     env = rank_env()

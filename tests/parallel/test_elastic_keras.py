@@ -7,9 +7,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 
-from _launch import HERE, gradflowrun_args, rank_env, run_cwd, skip_unless_hydra
+from _launch import (HERE, change_hosts_after_first_step, gradflowrun_args, host_discovery, rank_env,
+                     run_cwd, skip_unless_hydra)
 
 SCRIPT = os.path.join(HERE, "elastic_keras_script.py")
 EPOCHS = 3
@@ -86,11 +86,7 @@ def test_keras_fit_grows_onto_an_added_host(tmp_path):
     fit, by CommitStateCallback), and all 3 finish with the same weights; the
     newcomer's first step continues the global step count (it received the
     state by broadcast)."""
-    hosts = tmp_path / "hosts.txt"
-    hosts.write_text("localhost:2\n")
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    script.chmod(0o755)
+    hosts, script = host_discovery(tmp_path, "localhost:2\n")
     log_dir = tmp_path / "logs"
     log_dir.mkdir()
     env = rank_env()
@@ -102,12 +98,7 @@ def test_keras_fit_grows_onto_an_added_host(tmp_path):
     p = subprocess.Popen(cmd, env=env, cwd=run_cwd(), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.time() + 200
-        while time.time() < deadline and p.poll() is None:
-            if any('"step"' in f.read_text() for f in log_dir.iterdir()):
-                break
-            time.sleep(0.2)
-        hosts.write_text("localhost:3\n")
+        change_hosts_after_first_step(p, log_dir, hosts, "localhost:3\n", wait_s=200)
         out, _ = p.communicate(timeout=400)
     finally:
         if p.poll() is None:

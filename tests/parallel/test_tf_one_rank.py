@@ -10,11 +10,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from _launch import HERE, rank_env, run_cwd, run_mpi, skip_unless_hydra
+from _launch import (HERE, change_hosts_after_first_step, host_discovery, rank_env, run_cwd, run_mpi,
+                     skip_unless_hydra)
 
 TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTEROP_THREADS": "1",
           "TF_NUM_INTRAOP_THREADS": "1", "KERAS_BACKEND": "tensorflow"}
@@ -53,11 +53,7 @@ def test_elastic_keras_grows_from_one_worker(tmp_path):
     and kept when a second one joins (gradflow/keras/elastic.py): in elastic
     mode the traced step must not bake in the one-rank path, or the two
     workers would stop reducing together. Both end with the same weights."""
-    hosts = tmp_path / "hosts.txt"
-    hosts.write_text("localhost:1\n")
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    script.chmod(0o755)
+    hosts, script = host_discovery(tmp_path, "localhost:1\n")
     log_dir = tmp_path / "logs"
     log_dir.mkdir()
     env = rank_env()
@@ -72,12 +68,8 @@ def test_elastic_keras_grows_from_one_worker(tmp_path):
     p = subprocess.Popen(cmd, env=env, cwd=run_cwd(), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        deadline = time.time() + 200
-        while time.time() < deadline and p.poll() is None:
-            if any('"step"' in f.read_text() for f in log_dir.iterdir()):
-                break  # the one worker has traced and run its train function
-            time.sleep(0.2)
-        hosts.write_text("localhost:2\n")
+        # after the one worker has traced and run its train function
+        change_hosts_after_first_step(p, log_dir, hosts, "localhost:2\n", wait_s=200)
         out, _ = p.communicate(timeout=400)
     finally:
         if p.poll() is None:

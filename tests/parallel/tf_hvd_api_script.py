@@ -6,19 +6,12 @@
 # rank_op/size_op, DistributedOptimizer
 # — eager and in tf.function, against numpy closed forms, gradients against
 # analytic values, and results compared bitwise across ranks. Exits non-zero on failure.
-import os
 import pickle
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
 
-tf.config.threading.set_inter_op_parallelism_threads(1)
-tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.get_logger().setLevel("ERROR")
-import gradflow.tensorflow as gtf  # noqa: E402
+from _tf_common import keras, tf  # first: sets TensorFlow up before it loads
+import gradflow.tensorflow as gtf
 
 gtf.init()
 R, N = gtf.rank(), gtf.size()

@@ -6,24 +6,15 @@
 # the core; argument errors still raise; a traced step in elastic mode still
 # goes through the core; gradflowrun --monitor still counts steps.
 # Prints "tf one rank OK: <stage>" per stage; exits non-zero on failure.
-import os
+import numpy as np
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-tf.config.threading.set_inter_op_parallelism_threads(1)
-tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.get_logger().setLevel("ERROR")
-import keras  # noqa: E402
-
-import gradflow  # noqa: E402
-import gradflow.keras as gk  # noqa: E402
-import gradflow.tensorflow as gtf  # noqa: E402
-from gradflow import monitor  # noqa: E402
-from gradflow.elastic import worker as elastic_worker  # noqa: E402
-from gradflow.tensorflow import overlap  # noqa: E402
+from _tf_common import keras, small_classifier, tf  # first: sets TensorFlow up before it loads
+import gradflow
+import gradflow.keras as gk
+import gradflow.tensorflow as gtf
+from gradflow import monitor
+from gradflow.elastic import worker as elastic_worker
+from gradflow.tensorflow import overlap
 
 gtf.init()
 assert gtf.size() == 1, "run with one rank"
@@ -53,12 +44,6 @@ def expect_error(fn, kind, *fragments):
     raise AssertionError(f"{kind.__name__} not raised")
 
 
-def model_of(seed=3):
-    keras.utils.set_random_seed(seed)
-    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(8, activation="relu"),
-                             keras.layers.Dense(3)])
-
-
 def sgd(accumulate=None):
     return keras.optimizers.SGD(0.1, momentum=0.9, gradient_accumulation_steps=accumulate)
 
@@ -73,7 +58,7 @@ class SummedAccumulation(keras.optimizers.SGD):
 
 
 def fit(opt, run_eagerly, seed=3, local_first_layer=False):
-    model = model_of(seed)
+    model = small_classifier(seed)
     if local_first_layer:
         opt = opt(model.layers[0])
     model.compile(optimizer=opt, run_eagerly=run_eagerly, jit_compile=False,
@@ -146,7 +131,7 @@ def grads_fn(model, variables, kw, wrapped, local=None, traced=False):
 
 
 def model_and_variables(seed=5):
-    model = model_of(seed)
+    model = small_classifier(seed)
     return model, [tf.Variable(emb0)] + model.trainable_variables
 
 
@@ -207,7 +192,7 @@ opt.sparse_ratio = 0.25  # a valid change (SparseWarmupCallback) is taken
 assert opt.sparse_ratio == 0.25
 expect_error(lambda: fit(gk.DistributedOptimizer(sgd(), op=gtf.Min), False), ValueError,
              "Sum, Average or Adasum")
-model = model_of()
+model = small_classifier(3)
 model.compile(optimizer=gk.DistributedOptimizer(sgd()), jit_compile=True,
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 expect_error(lambda: model.fit(X, Y, batch_size=B, epochs=1, verbose=0), Exception, "XLA")

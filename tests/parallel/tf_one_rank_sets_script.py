@@ -8,21 +8,13 @@
 # training on the members' combined batches, bitwise identical on every
 # member. Prints "tf one rank sets OK on N ranks" from rank 0.
 import hashlib
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
 
-tf.config.threading.set_inter_op_parallelism_threads(1)
-tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.get_logger().setLevel("ERROR")
-import keras  # noqa: E402
-
-import gradflow  # noqa: E402
-import gradflow.keras as gk  # noqa: E402
-import gradflow.tensorflow as gtf  # noqa: E402
+from _tf_common import keras, small_classifier, tf  # first: sets TensorFlow up before it loads
+import gradflow
+import gradflow.keras as gk
+import gradflow.tensorflow as gtf
 
 gtf.init()
 R, N = gtf.rank(), gtf.size()
@@ -45,12 +37,6 @@ def identical(a, what):
     assert (every == every[0]).all(), f"rank {R}: {what} differs within the set"
 
 
-def model_of():
-    keras.utils.set_random_seed(11)
-    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(8, activation="relu"),
-                             keras.layers.Dense(3)])
-
-
 def batch(r, rows=8):
     rng = np.random.default_rng(200 + r)
     return (rng.standard_normal((rows, 10)).astype(np.float32),
@@ -71,7 +57,7 @@ def grads_fn(model, x, y, kw=None, traced=False):
 
 
 # 1. DistributedGradientTape over this rank's set, tf.function and eager.
-model = model_of()
+model = small_classifier(11)
 for traced in (True, False):
     what = "tf.function" if traced else "eager"
     x, y = batch(R)
@@ -102,7 +88,7 @@ mine = np.concatenate([np.arange(s * B * m + k * B, s * B * m + (k + 1) * B) for
 
 
 def fit(x, y, batch_size, opt):
-    net = model_of()
+    net = small_classifier(11)
     net.compile(optimizer=opt, jit_compile=False,
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     net.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)

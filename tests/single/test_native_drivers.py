@@ -59,10 +59,10 @@ def test_pool_merge_planning(tmp_path):
 @pytest.fixture(scope="module")
 def transport_exe(tmp_path_factory):
     return _build(tmp_path_factory.mktemp("transport"), _tool("mpicxx"),
-                  ["common.cc", "mpi_comm.cc", "mpi_data_collectives.cc", "rma_window.cc",
-                   "ring_allreduce.cc", "two_sync_allreduce.cc",
-                   "mpi_allreduce.cc",
-                   "collectives.cc", "wire_codec.cc", "reduce_kernels.cc", "tests/transport_test.cc"],
+                  ["common.cc", "mpi_comm.cc", "mpi_control_collectives.cc",
+                   "mpi_data_collectives.cc", "rma_window.cc", "ring_allreduce.cc",
+                   "two_sync_allreduce.cc", "mpi_allreduce.cc", "collectives.cc", "wire_codec.cc",
+                   "reduce_kernels.cc", "tests/transport_test.cc"],
                   "transport_test")
 
 
@@ -77,8 +77,9 @@ def alltoall_protocol_exe(tmp_path_factory):
     # A 64-byte MPI count limit puts rank 0's alltoall totals past it and the
     # other ranks' not: the protocol must still be the same on every rank.
     return _build(tmp_path_factory.mktemp("a2a"), _tool("mpicxx"),
-                  ["common.cc", "mpi_comm.cc", "mpi_data_collectives.cc", "rma_window.cc",
-                   "ring_allreduce.cc", "collectives.cc", "wire_codec.cc", "reduce_kernels.cc",
+                  ["common.cc", "mpi_comm.cc", "mpi_control_collectives.cc",
+                   "mpi_data_collectives.cc", "rma_window.cc", "ring_allreduce.cc",
+                   "collectives.cc", "wire_codec.cc", "reduce_kernels.cc",
                    "tests/alltoall_protocol_test.cc"],
                   "alltoall_protocol_test", defines=("-DGRADFLOW_MAX_MPI_COUNT=64",))
 
