@@ -58,7 +58,10 @@
 // place once the reduce-scatter sends are complete. The out-of-place path
 // sent segment r-1 from the input, so there they land in place directly.
 // With three or more ranks the peer we wait on for send completion (right)
-// never sends us data, so the order there is unchanged.
+// never sends us data, so the order there is unchanged. The rule for every
+// algorithm: before waiting on sends to a peer, post the receives for all
+// that peer may send meanwhile (recursive doubling, Adasum and the data
+// collectives post all receives of an exchange before any wait).
 #include "ring_allreduce.h"
 
 #include <algorithm>
