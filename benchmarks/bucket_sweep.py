@@ -159,8 +159,8 @@ def _fmt(m, reps):
 
 
 def report(a, info, cmdline, runs, status):
-    L = [f"Date {info['date']}; {os.cpu_count()} cores, no GPU, **machine shared with other engineers' "
-         f"jobs**; load average at start {info['loadavg'][0]:.2f}, wall time "
+    L = [f"Date {info['date']}; {os.cpu_count()} cores, no GPU; 1-minute load average at start "
+         f"{info['loadavg'][0]:.2f} (the table's last column: after each group), wall time "
          f"{info.get('wall_seconds', 0) / 60:.1f} min; run {status}.\n",
          f"Command: `sudo {cmdline}`\n",
          f"Model: WideMLP 1024-4096-4096-1024-10 (25.2 M parameters), batch {a.batch} per rank, link "
