@@ -48,9 +48,9 @@
 // over libfabric's tcp provider (the netmod of benchmarks/cluster) then
 // stopped completing our reduce-scatter sends: the peer had received every
 // byte, yet our wait_all(rs_sends_) and its wait_all(ag_sends_) both timed
-// out. Seen 5 times in ~70 loaded runs of a 64 MiB, 256 KiB-piece ring
-// between two emulated hosts (docs/performance.md, "The two-rank ring
-// deadlock"); never with the receives posted first. So at two ranks the
+// out. Seen 6 times in 98 loaded runs of a 64 MiB, 256 KiB-piece ring
+// between two emulated hosts, and in none of 40 with the receives posted
+// first (docs/performance.md, "The two-rank ring deadlock"). So at two ranks the
 // allgather receives are posted together with the reduce-scatter receives,
 // before any wait on our sends. They cannot land in place while a send may
 // still read that memory (MPI forbids writing a pending send's buffer), so
