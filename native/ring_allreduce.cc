@@ -58,7 +58,13 @@
 // place once the reduce-scatter sends are complete. The out-of-place path
 // sent segment r-1 from the input, so there they land in place directly.
 // With three or more ranks the peer we wait on for send completion (right)
-// never sends us data, so the order there is unchanged. The rule for every
+// never sends us data, so the order there is unchanged. Two ranks on one node
+// talk through shared memory, which never showed the stall, and there the
+// early receives cost up to +40 % at 64 MiB (the staging copy, and the
+// allgather competing with the reduce-scatter for memory bandwidth;
+// docs/performance.md): so only a ring across nodes posts them early. (A
+// one-node job forced onto the network, MPIR_CVAR_NOLOCAL=1, is not
+// covered.) The rule for every
 // algorithm: before waiting on sends to a peer, post the receives for all
 // that peer may send meanwhile (recursive doubling, Adasum and the data
 // collectives post all receives of an exchange before any wait).
@@ -135,7 +141,7 @@ class Ring {
     }
     RequestList recvs[2];
     post_recvs_rs(0, recvs[0]);
-    if (then_allgather && n_ == 2) post_early_allgather_recvs();
+    if (then_allgather && n_ == 2 && !comm_.all_on_one_node()) post_early_allgather_recvs();
     for (int s = 0; s < n_ - 1; ++s) {
       const int k = mod(r_ - 2 - s);  // the segment arriving at this step
       const bool last = s == n_ - 2;  // k == r: we are its owner
