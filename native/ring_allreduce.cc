@@ -64,10 +64,10 @@
 // allgather competing with the reduce-scatter for memory bandwidth;
 // docs/performance.md): so only a ring across nodes posts them early. (A
 // one-node job forced onto the network, MPIR_CVAR_NOLOCAL=1, is not
-// covered.) The rule for every
-// algorithm: before waiting on sends to a peer, post the receives for all
-// that peer may send meanwhile (recursive doubling, Adasum and the data
-// collectives post all receives of an exchange before any wait).
+// covered.) The rule for every algorithm: before waiting on sends to a peer,
+// post the receives for all that peer may send meanwhile (recursive
+// doubling, Adasum and the data collectives post all receives of an
+// exchange before any wait).
 #include "ring_allreduce.h"
 
 #include <algorithm>
