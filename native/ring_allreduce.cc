@@ -238,14 +238,10 @@ class Ring {
       comm_.wait(ag_recvs_, j, "ring allgather");
       if (!ag_stage_) continue;  // landed in place
       const uint8_t* staged = ag_stage_ + j * piece_ * ws_;
-      if (wire_) {
-        auto t = Clock::now();
-        decode_f32(wdt_, reinterpret_cast<const uint16_t*>(staged),
-                   reinterpret_cast<float*>(buf_at(k, j)), piece_len(k, j));
-        stats_->codec_seconds += seconds_since(t);
-      } else {
+      if (wire_)
+        decode_piece(k, j, staged);
+      else
         std::memcpy(buf_at(k, j), staged, piece_len(k, j) * es_);
-      }
     }
     ag_recvs_.clear();
     comm_.wait_all(ag_sends_, "ring allgather");
@@ -283,9 +279,11 @@ class Ring {
     stats_->codec_seconds += seconds_since(t);
   }
 
-  void decode_piece(int k, size_t j) {
+  // Decodes the 16-bit image of (segment k, piece j) into the buffer: from
+  // where it travels (wire_at), or from `from` (a staged copy).
+  void decode_piece(int k, size_t j, const uint8_t* from = nullptr) {
     auto t = Clock::now();
-    decode_f32(wdt_, reinterpret_cast<const uint16_t*>(wire_at(k, j)),
+    decode_f32(wdt_, reinterpret_cast<const uint16_t*>(from ? from : wire_at(k, j)),
                reinterpret_cast<float*>(buf_at(k, j)), piece_len(k, j));
     stats_->codec_seconds += seconds_since(t);
   }
