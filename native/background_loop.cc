@@ -188,7 +188,16 @@ bool BackgroundLoop::cycle() {
   }
   // When to start the next cycle (Note [Cycle pacing] in background_loop.h).
   if (!res.responses.empty() || !pending_.empty()) idle_cycles_ = 0;
-  if (res.responses.empty()) {
+  if (!res.responses.empty() && pending_.empty()) {
+    // Work ran and this rank has nothing left: an exchange now would carry
+    // nothing from it, and no collective can be agreed without its next
+    // submit. Wait for that submit (a short poll, then a sleep) up to one
+    // cycle time before exchanging (Note [Cycle pacing]); a submit,
+    // shutdown() or abort() ends the wait at once.
+    queue_.sleep_until(clock::now() + std::chrono::microseconds(
+                                          static_cast<int64_t>(cfg_.cycle_time_ms * 1000)),
+                       kLoopWakeSpin);
+  } else if (res.responses.empty()) {
     auto soon = clock::now() + kPendingRecheck;
     if (pending_.empty()) {
       // Idle backoff: cycle time x 2^(idle cycles in a row - 1), capped.
@@ -196,11 +205,8 @@ bool BackgroundLoop::cycle() {
       const double ms = std::min(cap, cfg_.cycle_time_ms * static_cast<double>(1 << idle_cycles_));
       idle_cycles_ = std::min(idle_cycles_ + 1, 20);  // 2^20 x the cycle time is past any cap
       const auto extra = static_cast<int64_t>((ms - cfg_.cycle_time_ms) * 1000);
-      // The first idle sleep after work polls briefly for the next submit
-      // (Note [Short spins], tensor_queue.h); later ones just sleep.
-      const bool after_work = idle_cycles_ == 1;
-      queue_.sleep_until(next + std::chrono::microseconds(extra),
-                         after_work ? kLoopWakeSpin : std::chrono::microseconds(0));
+      // The poll for the next submit ran before this exchange (above).
+      queue_.sleep_until(next + std::chrono::microseconds(extra));
     } else {
       queue_.sleep_until(next < soon ? next : soon);
     }

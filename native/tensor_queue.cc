@@ -50,6 +50,11 @@ int64_t TensorQueue::submit(TensorEntry entry) {
 
 std::vector<TensorEntry> TensorQueue::drain() {
   std::lock_guard<std::mutex> lock(mu_);
+  // What woke the loop is taken now: a stale woken_ would end the next sleep
+  // (or the poll after work, Note [Cycle pacing]) for an empty exchange.
+  // notify()'s flags (shutdown, abort) are read by the cycle after drain().
+  woken_ = false;
+  wakes_taken_ = wakes_.load(std::memory_order_relaxed);
   std::vector<TensorEntry> out(std::make_move_iterator(queue_.begin()),
                                std::make_move_iterator(queue_.end()));
   queue_.clear();
@@ -161,13 +166,15 @@ void TensorQueue::sleep_until(std::chrono::steady_clock::time_point deadline,
   if (spin.count() > 0) {
     // Note [Short spins]: a wake that comes within `spin` costs no futex.
     // woken_ (under mu_) stays the truth; wakes_ only ends the poll early.
-    const uint64_t seen = wakes_.load(std::memory_order_acquire);
-    yield_until_counter_moves(wakes_, seen,
+    // Counted from the last wake the loop took, so a submit that came while
+    // the cycle ran ends the poll at once.
+    yield_until_counter_moves(wakes_, wakes_taken_,
                               std::min(deadline, std::chrono::steady_clock::now() + spin));
   }
   std::unique_lock<std::mutex> lock(mu_);
   wake_cv_.wait_until(lock, deadline, [&] { return woken_; });
   woken_ = false;
+  wakes_taken_ = wakes_.load(std::memory_order_relaxed);
 }
 
 }  // namespace gradflow

@@ -66,11 +66,12 @@ struct HandleResult {
 //  * wait() polls up to kWaitSpin for a completion before it blocks: a small
 //    collective completes within that, a large one does not and the caller
 //    then sleeps as before (bounded, not a busy wait);
-//  * the loop, after the cycle that ran work, polls up to kLoopWakeSpin for
-//    the next submit before its idle sleep (BackgroundLoop::cycle): in a
-//    series of calls the next one arrives within microseconds. Only the
-//    first idle sleep after work polls, so an idle loop costs no CPU, and in
-//    training it is a few polls per step (one per cycle that ran work).
+//  * the loop, after a cycle that ran work and left this rank nothing
+//    pending, waits for the next submit before its next exchange
+//    (BackgroundLoop::cycle, Note [Cycle pacing]) and polls the first
+//    kLoopWakeSpin of that wait: in a series of calls the next one arrives
+//    within microseconds. Only that one poll per cycle with work, so an
+//    idle loop costs no CPU, and in training it is a few polls per step.
 constexpr std::chrono::microseconds kWaitSpin{50};
 constexpr std::chrono::microseconds kLoopWakeSpin{100};
 
@@ -128,6 +129,10 @@ class TensorQueue {
   // complete() / submit() and notify(), read without it.
   std::atomic<uint64_t> completions_{0};
   std::atomic<uint64_t> wakes_{0};
+  // wakes_ when the loop last took its wake (drain() or the end of
+  // sleep_until(), both under mu_): the loop thread's own, the short spin's
+  // starting point.
+  uint64_t wakes_taken_ = 0;
 };
 
 }  // namespace gradflow
