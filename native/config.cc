@@ -93,7 +93,8 @@ std::vector<KeySpec> make_specs() {
           "1 | 0: adjacent pool buckets ready in the same cycle go out as one collective",
           [](Config& c, int64_t v) { c.pool_merge = v != 0; });
   add_float("GRADFLOW_CYCLE_TIME", "--cycle-time-ms", "1.0", 0.0, 10000.0,
-            "sleep in ms of a coordination loop after a cycle with nothing to do (a submit wakes "
+            "sleep in ms of a coordination loop after a cycle with nothing to do, and its "
+            "longest wait for this rank's next submit after a cycle with work (a submit wakes "
             "it; GRADFLOW_IDLE_CYCLE_MAX lengthens it while idle); 0 <= value <= 10000",
             [](Config& c, double v) { c.cycle_time_ms = v; });
   add_float("GRADFLOW_IDLE_CYCLE_MAX", "--idle-cycle-max-ms", "20.0", 0.0, 10000.0,
