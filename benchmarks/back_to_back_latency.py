@@ -8,12 +8,17 @@ before every call, so there each call starts with every loop asleep.)
     mpiexec -n 1 python benchmarks/back_to_back_latency.py --bytes 65536
     mpiexec -n 2 python benchmarks/back_to_back_latency.py --bytes 1048576 --api numpy
 
-Prints, per rank and block, the median call time in µs, then the core's
-negotiation and transfer seconds per call (gradflow.stats(), all blocks).
-The value is checked once against the exact sum."""
+Prints which gradflow it imported, then per rank and block the median call
+time in µs, then the core's negotiation and transfer seconds per call
+(gradflow.stats(), all blocks). The value is checked once against the exact
+sum. In a source checkout built in place, run it with PYTHONPATH=. : Python
+puts this script's folder, not the repository, first on sys.path, so it
+would otherwise import an installed gradflow (a `pip install .` of an older
+commit) and measure that."""
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -34,6 +39,8 @@ def main() -> None:
                         "(a new result array per call, the input untouched)")
     a = p.parse_args()
     hvd.init()
+    if hvd.rank() == 0:
+        print(f"gradflow {gradflow.__version__} from {os.path.dirname(gradflow.__file__)}", flush=True)
     t = torch.ones(a.bytes // 4)
     x = np.ones(a.bytes // 4, np.float32)
     if a.api == "torch":
