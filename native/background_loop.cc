@@ -93,7 +93,8 @@ void BackgroundLoop::run() {
 
 bool BackgroundLoop::cycle() {
   using clock = std::chrono::steady_clock;
-  auto next = clock::now() + std::chrono::microseconds(static_cast<int64_t>(cfg_.cycle_time_ms * 1000));
+  const auto cycle_time = std::chrono::microseconds(static_cast<int64_t>(cfg_.cycle_time_ms * 1000));
+  auto next = clock::now() + cycle_time;
   std::vector<Request> fresh;
   for (TensorEntry& e : queue_.drain()) {
     fresh.push_back(e.request);
@@ -194,9 +195,7 @@ bool BackgroundLoop::cycle() {
     // submit. Wait for that submit (a short poll, then a sleep) up to one
     // cycle time before exchanging (Note [Cycle pacing]); a submit,
     // shutdown() or abort() ends the wait at once.
-    queue_.sleep_until(clock::now() + std::chrono::microseconds(
-                                          static_cast<int64_t>(cfg_.cycle_time_ms * 1000)),
-                       kLoopWakeSpin);
+    queue_.sleep_until(clock::now() + cycle_time, kLoopWakeSpin);
   } else if (res.responses.empty()) {
     auto soon = clock::now() + kPendingRecheck;
     if (pending_.empty()) {

@@ -41,7 +41,6 @@ int64_t TensorQueue::submit(TensorEntry entry) {
   queue_.push_back(std::move(entry));
   // Wake the background loop: a sleeping loop starts its next cycle now
   // instead of at the end of GRADFLOW_CYCLE_TIME (see BackgroundLoop::cycle).
-  woken_ = true;
   wakes_.fetch_add(1, std::memory_order_release);
   lock.unlock();
   wake_cv_.notify_all();
@@ -50,10 +49,9 @@ int64_t TensorQueue::submit(TensorEntry entry) {
 
 std::vector<TensorEntry> TensorQueue::drain() {
   std::lock_guard<std::mutex> lock(mu_);
-  // What woke the loop is taken now: a stale woken_ would end the next sleep
+  // What woke the loop is taken now: a stale wake would end the next sleep
   // (or the poll after work, Note [Cycle pacing]) for an empty exchange.
   // notify()'s flags (shutdown, abort) are read by the cycle after drain().
-  woken_ = false;
   wakes_taken_ = wakes_.load(std::memory_order_relaxed);
   std::vector<TensorEntry> out(std::make_move_iterator(queue_.begin()),
                                std::make_move_iterator(queue_.end()));
@@ -155,7 +153,6 @@ std::string TensorQueue::close_reason() const {
 void TensorQueue::notify() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    woken_ = true;
     wakes_.fetch_add(1, std::memory_order_release);
   }
   wake_cv_.notify_all();
@@ -165,15 +162,16 @@ void TensorQueue::sleep_until(std::chrono::steady_clock::time_point deadline,
                               std::chrono::microseconds spin) {
   if (spin.count() > 0) {
     // Note [Short spins]: a wake that comes within `spin` costs no futex.
-    // woken_ (under mu_) stays the truth; wakes_ only ends the poll early.
     // Counted from the last wake the loop took, so a submit that came while
-    // the cycle ran ends the poll at once.
+    // the cycle ran ends the poll at once; the wait below (under mu_)
+    // decides.
     yield_until_counter_moves(wakes_, wakes_taken_,
                               std::min(deadline, std::chrono::steady_clock::now() + spin));
   }
   std::unique_lock<std::mutex> lock(mu_);
-  wake_cv_.wait_until(lock, deadline, [&] { return woken_; });
-  woken_ = false;
+  wake_cv_.wait_until(lock, deadline, [&] {
+    return wakes_.load(std::memory_order_relaxed) != wakes_taken_;
+  });
   wakes_taken_ = wakes_.load(std::memory_order_relaxed);
 }
 

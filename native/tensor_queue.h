@@ -123,15 +123,14 @@ class TensorQueue {
   std::vector<int64_t> reaped_;          // released, since completed
   std::set<std::string> in_flight_names_;
   bool closed_ = false;
-  bool woken_ = false;
   std::string close_reason_;
-  // Lock-free mirrors for the short spins: bumped under mu_ by every
-  // complete() / submit() and notify(), read without it.
+  // Bumped under mu_ by every complete() (completions_) and every submit()
+  // and notify() (wakes_); the short spins read them without it.
   std::atomic<uint64_t> completions_{0};
   std::atomic<uint64_t> wakes_{0};
   // wakes_ when the loop last took its wake (drain() or the end of
-  // sleep_until(), both under mu_): the loop thread's own, the short spin's
-  // starting point.
+  // sleep_until(), both under mu_; the loop thread's own). The loop has a
+  // wake pending exactly when wakes_ differs from it.
   uint64_t wakes_taken_ = 0;
 };
 
