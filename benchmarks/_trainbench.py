@@ -23,6 +23,10 @@ Systems (one name each; the driver sets GRADFLOW_* in the environment):
   nocomm          N plain-torch processes side by side, no gradient exchange (gloo
                   only for the barrier before each repetition and the slowest
                   rank's time): the machine's measured compute ceiling for N ranks
+  NAME+fl         any system above with gradflow.torch.fuse_linear_grad_accumulation
+                  applied to the model (weight gradients accumulate in place into
+                  an existing .grad); torch+fl and nocomm+fl then zero with
+                  set_to_none=False, so .grad persists and the fusion applies
 
 Protocol: `--warmup` steps (not timed; cover the copy-path first step, the
 pool build and GRADFLOW_SPARSE_WARMUP_STEPS), then `--reps` repetitions of
@@ -159,9 +163,16 @@ def _env_rank_size():
 
 # ---------------------------------------------------------------- worker
 
+def split_system(system: str):
+    """"NAME[@bMIB][+fl]" -> (NAME, MIB or '', fused): pool buckets of MIB MiB
+    (bucket_sweep.py), FusedLinear layers (+fl)."""
+    fused = system.endswith("+fl")
+    name, _, bucket_mb = (system[:-3] if fused else system).partition("@b")
+    return name, bucket_mb, fused
+
+
 def _gf_optimizer(hvd, model, system):
-    # "NAME@bMIB": system NAME with pool buckets of MIB MiB (bucket_sweep.py)
-    name, _, bucket_mb = system.partition("@b")
+    name, bucket_mb, _ = split_system(system)
     kw = dict(GF_SYSTEMS[name])
     if bucket_mb:
         kw["bucket_mb"] = float(bucket_mb)
@@ -207,9 +218,10 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     systems = [s for s in a.systems.split(",") if s]
     for s in systems:
-        if s.partition("@b")[0] not in ALL_SYSTEMS:
+        if split_system(s)[0] not in ALL_SYSTEMS:
             raise SystemExit(f"unknown system {s}; known: {', '.join(ALL_SYSTEMS)}")
-    family = {("gf" if s.startswith("gf-") else "ddp" if s in DDP_SYSTEMS else "torch") for s in systems}
+    family = {("gf" if s.startswith("gf-") else "ddp" if split_system(s)[0] in DDP_SYSTEMS else "torch")
+              for s in systems}
     if len(family) != 1:
         raise SystemExit("--systems must be of one family (torch, gf-*, ddp/ddp-fp16/nocomm)")
     family = family.pop()
@@ -254,15 +266,19 @@ def main(argv=None) -> None:
             print(f"[worker] {system}: {size} rank(s), model {a.model}", flush=True)
         torch.manual_seed(0)
         model = cls()
+        base, _, fused = split_system(system)
+        if fused:
+            from gradflow.torch.fused_linear import fuse_linear_grad_accumulation
+            fuse_linear_grad_accumulation(model)
         x, y = make_x(batch), torch.randint(0, 10, (batch,))
         net = model
         if family == "gf":
             opt = _gf_optimizer(hvd, model, system)
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        elif family == "ddp" and system != "nocomm":
+        elif family == "ddp" and base != "nocomm":
             from torch.nn.parallel import DistributedDataParallel as DDP
             net = DDP(model)
-            if system == "ddp-fp16":
+            if base == "ddp-fp16":
                 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
                 net.register_comm_hook(state=None, hook=default_hooks.fp16_compress_hook)
             opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
@@ -270,7 +286,7 @@ def main(argv=None) -> None:
             opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
         def step():
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=not fused)  # gradflow's pool keeps its views either way
             F.cross_entropy(net(x), y).backward()
             opt.step()
 

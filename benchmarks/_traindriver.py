@@ -86,7 +86,7 @@ def _launch(systems, model, nranks, mode, worker_args, extra_env, timeout, clust
             cmd = py
         else:
             cmd = [bu.venv_bin("mpiexec"), "-n", str(nranks)] + py
-        if systems[0].startswith("ddp") or systems[0] == "nocomm":
+        if systems[0].startswith(("ddp", "nocomm")):
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), GLOO_SOCKET_IFNAME="lo")
     else:
         cmd = cluster.command(py, nranks, raw=mode == "netns-raw")

@@ -70,6 +70,8 @@ LABELS = {
     "gf-csc0.1": "(c) gradflow CSC 0.1",
     "gf-csc0.01": "(c) gradflow CSC 0.01",
     "gf-all": "(d) gradflow all (pool+overlap+fp16+CSC 0.01)",
+    "gf-all+fl": "(d) gradflow all, FusedLinear layers (weight-gradient accumulation fusion)",
+    "nocomm+fl": "N plain-torch processes, no communication, FusedLinear layers and persistent .grad",
     "ddp": "(e) DDP gloo",
     "ddp-fp16": "(f) DDP gloo + fp16 hook",
     "nocomm": "N plain-torch processes side by side, no communication (measured compute ceiling)",
@@ -142,7 +144,7 @@ def main() -> None:
     info = bu.machine_info()
     info["cores"] = os.cpu_count() or 1
     gf = [s for s in a.systems if s.startswith("gf-")]
-    ddp = [s for s in a.systems if s in DDP]
+    ddp = [s for s in a.systems if s.removesuffix("+fl") in DDP]
     kr = [s for s in a.systems if s in KERAS]
     groups = []  # (model, N, family systems, mode)
     for m in a.models:
@@ -334,6 +336,11 @@ def verdicts(a, idx, m, base, cores):
                        f"{ceil / (min(n, cores) * base):.2f} x min(N, cores) x baseline; gradflow all reaches "
                        f"{allr / ceil:.2f} of it, DDP {ddp / ceil:.2f}" if base and ddp else
                        f"- N={n}: measured ceiling {ceil:.1f} samples/s")
+        all_fl, ceil_fl = tp("gf-all+fl", n), tp("nocomm+fl", n)
+        if all_fl and ceil and ceil_fl:  # issue 16 target 1 with FusedLinear layers
+            out.append(f"- N={n}: with FusedLinear (+fl): gradflow all {all_fl:.1f} = {all_fl / ceil:.2f} of "
+                       f"nocomm, {all_fl / ceil_fl:.2f} of nocomm+fl ({ceil_fl:.1f}: the same layers, "
+                       f"persistent .grad)")
         if dense and ddp:
             out.append(f"- N={n}: gradflow dense fp32 / DDP = {dense / ddp:.2f} (target ≥ 0.95): {chk(dense / ddp >= 0.95)}")
     out.append("")

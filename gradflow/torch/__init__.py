@@ -1,7 +1,7 @@
 # gradflow.torch — the PyTorch binding, a drop-in for horovod.torch:
 # `import gradflow.torch as hvd`. Re-exports only; the tensor collectives are
 # in ops.py and scatter_ops.py, model/optimizer state helpers in functions.py,
-# the DistributedOptimizer in optimizer.py, SyncBatchNorm in
+# the DistributedOptimizer in optimizer.py, FusedLinear in fused_linear.py, SyncBatchNorm in
 # sync_batch_norm.py, StatsLogger (TensorBoard) in stats_logger.py and
 # elastic training (hvd.elastic) in elastic.py.
 """PyTorch binding of gradflow with Horovod's API (``import gradflow.torch as hvd``)."""
@@ -22,6 +22,7 @@ from .ops import (allgather, allgather_async, allreduce, allreduce_, allreduce_a
                   grouped_allreduce_async, grouped_allreduce_async_, join, poll,
                   sparse_allreduce_async, synchronize)
 from .optimizer import DistributedOptimizer
+from .fused_linear import FusedLinear, fuse_linear_grad_accumulation
 from .scatter_ops import (grouped_allgather, grouped_allgather_async, grouped_reducescatter,
                           grouped_reducescatter_async, reducescatter, reducescatter_async)
 from .sync_batch_norm import SyncBatchNorm
@@ -40,7 +41,7 @@ __all__ = [
     "grouped_reducescatter", "grouped_reducescatter_async", "synchronize", "poll", "join",
     "barrier",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
-    "DistributedOptimizer", "SyncBatchNorm", "StatsLogger", "HorovodInternalError", "HostsUpdatedInterrupt", "is_homogeneous",
+    "DistributedOptimizer", "FusedLinear", "fuse_linear_grad_accumulation", "SyncBatchNorm", "StatsLogger", "HorovodInternalError", "HostsUpdatedInterrupt", "is_homogeneous",
     "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
     "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "start_timeline",
     "stop_timeline",

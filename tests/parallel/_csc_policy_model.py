@@ -15,6 +15,25 @@ import torch
 
 from _csc_sample import sample_blocks
 
+# The pool starts every parameter's range on a 64-byte boundary (16 float32
+# elements; Note [Aligned pool ranges] in gradflow/torch/optimizer_state.py):
+# flat vectors here use the pool's layout, padding (always zero) included.
+ALIGN = 16
+
+
+def padded(n):
+    return -(-n // ALIGN) * ALIGN
+
+
+def pack(tensors):
+    """Flat float32 vector in pool layout; None (no gradient) is zeros."""
+    out = np.zeros(sum(padded(t.numel()) for t in tensors), np.float32)
+    off = 0
+    for t in tensors:
+        out[off:off + t.numel()] = t.detach().reshape(-1).numpy()
+        off += padded(t.numel())
+    return out
+
 
 def layout(opt, chunk):
     """(params in pool order, bucket bounds) of a built single pool."""
@@ -31,7 +50,7 @@ def layout(opt, chunk):
 def pool_residual(opt, order):
     """This rank's residual (the pool P) in pool order."""
     s = opt._gradflow
-    return torch.cat([s.range_of[id(p)][2].reshape(-1) for p in order]).numpy().copy()
+    return pack([s.range_of[id(p)][2] for p in order])
 
 
 def chunk_l1(x, c, sampled, phase, chunk):
@@ -87,7 +106,7 @@ def rank_grads(model, order, step, loss_fn, n):
     for r in range(n):
         model.zero_grad()
         loss_fn(model, step, r).backward()
-        out.append(torch.cat([p.grad.reshape(-1) for p in order]).numpy().astype(np.float32))
+        out.append(pack([p.grad for p in order]))
     return out
 
 
@@ -95,4 +114,4 @@ def set_grads(params, vec):
     off = 0
     for p in params:
         p.grad = torch.from_numpy(vec[off:off + p.numel()].copy()).view(p.shape)
-        off += p.numel()
+        off += padded(p.numel())

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Callable
 
 import numpy as np
@@ -14,6 +15,12 @@ import torch.nn.functional as F
 import gradflow.torch as hvd
 
 torch.set_num_threads(1)
+
+if os.environ.get("GRADFLOW_TEST_FUSED_LINEAR") == "1":
+    # Every torch.nn.Linear the scripts build (distributed models and plain
+    # torch references alike) takes FusedLinear's weight-gradient path.
+    from gradflow.torch.fused_linear import FusedLinear
+    torch.nn.Linear = FusedLinear
 
 
 def digits():

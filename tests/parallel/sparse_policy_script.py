@@ -32,7 +32,7 @@ import gradflow  # noqa: E402
 import gradflow.torch as hvd  # noqa: E402
 from gradflow import _native  # noqa: E402
 from _torch_common import assert_close, assert_identical, batch, digits, flat, mlp, ok  # noqa: E402
-from _csc_policy_model import CscModel, layout, pool_residual, rank_grads, set_grads  # noqa: E402
+from _csc_policy_model import CscModel, layout, pack, pool_residual, rank_grads, set_grads  # noqa: E402
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
@@ -76,7 +76,7 @@ def train(opt_kwargs, steps, lr, loss_fn=plain_loss, scaler=None):
         if step == 0:
             order, _ = layout(opt, CHUNK)
         else:
-            reduced.append(torch.cat([p.grad.reshape(-1) for p in order]).numpy().copy())
+            reduced.append(pack([p.grad for p in order]))
     return m, opt, order, reduced, gradflow.stats()
 
 

@@ -127,3 +127,20 @@ def test_torch_alltoall_argument_errors_as_horovod(n):
     # Horovod's torch suite (test_horovod_alltoall_*_error): ValueError at submit
     out = run_mpi(n, "torch_alltoall_args_script.py", timeout=120)
     assert len(_oks(out, n)) == 2, out.stdout
+
+
+_CSC_ENV = {"GRADFLOW_SPARSE_CHUNK": "64", "GRADFLOW_SPARSE_WARMUP_STEPS": "0"}
+
+
+@pytest.mark.parametrize("n,script,oks,env", [
+    *[(n, "torch_awkward_script.py", 14, {}) for n in (2, 3, 4)],
+    *[(n, "torch_csc_script.py", 6, _CSC_ENV) for n in (2, 3, 4)],
+    *[(n, "torch_train_script.py", 11, {}) for n in (2, 3)]])
+def test_torch_fused_linear_combinations(n, script, oks, env):
+    # Every Linear is a FusedLinear (weight gradients accumulated in place into
+    # the pool views): the awkward cases (accumulation, unused heads, tied
+    # weights, model.zero_grad(), autocast + GradScaler), CSC with the residual
+    # in the pool against the numpy model, and training against single-process
+    # torch must all hold as with nn.Linear, ranks bitwise identical.
+    out = run_mpi(n, script, env={"GRADFLOW_TEST_FUSED_LINEAR": "1", **env}, timeout=300)
+    assert len(_oks(out, n)) >= oks, out.stdout

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import gradflow
 import gradflow.torch as hvd
 from gradflow import _native
-from _csc_policy_model import CscModel, layout, rank_grads, set_grads  # shared with the policy test
+from _csc_policy_model import CscModel, layout, pack, rank_grads, set_grads  # shared with the policy test
 from _torch_common import assert_close, assert_identical, batch, digits, expect_error, flat, mlp, ok
 
 hvd.init()
@@ -58,9 +58,10 @@ for ratio, bucket_mb in ((0.25, 0.004), (0.05, None)):
             set_grads(ref_order, out)
             ref_opt.step()
         assert_close(flat(m.parameters()), flat(ref.parameters()), f"csc ratio {ratio}", 1e-5)
-    # One residual element per gradient element (no leftover per-name ones).
-    assert _native.sparse_residual_elements() == sum(p.numel() for p in m.parameters()), \
-        (_native.sparse_residual_elements(), "residual elements != gradient elements")
+    # One residual element per pool element (gradients and their alignment
+    # padding; no leftover per-name ones).
+    assert _native.sparse_residual_elements() == opt._gradflow.pools[0].buf.numel(), \
+        (_native.sparse_residual_elements(), "residual elements != pool elements")
     ok(f"csc pool path matches numpy model (ratio {ratio}, {len(bounds)} buckets)")
     del opt
     gc.collect()
@@ -135,14 +136,13 @@ if R == 0:
             ref.zero_grad()
             for half in range(2):
                 two_head_loss(ref, step, r, half).backward()
-            g = np.concatenate([(p.grad if p.grad is not None else torch.zeros_like(p))
-                                .reshape(-1).numpy() for p in ref_order]).astype(np.float32)
+            g = pack([p.grad if p.grad is not None else torch.zeros_like(p) for p in ref_order])
             # no zeroing: torch accumulates onto last step's (reduced) param.grad
             grads.append(g + prev if flavour == "none" and prev is not None else g)
         out = np.mean(grads, 0, dtype=np.float32) if step == 0 else csc.step(grads)[0]
         set_grads(ref_order, out)
         after_sync(ref, step)
-        prev = np.concatenate([p.grad.reshape(-1).numpy() for p in ref_order]).copy()
+        prev = pack([p.grad for p in ref_order])
         ref_opt.step()
     assert_close(flat(m.parameters()), flat(ref.parameters()), "csc residual in pool, awkward", 1e-5)
 ok("csc residual in pool: zero_grad flavours, unused head, accumulation, writes into grad")
