@@ -28,6 +28,10 @@ Systems (--systems; further rows = further names in _trainbench.py):
               exchange: what the machine's cores and memory deliver to N
               ranks at best (the measured ceiling; with 2 cores and one
               memory system it is below min(N, cores) x one process)
+  gf-all+fl, nocomm+fl  gf-all and nocomm with FusedLinear layers
+              (gradflow.torch.fuse_linear_grad_accumulation: weight gradients
+              accumulated in place into .grad; nocomm+fl keeps .grad between
+              steps so the fusion applies): the same-layers ceiling
   keras       plain Keras (TF backend), 1 process: the Keras baseline (N=1 only)
   keras-fp32, keras-all (fp16 wire + CSC 0.01), and their -seq twins with
               the TF gradient reduction not overlapped (GRADFLOW_TF_OVERLAP=0):
@@ -62,6 +66,7 @@ from cluster import Cluster, ClusterError  # noqa: E402
 
 GF = ["gf-fp32", "gf-fp16", "gf-csc0.1", "gf-csc0.01", "gf-all"]
 DDP = ["ddp", "ddp-fp16", "nocomm"]  # torch.distributed family (the cluster's raw mode)
+FUSED = ["gf-all+fl", "nocomm+fl"]  # with FusedLinear layers (issue 16 target 1)
 KERAS = ["keras-fp32", "keras-fp32-seq", "keras-all", "keras-all-seq"]  # _kerasbench.py, MPI ranks
 LABELS = {
     "torch": "plain torch, 1 process (baseline)",
@@ -93,7 +98,7 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="smoke run: model mlp, ranks 2, fewer steps (< 5 min on an idle machine)")
-    p.add_argument("--systems", default=",".join(GF + DDP))
+    p.add_argument("--systems", default=",".join(GF + FUSED[:1] + DDP + FUSED[1:]))
     p.add_argument("--models", default=None, help="mlp,resnet (quick: mlp)")
     p.add_argument("--ranks", default=None, help="1,2,4 (quick: 2)")
     p.add_argument("--rate", default="1gbit")
@@ -371,6 +376,7 @@ def plots(a, results):
             ns = [n for n in a.ranks if "throughput" in idx.get((m, s, n), {})]
             if ns:
                 kw = dict(color="black", linestyle="-.") if s == "nocomm" else \
+                    dict(color="gray", linestyle="-.") if s == "nocomm+fl" else \
                     dict(linestyle="--" if s.startswith("ddp") else "-")
                 label = "N processes, no communication (measured ceiling)" if s == "nocomm" \
                     else LABELS.get(s, s)
@@ -395,7 +401,7 @@ def plots(a, results):
         ns = [n for n in a.ranks if n > 1]
         fig, ax = plt.subplots(figsize=(7, 4.5))
         width = 0.8 / max(1, len(ns))
-        syss = [s for s in a.systems if s != "nocomm"]  # sends nothing
+        syss = [s for s in a.systems if not s.startswith("nocomm")]  # sends nothing
         for j, n in enumerate(ns):
             gfb = [idx.get((m, s, n), {}).get("bytes_sent_per_step") for s in syss]
             nic = [idx.get((m, s, n), {}).get("nic_tx_bytes_per_step") for s in syss]
