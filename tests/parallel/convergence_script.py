@@ -15,7 +15,10 @@ from sklearn.model_selection import train_test_split
 
 import gradflow.torch as hvd
 
-mode, amp = sys.argv[1].split("+amp")[0], sys.argv[1].endswith("+amp")
+# MODE[+fl][+amp]: +fl makes every Linear a FusedLinear (weight gradients
+# accumulated in place into the pool views), +amp adds autocast + GradScaler.
+mode, amp = sys.argv[1].split("+")[0], sys.argv[1].endswith("+amp")
+fused = "+fl" in sys.argv[1]
 epochs = int(sys.argv[2]) if len(sys.argv) > 2 else 30
 lr = float(sys.argv[3]) if len(sys.argv) > 3 else 0.05
 torch.manual_seed(0)
@@ -34,6 +37,8 @@ Xte, yte = torch.from_numpy(Xte), torch.from_numpy(yte)
 
 model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128),
                             torch.nn.ReLU(), torch.nn.Linear(128, 10))
+if fused:
+    hvd.fuse_linear_grad_accumulation(model)
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 kwargs = {}
 if mode in ("fp16", "bf16"):

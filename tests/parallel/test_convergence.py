@@ -1,7 +1,7 @@
 """Compression must not hurt accuracy: on scikit-learn's digits (real data),
 2 ranks, same seed, epochs and learning rate, every communication mode ends
 within 1 percentage point of dense fp32 test accuracy (CSC also under
-autocast + GradScaler)."""
+autocast + GradScaler, and with FusedLinear layers)."""
 import json
 
 import pytest
@@ -35,7 +35,9 @@ def test_compressed_modes_match_dense_accuracy():
     # csc0.01+amp: autocast(float16) + GradScaler (grad_scaler= keeps the
     # residual unscaled; overflow steps are skipped without losing the
     # residual), initial scale 2**24 so it overflows at first.
-    results = {m: train(m) for m in ["fp16", "bf16", "csc0.1", "csc0.01", "csc0.01+amp"]}
+    # csc0.01+fl: FusedLinear layers, the residual in the pool (gf-all's path)
+    results = {m: train(m) for m in ["fp16", "bf16", "csc0.1", "csc0.01", "csc0.01+amp",
+                                     "csc0.01+fl"]}
     report = {m: round(r["accuracy"], 4) for m, r in results.items()}
     report["dense"] = round(dense["accuracy"], 4)
     for mode, r in results.items():
