@@ -34,6 +34,8 @@ layer computes exactly what nn.Linear computes:
     the weight's ``.grad`` at all: ``loss.backward()``, or ``backward(inputs=
     ...)`` naming the weight; not ``torch.autograd.grad()``, which returns
     gradients and must leave ``.grad`` alone;
+  * no ``weight.register_hook()`` hook (it must see, and may change, the
+    weight's gradient before accumulation);
   * autocast is off at forward time (mixed dtypes: plain F.linear).
 """
 from __future__ import annotations
@@ -62,6 +64,7 @@ def _fusable(weight: torch.Tensor, grad_out: torch.Tensor) -> bool:
     return (g is not None and not torch.is_grad_enabled() and g.layout == torch.strided
             and g.dtype == grad_out.dtype and g.device == grad_out.device
             and g.shape == weight.shape and g.is_contiguous() and not g.requires_grad
+            and not weight._backward_hooks  # register_hook() hooks see the gradient
             and _engine_accumulates(weight))
 
 
@@ -108,7 +111,7 @@ def fuse_linear_grad_accumulation(module: nn.Module) -> nn.Module:
     """Turn every plain ``nn.Linear`` inside `module` (itself included) into a
     FusedLinear, in place (the class is swapped: parameters, hooks and
     state_dict stay as they are), and return `module`. Subclasses of
-    nn.Linear with their own forward are left alone. Call it before or after
+    nn.Linear (own forward, parametrizations, adapters) are left alone. Call it before or after
     wrapping the optimizer; it matters only where ``weight.grad`` already
     exists at backward, as with DistributedOptimizer's gradient pool."""
     for m in module.modules():

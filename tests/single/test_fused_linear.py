@@ -187,3 +187,19 @@ def test_autograd_grad_and_backward_inputs_leave_other_grads_alone():
     assert torch.equal(fused.weight.grad, torch.zeros_like(fused.weight)) and x.grad is not None
     fused(x).sum().backward(inputs=[fused.weight])
     torch.testing.assert_close(fused.weight.grad, got[0], rtol=1e-12, atol=1e-12)
+
+
+def test_weight_tensor_hook_sees_and_changes_the_gradient():
+    # A register_hook() hook on the weight must see its gradient and may
+    # change it (clipping, DP noise): the fused path would bypass it.
+    plain, fused = _pair()
+    seen = []
+    for layer in (plain, fused):
+        layer.weight.grad = torch.zeros_like(layer.weight)
+        layer.weight.register_hook(lambda g, seen=seen: (seen.append(g.clone()), g * 2)[1])
+    x = torch.randn(4, 7, dtype=torch.float64)
+    for layer in (plain, fused):
+        layer(x).sum().backward()
+    assert len(seen) == 2 and torch.equal(seen[0], seen[1])
+    torch.testing.assert_close(fused.weight.grad, plain.weight.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(fused.weight.grad, 2 * seen[0], rtol=1e-12, atol=1e-12)
