@@ -25,6 +25,10 @@ unfused one in the last bits (one fused GEMM instead of GEMM + add);
 training is deterministic and DistributedOptimizer's reduced values are
 identical on all ranks either way.
 
+Tested with plain torch and with gradflow's DistributedOptimizer (pool and
+copy paths, CSC, AMP, tied weights); not with torch's
+DistributedDataParallel, whose reducer hooks AccumulateGrad itself.
+
 The fused path is taken only when it means the same thing; otherwise the
 layer computes exactly what nn.Linear computes:
   * ``weight.grad`` exists, is dense, contiguous, of the weight's shape,
