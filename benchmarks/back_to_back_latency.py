@@ -7,6 +7,11 @@ before every call, so there each call starts with every loop asleep.)
     mpiexec -n 2 python benchmarks/back_to_back_latency.py            # 4 KiB, 3 blocks of 2000 calls
     mpiexec -n 1 python benchmarks/back_to_back_latency.py --bytes 65536
     mpiexec -n 2 python benchmarks/back_to_back_latency.py --bytes 1048576 --api numpy
+    mpiexec -n 2 python benchmarks/back_to_back_latency.py --bytes 1048576 --api mpi   # the reference
+
+--api mpi measures mpi4py's `Allreduce` (MPI_Allreduce, out of place, into
+a preallocated array) the same way, with no gradflow at all: the baseline
+the issue's target compares with, from the same command.
 
 Prints which gradflow it imported, then per rank and block the median call
 time in µs, then the core's negotiation and transfer seconds per call
@@ -29,15 +34,38 @@ import gradflow
 import gradflow.torch as hvd
 
 
+def mpi_reference(a) -> None:
+    """The same measurement for MPI_Allreduce (mpi4py), out of place."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    x = np.ones(a.bytes // 4, np.float32)
+    y = np.empty_like(x)
+    comm.Allreduce(x, y)
+    assert np.array_equal(y, np.full_like(y, float(comm.size))), "wrong sum"
+    for _ in range(a.blocks):
+        times = []
+        for _ in range(a.calls):
+            t0 = time.perf_counter_ns()
+            comm.Allreduce(x, y)
+            times.append(time.perf_counter_ns() - t0)
+        print(f"rank {comm.rank}: median {statistics.median(times) / 1e3:.1f} us per call "
+              f"(mpi, {a.bytes} B, {comm.size} rank(s))", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bytes", type=int, default=4096)
     p.add_argument("--calls", type=int, default=2000, help="calls per block")
     p.add_argument("--blocks", type=int, default=3)
-    p.add_argument("--api", choices=("torch", "numpy"), default="torch",
+    p.add_argument("--api", choices=("torch", "numpy", "mpi"), default="torch",
                    help="torch: allreduce_ in place; numpy: gradflow.allreduce, out of place "
-                        "(a new result array per call, the input untouched)")
+                        "(a new result array per call, the input untouched); mpi: mpi4py "
+                        "Allreduce (MPI_Allreduce) out of place, no gradflow")
     a = p.parse_args()
+    if a.api == "mpi":
+        mpi_reference(a)
+        return
     hvd.init()
     if hvd.rank() == 0:
         print(f"gradflow {gradflow.__version__} from {os.path.dirname(gradflow.__file__)}", flush=True)
