@@ -26,8 +26,10 @@ training is deterministic and DistributedOptimizer's reduced values are
 identical on all ranks either way.
 
 Tested with plain torch and with gradflow's DistributedOptimizer (pool and
-copy paths, CSC, AMP, tied weights); not with torch's
-DistributedDataParallel, whose reducer hooks AccumulateGrad itself.
+copy paths, CSC, AMP, tied weights). With torch's DistributedDataParallel
+(whose reducer hooks AccumulateGrad itself) only a check by hand: 2 gloo
+processes, 5 SGD steps, gradient_as_bucket_view on and off, the same
+parameters as with nn.Linear; not in the test suite.
 
 The fused path is taken only when it means the same thing; otherwise the
 layer computes exactly what nn.Linear computes:
