@@ -117,9 +117,10 @@ def fuse_linear_grad_accumulation(module: nn.Module) -> nn.Module:
     """Turn every plain ``nn.Linear`` inside `module` (itself included) into a
     FusedLinear, in place (the class is swapped: parameters, hooks and
     state_dict stay as they are), and return `module`. Subclasses of
-    nn.Linear (own forward, parametrizations, adapters) are left alone. Call it before or after
-    wrapping the optimizer; it matters only where ``weight.grad`` already
-    exists at backward, as with DistributedOptimizer's gradient pool."""
+    nn.Linear (own forward, parametrizations, adapters) are left alone.
+    Call it before or after wrapping the optimizer; it matters only where
+    ``weight.grad`` already exists at backward, as with
+    DistributedOptimizer's gradient pool."""
     for m in module.modules():
         if type(m) is nn.Linear:
             m.__class__ = FusedLinear
