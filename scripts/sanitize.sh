@@ -37,7 +37,10 @@ mkdir -p "$DEST/src"
 tar -C "$ROOT" --exclude='__pycache__' --exclude='*.so' --exclude='./build' \
     -cf - setup.py pyproject.toml README.md native gradflow tests | tar -C "$DEST/src" -xf -
 SO=$(ls "$DEST"/src/gradflow/_native*.so 2>/dev/null | head -1 || true)
-STAMP=$(cd "$DEST/src" && cat setup.py native/*.cc native/*.h | sha256sum | cut -c1-16)
+# The stamp covers the sources and the Python (its venv's libmpi is the
+# build's RUNPATH): a build left in $DEST by another checkout or venv, e.g. a
+# CI run elsewhere on this machine, is rebuilt, not loaded with a dead path.
+STAMP=$( (cd "$DEST/src" && cat setup.py native/*.cc native/*.h; echo "$PY") | sha256sum | cut -c1-16)
 if [ -z "$SO" ] || [ "$(cat "$DEST/stamp" 2>/dev/null)" != "$STAMP" ]; then
   # Build requirements minus mpich (a runtime dependency: its mpicxx is
   # beside Python already), installed once per requirement list.
