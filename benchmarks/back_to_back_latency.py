@@ -34,6 +34,19 @@ import gradflow
 import gradflow.torch as hvd
 
 
+def timed_blocks(call, a, rank: int, size: int) -> None:
+    """`a.blocks` blocks of `a.calls` back-to-back calls; prints each block's
+    median call time."""
+    for _ in range(a.blocks):
+        times = []
+        for _ in range(a.calls):
+            t0 = time.perf_counter_ns()
+            call()
+            times.append(time.perf_counter_ns() - t0)
+        print(f"rank {rank}: median {statistics.median(times) / 1e3:.1f} us per call "
+              f"({a.api}, {a.bytes} B, {size} rank(s))", flush=True)
+
+
 def mpi_reference(a) -> None:
     """The same measurement for MPI_Allreduce (mpi4py), out of place."""
     from mpi4py import MPI
@@ -43,14 +56,7 @@ def mpi_reference(a) -> None:
     y = np.empty_like(x)
     comm.Allreduce(x, y)
     assert np.array_equal(y, np.full_like(y, float(comm.size))), "wrong sum"
-    for _ in range(a.blocks):
-        times = []
-        for _ in range(a.calls):
-            t0 = time.perf_counter_ns()
-            comm.Allreduce(x, y)
-            times.append(time.perf_counter_ns() - t0)
-        print(f"rank {comm.rank}: median {statistics.median(times) / 1e3:.1f} us per call "
-              f"(mpi, {a.bytes} B, {comm.size} rank(s))", flush=True)
+    timed_blocks(lambda: comm.Allreduce(x, y), a, comm.rank, comm.size)
 
 
 def main() -> None:
@@ -81,14 +87,7 @@ def main() -> None:
     got = t.numpy() if a.api == "torch" else out
     assert np.array_equal(got, np.full_like(got, float(hvd.size()))), "wrong sum"
     gradflow.reset_stats()
-    for _ in range(a.blocks):
-        times = []
-        for _ in range(a.calls):
-            t0 = time.perf_counter_ns()
-            call()
-            times.append(time.perf_counter_ns() - t0)
-        print(f"rank {hvd.rank()}: median {statistics.median(times) / 1e3:.1f} us per call "
-              f"({a.api}, {a.bytes} B, {hvd.size()} rank(s))", flush=True)
+    timed_blocks(call, a, hvd.rank(), hvd.size())
     st = gradflow.stats()
     n = a.calls * a.blocks
     print(f"rank {hvd.rank()}: per call negotiation {st.get('seconds_negotiation', 0) / n * 1e6:.1f} us, "

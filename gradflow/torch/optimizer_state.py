@@ -113,7 +113,7 @@ POOL_ALIGN_BYTES = 64
 def pool_range_elements(numel: int, dtype: torch.dtype) -> int:
     """Elements a parameter of `numel` elements takes in a pool: rounded up
     so the next range starts POOL_ALIGN_BYTES-aligned."""
-    per = max(1, POOL_ALIGN_BYTES // torch.empty((), dtype=dtype).element_size())
+    per = max(1, POOL_ALIGN_BYTES // dtype.itemsize)
     return -(-numel // per) * per
 
 

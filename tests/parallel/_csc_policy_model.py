@@ -26,7 +26,7 @@ def padded(n):
 
 
 def pack(tensors):
-    """Flat float32 vector in pool layout; None (no gradient) is zeros."""
+    """Flat float32 vector of `tensors` in pool layout (zero padding)."""
     out = np.zeros(sum(padded(t.numel()) for t in tensors), np.float32)
     off = 0
     for t in tensors:
