@@ -36,10 +36,17 @@ import gradflow.torch as hvd
 
 def timed_blocks(call, a, rank: int, size: int) -> None:
     """`a.blocks` blocks of `a.calls` back-to-back calls; prints each block's
-    median call time."""
+    median call time. With --barrier an mpi4py barrier (untimed) precedes
+    every call, as in allreduce_bench.py."""
+    barrier = None
+    if a.barrier:
+        from mpi4py import MPI
+        barrier = MPI.COMM_WORLD.Barrier
     for _ in range(a.blocks):
         times = []
         for _ in range(a.calls):
+            if barrier is not None:
+                barrier()
             t0 = time.perf_counter_ns()
             call()
             times.append(time.perf_counter_ns() - t0)
@@ -68,6 +75,9 @@ def main() -> None:
                    help="torch: allreduce_ in place; numpy: gradflow.allreduce, out of place "
                         "(a new result array per call, the input untouched); mpi: mpi4py "
                         "Allreduce (MPI_Allreduce) out of place, no gradflow")
+    p.add_argument("--barrier", action="store_true",
+                   help="an MPI barrier (untimed) before every call: each call then starts "
+                        "with the ranks in step, as in allreduce_bench.py")
     a = p.parse_args()
     if a.api == "mpi":
         mpi_reference(a)
