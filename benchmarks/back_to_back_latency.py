@@ -2,12 +2,14 @@
 target 6): `gradflow.torch.allreduce_` of a float32 tensor called again as
 soon as the previous call returns, no barrier in between: what a training
 loop's metric or scalar allreduces see. (allreduce_bench.py puts a barrier
-before every call, so there each call starts with every loop asleep.)
+before every call, so there each call starts with the ranks in step and
+the loops idle; --barrier does the same here.)
 
     mpiexec -n 2 python benchmarks/back_to_back_latency.py            # 4 KiB, 3 blocks of 2000 calls
     mpiexec -n 1 python benchmarks/back_to_back_latency.py --bytes 65536
     mpiexec -n 2 python benchmarks/back_to_back_latency.py --bytes 1048576 --api numpy
     mpiexec -n 2 python benchmarks/back_to_back_latency.py --bytes 1048576 --api mpi   # the reference
+    mpiexec -n 2 python benchmarks/back_to_back_latency.py --barrier   # ranks in step before each call
 
 --api mpi measures mpi4py's `Allreduce` (MPI_Allreduce, out of place, into
 a preallocated array) the same way, with no gradflow at all: the baseline
