@@ -28,3 +28,18 @@ print("last to enter, by rank", last_rank)
 # sample sequence
 for i in range(n-40,n-20):
     print(i, ' '.join("%.2f/%.2f%s"%((rows[r][i][0]-rows[0][i][0])*1e3,(rows[r][i][1]-rows[r][i][0])*1e3, ('*' if rows[r][i][2] else '')+('p%d'%rows[r][i][3] if rows[r][i][3] else '')) for r in range(N)), 'resp',rows[0][i][4],'idle',[rows[r][i][5] for r in range(N)], 'gap_prev %.2f'%((rows[0][i][0]-rows[0][i-1][1])*1e3))
+# Share of idle-exchange entry offsets (> 0.5 ms, against the earliest rank)
+# within 0.25 ms of a multiple of the 4 ms scheduler tick (chance: 12.5 %).
+near = tot = 0
+for i in range(start, n):
+    if rows[0][i][4] != 0:
+        continue
+    ent = [rows[r][i][0] for r in range(N)]
+    for e in ent:
+        o = (e - min(ent)) * 1e3
+        if o < 0.5:
+            continue
+        tot += 1
+        k = round(o / 4.0)
+        near += k >= 1 and abs(o - 4 * k) <= 0.25
+print("offsets >0.5ms: %d; within 0.25 ms of a 4 ms multiple: %d (%.0f%%); chance 12.5%%" % (tot, near, 100 * near / tot))
