@@ -13,12 +13,9 @@ import signal
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from _tf_common import tf  # noqa: E402  (before TensorFlow loads: quiet, one thread)
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
-tf.config.threading.set_inter_op_parallelism_threads(1)
-tf.config.threading.set_intra_op_parallelism_threads(1)
 import gradflow.tensorflow as hvd  # noqa: E402
 import gradflow.tensorflow.elastic as elastic  # noqa: E402
 

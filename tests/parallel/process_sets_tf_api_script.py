@@ -9,16 +9,10 @@ PartialDistributedGradientTape and gradflow.tensorflow.DistributedOptimizer
 over the set; unregistered sets raise ValueError even for empty lists.
 Members end bitwise identical. Prints "tf api OK on N ranks" from rank 0."""
 import hashlib
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+from _tf_common import keras, tf  # noqa: E402  (before TensorFlow loads: quiet, one thread)
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
-tf.config.threading.set_inter_op_parallelism_threads(1)
-tf.config.threading.set_intra_op_parallelism_threads(1)
-import keras  # noqa: E402
 
 import gradflow.tensorflow as gtf  # noqa: E402
 

@@ -8,16 +8,10 @@ DistributedOptimizer(process_set=) against single-process training on the
 set's combined batches (members bitwise identical).
 Prints "tf OK on N ranks" from rank 0."""
 import hashlib
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+from _tf_common import keras, tf  # noqa: E402  (before TensorFlow loads: quiet, one thread)
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
-tf.config.threading.set_inter_op_parallelism_threads(1)
-tf.config.threading.set_intra_op_parallelism_threads(1)
-import keras  # noqa: E402
 
 import gradflow.keras as gk  # noqa: E402
 import gradflow.tensorflow as gtf  # noqa: E402

@@ -6,17 +6,10 @@
 # inference mode; then model.fit with gradflow.keras.DistributedOptimizer
 # against single-process training. Backend: KERAS_BACKEND (tensorflow default).
 import hashlib
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+from _tf_common import keras, tf  # noqa: E402  (before TensorFlow loads: quiet, one thread)
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
-tf.config.threading.set_inter_op_parallelism_threads(1)
-tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.get_logger().setLevel("ERROR")
-import keras  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 
 import gradflow  # noqa: E402

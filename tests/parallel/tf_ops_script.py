@@ -2,15 +2,10 @@
 # mpiexec): every gradflow.tensorflow op eagerly and in tf.function against a
 # numpy closed form in rank and index, their gradients, DistributedGradientTape,
 # broadcast_variables and the cross-rank mismatch error. Exits non-zero on failure.
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from _tf_common import tf  # noqa: E402  (before TensorFlow loads: quiet, one thread)
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
-tf.config.threading.set_inter_op_parallelism_threads(1)
-tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.get_logger().setLevel("ERROR")
 import gradflow.tensorflow as gtf  # noqa: E402
 
 gtf.init()

@@ -3,13 +3,10 @@
 # one background thread; collectives from both frameworks go through it.
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from _tf_common import tf  # noqa: E402  (before TensorFlow loads: quiet, one thread)
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 import torch  # noqa: E402
 
-tf.config.threading.set_inter_op_parallelism_threads(1)
-tf.config.threading.set_intra_op_parallelism_threads(1)
 torch.set_num_threads(1)
 import gradflow  # noqa: E402
 import gradflow.tensorflow as gtf  # noqa: E402
