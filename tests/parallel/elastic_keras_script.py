@@ -27,7 +27,6 @@ import time
 from _tf_common import keras, tf  # noqa: E402  (before TensorFlow loads: quiet, one thread)
 import numpy as np  # noqa: E402
 
-
 import gradflow.keras as hvd  # noqa: E402
 import gradflow.tensorflow.keras.elastic as elastic  # noqa: E402  (Horovod's module path)
 

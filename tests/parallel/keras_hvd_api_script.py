@@ -12,7 +12,6 @@ import tempfile
 from _tf_common import keras, tf  # noqa: E402  (before TensorFlow loads: quiet, one thread)
 import numpy as np  # noqa: E402
 
-
 import gradflow.tensorflow as gtf  # noqa: E402
 import gradflow.tensorflow.keras as hvd  # noqa: E402
 

@@ -12,7 +12,6 @@ import hashlib
 from _tf_common import keras, tf  # noqa: E402  (before TensorFlow loads: quiet, one thread)
 import numpy as np  # noqa: E402
 
-
 import gradflow.keras as gk  # noqa: E402
 import gradflow.tensorflow as gtf  # noqa: E402
 
