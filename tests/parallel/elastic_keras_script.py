@@ -24,7 +24,7 @@ import signal
 import sys
 import time
 
-from _tf_common import keras, tf  # noqa: E402  (before TensorFlow loads: quiet, one thread)
+from _tf_common import keras  # noqa: E402  (before TensorFlow loads: quiet, one thread)
 import numpy as np  # noqa: E402
 
 import gradflow.keras as hvd  # noqa: E402

@@ -8,7 +8,7 @@ import os
 import re
 import tempfile
 
-from _tf_common import keras, tf  # noqa: E402  (before TensorFlow loads: quiet, one thread)
+from _tf_common import keras  # noqa: E402  (before TensorFlow loads: quiet, one thread)
 import numpy as np  # noqa: E402
 
 from sklearn.datasets import load_digits  # noqa: E402
