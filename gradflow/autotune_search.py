@@ -24,7 +24,8 @@ import statistics
 from typing import Dict, List, Optional, Sequence, Tuple
 
 # AllreduceAlgo codes of native/common.h (the tuning broadcast carries codes).
-ALGO_CODES: Dict[str, int] = {"ring": 0, "two-sync": 1, "mpi": 2, "auto": 3, "recursive-doubling": 4}
+ALGO_CODES: Dict[str, int] = {"ring": 0, "two-sync": 1, "mpi": 2, "auto": 3, "recursive-doubling": 4,
+                               "halving-doubling": 5}
 ALGOS: Tuple[str, ...] = ("ring", "two-sync", "mpi")
 BUCKET_MIB: Tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64)
 # Ring pieces below the 1 MiB default are not tried. They were taken out when

@@ -83,6 +83,7 @@ const char* allreduce_algo_name(AllreduceAlgo a) {
     case AllreduceAlgo::kMpi: return "mpi";
     case AllreduceAlgo::kAuto: return "auto";
     case AllreduceAlgo::kRecursiveDoubling: return "recursive-doubling";
+    case AllreduceAlgo::kHalvingDoubling: return "halving-doubling";
   }
   return "unknown";
 }

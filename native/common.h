@@ -77,6 +77,7 @@ enum class AllreduceAlgo : int32_t {
   kMpi = 2,
   kAuto = 3,
   kRecursiveDoubling = 4,
+  kHalvingDoubling = 5,
 };
 
 size_t dtype_size(DataType dt);

@@ -118,8 +118,8 @@ std::vector<KeySpec> make_specs() {
              "fp32 | fp16 | bf16: how float32 gradients travel (16-bit summed in fp32)",
              [](Config& c, const std::string& v) { c.wire_dtype = parse_wire_dtype(v); });
   add_choice("GRADFLOW_ALLREDUCE_ALGO", "--allreduce-algo", "ring",
-             {"ring", "two-sync", "mpi", "recursive-doubling", "auto"},
-             "ring | two-sync | mpi | recursive-doubling | auto",
+             {"ring", "two-sync", "mpi", "recursive-doubling", "halving-doubling", "auto"},
+             "ring | two-sync | mpi | recursive-doubling | halving-doubling | auto",
              [](Config& c, const std::string& v) { c.allreduce_algo = parse_allreduce_algo(v); });
   add_int("GRADFLOW_RING_PIPELINE_BYTES", "--ring-pipeline-kb", 1 << 20, 1024.0, 1024, 1ll << 30,
           "bytes per pipelined ring piece (flag in KiB); 1024 <= value <= 2^30",
@@ -268,9 +268,10 @@ AllreduceAlgo parse_allreduce_algo(const std::string& s) {
   if (s == "two-sync") return AllreduceAlgo::kTwoSync;
   if (s == "mpi") return AllreduceAlgo::kMpi;
   if (s == "recursive-doubling") return AllreduceAlgo::kRecursiveDoubling;
+  if (s == "halving-doubling") return AllreduceAlgo::kHalvingDoubling;
   if (s == "auto") return AllreduceAlgo::kAuto;
   throw GradflowError("gradflow: unknown allreduce algorithm '" + s +
-                      "' (ring | two-sync | mpi | recursive-doubling | auto)");
+                      "' (ring | two-sync | mpi | recursive-doubling | halving-doubling | auto)");
 }
 
 }  // namespace gradflow

@@ -161,6 +161,7 @@ enum CommTag : int {
   kTagCollective = 5,
   kTagAdasum = 6,
   kTagRecursiveDoubling = 7,
+  kTagHalvingDoubling = 8,
 };
 
 // A new communicator of `ranks` (ranks of the communicator `parent_handle`,

@@ -406,7 +406,7 @@ PYBIND11_MODULE(_native, m) {
         "The configuration the runtime was started with.");
   m.def("features", [] {
           py::dict d;
-          d["allreduce_algos"] = std::vector<std::string>{"ring", "two-sync", "mpi", "recursive-doubling", "auto"};
+          d["allreduce_algos"] = std::vector<std::string>{"ring", "two-sync", "mpi", "recursive-doubling", "halving-doubling", "auto"};
           d["wire_dtypes"] = std::vector<std::string>{"fp32", "fp16", "bf16"};
           d["codec"] = codec_impl_name();
           d["mpi"] = MpiComm::library_version();

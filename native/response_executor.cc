@@ -10,6 +10,7 @@
 
 #include "mpi_allreduce.h"
 #include "pool_merge.h"
+#include "halving_doubling_allreduce.h"
 #include "recursive_doubling_allreduce.h"
 #include "reduce_kernels.h"
 
@@ -111,6 +112,10 @@ void ResponseExecutor::allreduce_dense(void* buf, size_t count, DataType dt, Red
         break;
       case AllreduceAlgo::kRecursiveDoubling:
         recursive_doubling_allreduce(comm_, buf, count, dt, op, wire, scratch_, &local);
+        break;
+      case AllreduceAlgo::kHalvingDoubling:
+        halving_doubling_allreduce(comm_, buf, count, dt, op, wire,
+                                   static_cast<size_t>(cfg_.ring_pipeline_bytes), scratch_, &local);
         break;
       case AllreduceAlgo::kTwoSync:
         if (!two_sync_) two_sync_ = std::make_unique<TwoSyncAllreduce>(comm_);

@@ -28,7 +28,7 @@ Tuning decode_tuning(const double* values, size_t count) {
                                        << " float64 values, got " << count);
   Tuning t;
   // Codes of AllreduceAlgo (common.h): ring, two-sync, mpi, auto.
-  t.algo = static_cast<AllreduceAlgo>(static_cast<int>(checked(values, 0, 0, 4, true, "algorithm code")));
+  t.algo = static_cast<AllreduceAlgo>(static_cast<int>(checked(values, 0, 0, 5, true, "algorithm code")));
   t.ring_pipeline_bytes = static_cast<int64_t>(checked(values, 1, 1024, 1 << 30, true, "ring piece bytes"));
   t.cycle_time_ms = checked(values, 2, 0, 10000, false, "cycle time ms");
   t.pool_bucket_bytes = static_cast<int64_t>(checked(values, 3, 4096, 1e12, true, "pool bucket bytes"));

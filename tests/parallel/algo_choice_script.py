@@ -14,7 +14,7 @@ ALGO = os.environ.get("GRADFLOW_ALLREDUCE_ALGO", "ring")
 ONE_NODE = os.environ.get("EXPECT_ONE_NODE", "1") == "1"
 gf.init()
 R, N = gf.rank(), gf.size()
-ALGOS = ["ring", "two-sync", "mpi", "recursive-doubling"]
+ALGOS = ["ring", "two-sync", "mpi", "recursive-doubling", "halving-doubling"]
 LIMIT = 256 << 10  # the auto table's thresholds (README, "Configuration and tuning")
 RD_LIMIT = 16 << 10
 

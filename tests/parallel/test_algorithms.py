@@ -1,6 +1,8 @@
 """Which allreduce algorithm runs and what it computes: the auto table and
 explicit choices checked through stats() on every rank, the 16-bit wire's
-rounding bit for bit against a numpy model (ring, two-sync, mpi), and the
+rounding bit for bit against a numpy model (ring, two-sync, mpi, recursive-
+and halving-doubling), halving-doubling's native sums, averages, min, max and
+product bit for bit against its model, and the
 two-sync and mpi algorithms under DistributedOptimizer training and on
 sub-communicators. Faults and re-init with two-sync: test_faults.py;
 several hosts: test_multihost.py."""
@@ -14,7 +16,8 @@ from _launch import run_mpi
 
 @pytest.mark.parametrize("algo,n", [("auto", 2), ("auto", 3), ("auto", 4), ("ring", 2),
                                     ("two-sync", 3), ("mpi", 2), ("mpi", 3),
-                                    ("recursive-doubling", 3), ("recursive-doubling", 4)])
+                                    ("recursive-doubling", 3), ("recursive-doubling", 4),
+                                    ("halving-doubling", 3), ("halving-doubling", 4)])
 def test_algorithm_that_ran(algo, n):
     out = run_mpi(n, "algo_choice_script.py", env={"GRADFLOW_ALLREDUCE_ALGO": algo}, timeout=120)
     assert f"algo choice OK on {n} ranks with {algo}" in out.stdout, out.stdout
@@ -32,7 +35,7 @@ def test_settings_differ_between_ranks(settings, n):
     assert sorted(int(r) for r in re.findall(r"rank (\d+) refused", out.stdout)) == list(range(n)), out.stdout
 
 
-@pytest.mark.parametrize("algo", ["ring", "two-sync", "mpi", "recursive-doubling"])
+@pytest.mark.parametrize("algo", ["ring", "two-sync", "mpi", "recursive-doubling", "halving-doubling"])
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_wire_rounding_matches_model(n, algo):
     # 64 KiB pieces: the ring's pipeline splits segments, which must not change a bit.
@@ -41,11 +44,20 @@ def test_wire_rounding_matches_model(n, algo):
     assert f"wire rounding OK on {n} ranks with {algo}" in out.stdout, out.stdout
 
 
-@pytest.mark.parametrize("algo", ["ring", "two-sync", "recursive-doubling"])
+@pytest.mark.parametrize("algo", ["ring", "two-sync", "recursive-doubling", "halving-doubling"])
 def test_wire_rounding_scalar_codec(algo):
     env = {"GRADFLOW_ALLREDUCE_ALGO": algo, "WIRE_TEST_SCALAR_CODEC": "1"}
     out = run_mpi(3, "wire_rounding_script.py", env=env, timeout=180)
     assert f"wire rounding OK on 3 ranks with {algo}" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 6])
+def test_halving_doubling_matches_model(n):
+    # Bit for bit against tests/parallel/_hd_model.py for every dtype and op
+    # it supports; 64 KiB pieces, so the larger sizes arrive in several.
+    env = {"GRADFLOW_ALLREDUCE_ALGO": "halving-doubling", "GRADFLOW_RING_PIPELINE_BYTES": "65536"}
+    out = run_mpi(n, "halving_doubling_script.py", env=env, timeout=240)
+    assert f"halving-doubling OK on {n} ranks" in out.stdout, out.stdout
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
@@ -58,7 +70,7 @@ def test_training_matches_single_process(algo, n):
 
 
 @pytest.mark.parametrize("algo,n", [("two-sync", 3), ("two-sync", 4), ("mpi", 4),
-                                    ("recursive-doubling", 4)])
+                                    ("recursive-doubling", 4), ("halving-doubling", 4)])
 def test_sub_communicator(algo, n):
     out = run_mpi(n, "subcomm_script.py", env={"GRADFLOW_ALLREDUCE_ALGO": algo}, timeout=120)
     assert out.stdout.count("subcomm OK") == n, out.stdout

@@ -73,6 +73,7 @@ def check_survivors(r, survivors, since, report):
 # What a survivor's error names when the death caught it inside an
 # algorithm's exchanges ("adasum": op=Adasum, its own algorithm).
 ALGO_WAIT = {"recursive-doubling": "in recursive-doubling allreduce",
+             "halving-doubling": "in halving-doubling allreduce",
              "adasum": "in adasum allreduce"}
 
 
@@ -89,7 +90,8 @@ def sigkill_run(n, victim, mode, algo):
 # "inside" (default settings, GRADFLOW_TIMEOUT 60 s: gradflowrun's notice or
 # MPI ends the survivors' waits): recursive doubling at 2, 3 (rank 0 folded
 # into rank 1: the folded rank, the one standing for both, the doubling
-# partner) and 4 ranks, and Adasum at 2 and 4 (it needs a power of two).
+# partner) and 4 ranks, halving-doubling at 3 (the folded-out rank dies) and
+# 4, and Adasum at 2 and 4 (it needs a power of two).
 @pytest.mark.parametrize("n,victim,mode,algo", [
     (3, 1, "mid", "ring"), (2, 0, "mid", "ring"),  # 0: the coordinator
     (3, 1, "idle", "ring"), (2, 0, "idle", "ring"), (3, 2, "busy", "ring"),
@@ -97,6 +99,7 @@ def sigkill_run(n, victim, mode, algo):
     (2, 0, "inside", "recursive-doubling"), (3, 0, "inside", "recursive-doubling"),
     (3, 1, "inside", "recursive-doubling"), (3, 2, "inside", "recursive-doubling"),
     (4, 1, "inside", "recursive-doubling"),
+    (3, 0, "inside", "halving-doubling"), (4, 2, "inside", "halving-doubling"),
     (2, 1, "inside", "adasum"), (4, 2, "inside", "adasum")])
 def test_sigkill_stops_the_job_within_seconds(n, victim, mode, algo):
     r, ended = sigkill_run(n, victim, mode, algo)

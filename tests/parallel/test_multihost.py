@@ -93,6 +93,17 @@ def test_two_sync_wire_rounding_across_hosts(two_hosts):
     assert "[0]<stdout>: wire rounding OK on 4 ranks with two-sync" in r.stdout, report
 
 
+@pytest.mark.parametrize("script,ok", [("halving_doubling_script.py", "halving-doubling OK on 4 ranks"),
+                                       ("wire_rounding_script.py",
+                                        "wire rounding OK on 4 ranks with halving-doubling")])
+def test_halving_doubling_across_hosts(two_hosts, script, ok):
+    # Only across nodes the first allgather receive is posted early, into a
+    # staging area (Note [Early allgather receive]); 64 KiB pieces.
+    r, report = _run_across_hosts(two_hosts, script, "--allreduce-algo", "halving-doubling",
+                                  env={"GRADFLOW_RING_PIPELINE_BYTES": str(64 << 10)})
+    assert f"[0]<stdout>: {ok}" in r.stdout, report
+
+
 def test_auto_takes_the_ring_across_hosts(two_hosts):
     r, report = _run_across_hosts(two_hosts, "algo_choice_script.py", "--allreduce-algo", "auto",
                                   env={"EXPECT_ONE_NODE": "0"})

@@ -1,13 +1,16 @@
 """The 16-bit wire's rounding, bit for bit, against a numpy model of the
 documented algorithm (GRADFLOW_ALLREDUCE_ALGO = ring | two-sync | mpi |
-recursive-doubling):
+recursive-doubling | halving-doubling):
   ring:     the partial sum is rounded to 16 bits at every hop of the
             reduce-scatter (fp32 add of the hop's own value, then encode);
   two-sync, mpi: the owner sums all ranks' 16-bit shards in fp32 in rank
             order and rounds once;
   recursive-doubling: each exchange adds the two partners' rounded partials
             (lower rank first) in fp32; the result is rounded once more
-            (tests/parallel/_rd_model.py).
+            (tests/parallel/_rd_model.py);
+  halving-doubling: the receiver of each fold and reduce-scatter exchange
+            adds the sender's rounded partial to its own fp32 partial; the
+            owner of a block rounds it once (tests/parallel/_hd_model.py).
 Then every rank holds the owner's rounded values (bitwise identical). Inputs
 have full fp32 mantissas and span fp16's subnormals to 1e3, so every rounding
 step is exercised; the stats must show the algorithm and a 16-bit wire ran."""
@@ -17,6 +20,7 @@ import os
 import numpy as np
 
 import gradflow as gf
+from _hd_model import bytes_sent as hd_bytes_sent, halving_doubling
 from _rd_model import bytes_sent, recursive_doubling
 
 ALGO = os.environ["GRADFLOW_ALLREDUCE_ALGO"]
@@ -52,6 +56,8 @@ def model(xs, wire):
     """The documented result of ALGO on inputs xs[rank] (float32 arrays)."""
     if ALGO == "recursive-doubling":
         return recursive_doubling(xs, lambda v: dec(enc(v, wire), wire))
+    if ALGO == "halving-doubling":
+        return halving_doubling(xs, rnd=lambda v: dec(enc(v, wire), wire))
     out = np.empty_like(xs[0])
     for k, seg in enumerate(segments(xs[0].size)):
         if ALGO == "ring":
@@ -105,6 +111,7 @@ def check(wire, count, op, seed):
     # 16 bits on the wire: each rank sends about 2(N-1)/N of the buffer at 2 bytes.
     sent = after.get(f"bytes_sent.{key}", 0) - before.get(f"bytes_sent.{key}", 0)
     ideal = (bytes_sent(R, N, count * 2) if ALGO == "recursive-doubling"
+             else hd_bytes_sent(R, N, count * 2, 2) if ALGO == "halving-doubling"
              else 2 * (N - 1) / N * count * 2)
     assert count < 1000 or 0.9 * ideal <= sent <= 1.1 * ideal, (name, sent, ideal)
     return got, xs
@@ -121,7 +128,8 @@ def rounding_is_exercised(got, xs, wire):
         assert (got != once).mean() > 0.01, "ring model indistinguishable from one rounding"
     # The documented error bound, in units of the result's 16-bit spacing.
     eps = 2.0 ** -11 if wire == "fp16" else 2.0 ** -8
-    hops = {"ring": N, "recursive-doubling": N.bit_length() + 1}.get(ALGO, 1)  # roundings of partial sums
+    hops = {"ring": N, "recursive-doubling": N.bit_length() + 1,
+            "halving-doubling": N.bit_length() + 1}.get(ALGO, 1)  # roundings of partial sums
     bound = (hops * eps * sum(np.abs(x.astype(np.float64)) for x in xs)  # partial sums, inputs
              + N * eps * np.max([np.abs(x) for x in xs], axis=0) + 1e-7)
     err = np.abs(got - exact)
