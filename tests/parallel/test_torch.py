@@ -82,12 +82,15 @@ def test_torch_pool_first_bucket_cap_matches_numpy(n):
     assert len(buckets["0"]) == 1 and buckets["64"][0] > buckets["0"][0], buckets
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_torch_csc_matches_numpy_model(n):
+@pytest.mark.parametrize("n,algo", [(2, "ring"), (3, "ring"), (3, "halving-doubling"),
+                                    (4, "halving-doubling")])
+def test_torch_csc_matches_numpy_model(n, algo):
     # Small chunks so a 2,410-parameter MLP has ~40 of them; no warm-up
-    # beyond the dense step 1, so every later step is sparse.
+    # beyond the dense step 1, so every later step is sparse. Halving-doubling
+    # (its fold at 3 ranks) carries the importance and chunk allreduces too.
     out = run_mpi(n, "torch_csc_script.py", env={"GRADFLOW_SPARSE_CHUNK": "64",
-                                                 "GRADFLOW_SPARSE_WARMUP_STEPS": "0"}, timeout=240)
+                                                 "GRADFLOW_SPARSE_WARMUP_STEPS": "0",
+                                                 "GRADFLOW_ALLREDUCE_ALGO": algo}, timeout=240)
     assert len(_oks(out, n)) == 6, out.stdout
 
 
