@@ -148,6 +148,7 @@ class System:
     overlap: float = 1.0           # share of backward that communication can hide behind (0..1)
     codec_s_per_elem: float = 0.0  # fp16 encode+decode, per element passing the ring, CPU of the comm thread
     cpu_s_per_elem: float = 0.0    # on the critical path, per gradient element per step (CSC pass, DDP hook)
+    cpu_s_per_sent_elem: float = 0.0  # on the critical path, per CSC element sent (copy out, unpack, re-zero)
     bucket_wait_s: float = 0.0     # extra wait per bucket (Horovod cycle)
     bucket_choices: Tuple[int, ...] = ()  # non-empty: use the fastest of these bucket sizes (autotune-like)
     coord_step_s: float = 0.0      # coordination cost per step (N > 1), x contention
@@ -191,6 +192,7 @@ def step_time(tensors: Sequence[int], n: int, system: System, link: Link, comput
     comm = 0.0
     sent = 0.0
     colls = 0
+    sparse_sent = 0.0
     cum = 0
     frac = 2.0 * (n - 1) / n if n > 1 else 0.0
     for b in buckets:
@@ -201,6 +203,7 @@ def step_time(tensors: Sequence[int], n: int, system: System, link: Link, comput
             t = link.allreduce(4.0 * nchunks, n)          # importance allreduce, always fp32
             t += link.allreduce(elems * system.wire_bytes, n)
             sent += frac * (4.0 * nchunks + elems * system.wire_bytes)
+            sparse_sent += elems
             colls += 2
         else:
             elems = b
@@ -216,7 +219,7 @@ def step_time(tensors: Sequence[int], n: int, system: System, link: Link, comput
         link_free = start + t
         done = link_free
         comm += t
-    cpu = system.cpu_s_per_elem * total * contention
+    cpu = (system.cpu_s_per_elem * total + system.cpu_s_per_sent_elem * sparse_sent) * contention
     if n > 1:
         cpu += (system.coord_step_s + system.coord_collective_s * colls) * contention
     finish = max(compute_s, done)

@@ -98,3 +98,41 @@ def test_coordination_terms_only_with_peers():
     a = sm.step_time(t, 2, base, link, 0.2, contention=1.5)
     b = sm.step_time(t, 2, coord, link, 0.2, contention=1.5)
     assert b.step - a.step == pytest.approx((0.01 + 0.002 * a.collectives) * 1.5)
+
+
+def test_csc_cpu_per_sent_element():
+    # The current code's CSC work: s_s per element sent on top of s_b per gradient element.
+    link = sm.Link(bandwidth=1e8, latency=0.0, overhead=0.0)
+    t = sm.mlp_tensors()
+    base = sm.System("x", sm.POOL_BUCKET_BYTES, sparse_ratio=0.1, overlap=0.0, cpu_s_per_elem=1e-10)
+    more = sm.System("x", sm.POOL_BUCKET_BYTES, sparse_ratio=0.1, overlap=0.0, cpu_s_per_elem=1e-10,
+                     cpu_s_per_sent_elem=2e-9)
+    sent = sum(sm.csc_sent_elems(b, 0.1)[1] for b in sm.make_buckets(t, sm.POOL_BUCKET_BYTES))
+    assert 0 < sent < sum(t) / 5
+    a = sm.step_time(t, 4, base, link, 0.2, contention=1.5)
+    b = sm.step_time(t, 4, more, link, 0.2, contention=1.5)
+    assert b.step - a.step == pytest.approx(2e-9 * sent * 1.5)
+    dense = sm.System("x", sm.POOL_BUCKET_BYTES, overlap=0.0, cpu_s_per_sent_elem=2e-9)
+    assert sm.step_time(t, 4, dense, link, 0.2).cpu == 0.0   # dense buckets send no CSC chunks
+
+
+def test_ddp_hook_pooled_over_models():
+    # A few ms of noise on the 0.3 M-parameter ResNet must not become the per-element
+    # cost of the 25 M-parameter MLP (a maximum of per-model ratios made it 10 ns).
+    spec = importlib.util.spec_from_file_location("scale_model", os.path.join(ROOT, "benchmarks", "scale_model.py"))
+    model = importlib.util.module_from_spec(spec)
+    sys.modules["scale_model"] = model   # dataclasses look their module up there
+    saved = list(sys.path)
+    try:
+        spec.loader.exec_module(model)   # it puts benchmarks/ on sys.path
+    finally:
+        sys.path[:] = saved
+
+    def row(step, params):
+        return {"step_seconds_median": step, "params": params}
+    rows = {("mlp", "ddp", 1): row(0.150, 25_185_290), ("mlp", "ddp-fp16", 1): row(0.175, 25_185_290),
+            ("resnet", "ddp", 1): row(0.076, 308_650), ("resnet", "ddp-fp16", 1): row(0.080, 308_650)}
+    got = model.ddp_hook_s_per_elem(rows)
+    assert got == pytest.approx(0.029 / (25_185_290 + 308_650))
+    assert 1.0e-9 < got < 1.2e-9
+    assert model.ddp_hook_s_per_elem({}) == 0.0
