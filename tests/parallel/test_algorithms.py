@@ -53,8 +53,9 @@ def test_wire_rounding_scalar_codec(algo):
 
 @pytest.mark.parametrize("n", [2, 3, 4, 6])
 def test_halving_doubling_matches_model(n):
-    # Bit for bit against tests/parallel/_hd_model.py for every dtype and op
-    # it supports; 64 KiB pieces, so the larger sizes arrive in several.
+    # Bit for bit against tests/parallel/_hd_model.py: float32/64/16 sums and
+    # averages, int32 sum/min/max/product, bool min/max; 64 KiB pieces, so
+    # the larger sizes arrive in several.
     env = {"GRADFLOW_ALLREDUCE_ALGO": "halving-doubling", "GRADFLOW_RING_PIPELINE_BYTES": "65536"}
     out = run_mpi(n, "halving_doubling_script.py", env=env, timeout=240)
     assert f"halving-doubling OK on {n} ranks" in out.stdout, out.stdout
