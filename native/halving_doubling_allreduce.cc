@@ -7,18 +7,21 @@
 // -------------
 // The ring moves the fewest bytes but needs 2(N-1) dependent hops; with
 // more ranks than cores every hop also waits for the receiving rank to get
-// a core. At 4 ranks on 2 cores a 1 MiB ring took 0.51–0.86x the time of
-// MPICH's MPI_Allreduce, which uses this algorithm for such sizes
-// (docs/performance.md, issue 16 target 6). Halving-doubling moves the
-// ring's bytes for a power of two in 2·log2 N exchanges: 4 instead of 6 at
-// N = 4, 6 instead of 14 at N = 8.
+// a core. At 4 ranks on 2 cores a 1 MiB ring ran at 0.51–0.86x the speed
+// of MPICH's MPI_Allreduce, which uses this algorithm for such sizes
+// (issue 16 target 6). Halving-doubling moves the ring's bytes for a power
+// of two in 2·log2 N exchanges: 4 instead of 6 at N = 4, 6 instead of 14 at
+// N = 8. Measured (docs/performance.md, "Target 6: MPI's own algorithm"):
+// no faster than the ring at 4 ranks here, on one node or across 4 hosts;
+// faster at 8 hosts for 16–64 KiB. So it is an explicit choice; `auto`
+// does not take it.
 //
 // The algorithm (as in MPICH's MPIR_Allreduce_intra_reduce_scatter_allgather)
 // ---------------------------------------------------------------------------
 // p2 = the largest power of two <= N, rem = N - p2.
 //   Fold: among ranks 0 .. 2*rem-1, even rank r sends its buffer to r+1,
 //         which reduces it in and stands for both; r sits out. The others
-//         are renumbered 0 .. p2-1 ("me"; Fold as in recursive doubling).
+//         are renumbered 0 .. p2-1 ("me"), as in recursive doubling.
 //   Reduce-scatter: the buffer is cut into p2 balanced blocks. For mask =
 //         p2/2, p2/4, ..., 1 a rank exchanges with me XOR mask: of the
 //         blocks it still covers, it sends the half its partner keeps and
