@@ -117,7 +117,8 @@ ALL_TESTS="tests/single/test_check_build_mpi.py tests/parallel/test_collectives.
   tests/parallel/test_faults.py"
 # CI's focused subset (GRADFLOW_OPENMPI_TESTS=ci): at 2 and 3 ranks, each
 # collective and join, the torch optimizer against one process, its errors
-# and CSC, and every fault kind (SIGKILL mid-allreduce, idle and busy, ring and
+# and CSC, the halving-doubling allreduce against its model (its fold at 3
+# ranks), and every fault kind (SIGKILL mid-allreduce, idle and busy, ring and
 # two-sync; a rank exiting early; a raising rank; shutdown + init again).
 CI_TESTS="tests/single/test_check_build_mpi.py
   tests/parallel/test_collectives.py::test_collectives_match_numpy[3]
@@ -126,7 +127,8 @@ CI_TESTS="tests/single/test_check_build_mpi.py
   tests/parallel/test_torch.py::test_torch_ops[2]
   tests/parallel/test_torch.py::test_torch_training_matches_single_process[2]
   tests/parallel/test_torch.py::test_torch_errors_raise_on_every_rank[2]
-  tests/parallel/test_torch.py::test_torch_csc_matches_numpy_model[2]
+  tests/parallel/test_torch.py::test_torch_csc_matches_numpy_model[2-ring]
+  tests/parallel/test_algorithms.py::test_halving_doubling_matches_model[3]
   tests/parallel/test_faults.py::test_sigkill_stops_the_job_within_seconds[3-1-mid-ring]
   tests/parallel/test_faults.py::test_sigkill_stops_the_job_within_seconds[2-0-idle-ring]
   tests/parallel/test_faults.py::test_sigkill_stops_the_job_within_seconds[3-2-busy-ring]
