@@ -48,15 +48,16 @@ def check_run(proc, kind, n, out_dir, module):
     holds them, and they and the averaged losses match the reference."""
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
     # Not per line: mpiexec may join two ranks' output (print writes the text
-    # and its newline separately), e.g. "...module gradflow.torchrank 0 of 3 ...".
-    finals = re.findall(r"rank (\d+) of (\d+) params ([0-9a-f]{64}) .*?module ([\w.]+?)"
-                        r"(?=rank \d|\s|$)", proc.stdout)
+    # and its newline separately), e.g. "...module gradflow.torchrank 0 of 3 ..."
+    # or, with rank 0's metric line, "...module gradflow.torchepoch 2 avg_loss ...".
+    end = r"(?=rank \d|epoch \d|\s|$)"
+    finals = re.findall(r"rank (\d+) of (\d+) params ([0-9a-f]{64}) .*?module ([\w.]+?)" + end,
+                        proc.stdout)
     assert sorted(int(r) for r, _, _, _ in finals) == list(range(n)), proc.stdout
     assert {s for _, s, _, _ in finals} == {str(n)}
     assert len({h for _, _, h, _ in finals}) == 1, finals  # bitwise identical on every rank
     assert {m for _, _, _, m in finals} == {module}       # it ran on gradflow
-    losses = [float(v) for v in re.findall(r"epoch \d+ avg_loss ([-+0-9.eE]+?)(?=rank \d|\s|$)",
-                                           proc.stdout)]
+    losses = [float(v) for v in re.findall(r"epoch \d+ avg_loss ([-+0-9.eE]+?)" + end, proc.stdout)]
     ckpts = glob.glob(os.path.join(out_dir, "checkpoint*"))
     assert len(ckpts) == 1, ckpts                          # rank 0 only
     params, ref_losses, ckpt = reference(kind, n, ckpts[0])
