@@ -136,9 +136,10 @@ def main() -> int:
     for run in RUNS:
         rows = _rows(_load(run))
         hook = ddp_hook(rows)
+        known = systems(cal, csc, coord, hook)
         for (model, system, n), r in sorted(rows.items()):
             name, _ = base_system(system)
-            if n < 2 or name not in systems(cal, csc, coord, hook):
+            if n < 2 or name not in known:
                 continue
             step = predict(cal, rows, model, system, n, csc, coord, hook)[0]
             pred = n * r["batch_per_rank"] / step

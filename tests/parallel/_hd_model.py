@@ -3,13 +3,7 @@ which partial sums meet, in which operand order, and where the 16-bit wire
 rounds. Works on 1-D numpy arrays (only slicing, `combine` and `rnd`)."""
 import numpy as np
 
-
-def _fold(n):
-    """(p2, rem): the largest power of two <= n and the ranks folded into it."""
-    p2 = 1
-    while p2 * 2 <= n:
-        p2 *= 2
-    return p2, n - p2
+from _rd_model import _fold  # the same fold as recursive doubling
 
 
 def _block_offsets(count, p2):
