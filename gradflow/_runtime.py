@@ -9,6 +9,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Union
 
 import mpi4py
@@ -291,6 +292,22 @@ def submit(kind: int, name: str, in_ptr: int, out_ptr: int, dtype: int, shape: S
     return Handle(h, keep_alive, finish, name, ps)
 
 
+def _write_whole_traceback(exc_type, exc, tb) -> bool:
+    """Print what the default excepthook prints, in one write. Under
+    PYTHONUNBUFFERED (gradflowrun sets it; many job scripts do) the default
+    hook writes each piece of a line separately, and the peers' messages
+    about this very failure, arriving at the same moment through mpiexec,
+    landed inside its last line ("ValueError[gradflow rank 0] ...: boom").
+    False if it could not, so the default hook runs instead."""
+    try:
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        return True
+    except Exception:
+        return False
+
+
 def _install_hooks() -> None:
     previous = sys.excepthook
 
@@ -309,6 +326,8 @@ def _install_hooks() -> None:
                 _uncaught_exception = True
         except Exception:
             pass
+        if previous is sys.__excepthook__ and _write_whole_traceback(exc_type, exc, tb):
+            return
         previous(exc_type, exc, tb)
 
     sys.excepthook = excepthook

@@ -297,14 +297,10 @@ class HalvingDoubling {
 void halving_doubling_allreduce(MpiComm& comm, void* buf, size_t count, DataType dt, ReduceOp op,
                                 WireDtype wire, size_t piece_bytes, std::vector<uint8_t>& scratch,
                                 TransferStats* stats) {
-  TransferStats local;
-  TransferStats* st = stats ? stats : &local;
-  auto t0 = Clock::now();
-  if (comm.size() > 1 && count > 0) {
-    HalvingDoubling hd(comm, buf, count, dt, op, wire, piece_bytes, scratch, st);
-    hd.run();
-  }
-  st->transfer_seconds += seconds_since(t0);
+  timed_transfer(stats, [&](TransferStats* st) {
+    if (comm.size() > 1 && count > 0)
+      HalvingDoubling(comm, buf, count, dt, op, wire, piece_bytes, scratch, st).run();
+  });
 }
 
 }  // namespace gradflow

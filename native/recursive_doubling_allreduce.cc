@@ -193,14 +193,9 @@ class RecursiveDoubling {
 void recursive_doubling_allreduce(MpiComm& comm, void* buf, size_t count, DataType dt, ReduceOp op,
                                   WireDtype wire, std::vector<uint8_t>& scratch,
                                   TransferStats* stats) {
-  TransferStats local;
-  TransferStats* st = stats ? stats : &local;
-  auto t0 = Clock::now();
-  if (comm.size() > 1 && count > 0) {
-    RecursiveDoubling rd(comm, buf, count, dt, op, wire, scratch, st);
-    rd.run();
-  }
-  st->transfer_seconds += seconds_since(t0);
+  timed_transfer(stats, [&](TransferStats* st) {
+    if (comm.size() > 1 && count > 0) RecursiveDoubling(comm, buf, count, dt, op, wire, scratch, st).run();
+  });
 }
 
 }  // namespace gradflow

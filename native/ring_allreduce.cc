@@ -320,17 +320,15 @@ std::vector<size_t> balanced_segments(size_t count, int n) {
 
 void ring_allreduce(MpiComm& comm, void* buf, size_t count, DataType dt, ReduceOp op,
                     const RingOptions& opt, std::vector<uint8_t>& scratch, TransferStats* stats) {
-  TransferStats local;
-  TransferStats* st = stats ? stats : &local;
-  auto t0 = Clock::now();
-  if (comm.size() > 1 && count > 0) {
-    Ring ring(comm, buf, balanced_segments(count, comm.size()), dt, op, opt, scratch, st);
-    ring.reduce_scatter(/*then_allgather=*/true);
-    ring.allgather();
-  } else if (opt.input && count > 0) {
-    std::memcpy(buf, opt.input, count * dtype_size(dt));
-  }
-  st->transfer_seconds += seconds_since(t0);
+  timed_transfer(stats, [&](TransferStats* st) {
+    if (comm.size() > 1 && count > 0) {
+      Ring ring(comm, buf, balanced_segments(count, comm.size()), dt, op, opt, scratch, st);
+      ring.reduce_scatter(/*then_allgather=*/true);
+      ring.allgather();
+    } else if (opt.input && count > 0) {
+      std::memcpy(buf, opt.input, count * dtype_size(dt));
+    }
+  });
 }
 
 void ring_reducescatter(MpiComm& comm, void* buf, const std::vector<size_t>& counts, DataType dt,
@@ -342,18 +340,16 @@ void ring_reducescatter(MpiComm& comm, void* buf, const std::vector<size_t>& cou
                                                                            << comm.size()
                                                                            << " ranks");
   GF_CHECK(opt.input == nullptr, "gradflow: ring reducescatter is in place only");
-  TransferStats local;
-  TransferStats* st = stats ? stats : &local;
-  auto t0 = Clock::now();
   size_t total = 0;
   for (size_t c : counts) total += c;
-  if (comm.size() > 1 && total > 0) {
-    // The owner keeps its block in fp32 on the wire path: no final rounding
-    // is needed when no other rank has to match it.
-    Ring ring(comm, buf, counts, dt, op, opt, scratch, st);
-    ring.reduce_scatter(/*then_allgather=*/false);
-  }
-  st->transfer_seconds += seconds_since(t0);
+  timed_transfer(stats, [&](TransferStats* st) {
+    if (comm.size() > 1 && total > 0) {
+      // The owner keeps its block in fp32 on the wire path: no final rounding
+      // is needed when no other rank has to match it.
+      Ring ring(comm, buf, counts, dt, op, opt, scratch, st);
+      ring.reduce_scatter(/*then_allgather=*/false);
+    }
+  });
 }
 
 }  // namespace gradflow

@@ -9,17 +9,9 @@
 
 #include "common.h"
 #include "mpi_comm.h"
+#include "transfer_stats.h"
 
 namespace gradflow {
-
-// Bytes moved by one collective, filled in by the algorithms.
-struct TransferStats {
-  uint64_t bytes_sent = 0;
-  uint64_t bytes_received = 0;
-  double codec_seconds = 0.0;     // time in encode/decode
-  double transfer_seconds = 0.0;  // wall time of the whole algorithm
-  bool wire_overflow = false;     // a finite value became inf on the 16-bit wire
-};
 
 struct RingOptions {
   // Each segment moves in pieces of at most this many bytes so the reduce

@@ -15,13 +15,13 @@ Modes (argv[1]):
                that took part, and everything still works afterwards.
 Prints "<mode> OK on N ranks" from rank 0.
 """
-import hashlib
 import sys
 import time
 
 import numpy as np
 
 import gradflow as gf
+from _exact_checks import same_everywhere
 
 MODE = sys.argv[1]
 if MODE == "initlist":  # Horovod's init(comm=[ranks]): the last N-1 world ranks only
@@ -58,13 +58,6 @@ def data(rank, shape=(5, 3), dtype=np.float32, salt=0):
     return (rng.standard_normal(shape) * 10).astype(dtype)
 
 
-def same_in_set(a, ps, what):
-    """Every member holds the same bytes (digests allgathered in the set)."""
-    d = np.frombuffer(hashlib.sha256(np.ascontiguousarray(a).tobytes()).digest(), np.uint8)
-    every = gf.allgather(d.reshape(1, -1), name=f"digest.{what}", process_set=ps)
-    assert (every == every[0]).all(), f"rank {R}: {what} differs within {ps}"
-
-
 def expect_error(fn, *needles, kind=Exception):
     try:
         fn()
@@ -86,10 +79,10 @@ def check_set(ps, salt):
     want = sum(data(q, salt=salt).astype(np.float64) for q in ps.ranks)
     s = gf.allreduce(mine, op=gf.Sum, name=f"s{salt}.sum", process_set=ps)
     assert np.allclose(s, want, rtol=1e-5, atol=1e-4), (R, s, want)
-    same_in_set(s, ps, f"s{salt}.sum")
+    same_everywhere(s, f"s{salt}.sum", process_set=ps)
     a = gf.allreduce(mine, name=f"s{salt}.avg", process_set=ps)  # Average over the set
     assert np.allclose(a, want / m, rtol=1e-5, atol=1e-4), (R, a, want / m)
-    same_in_set(a, ps, f"s{salt}.avg")
+    same_everywhere(a, f"s{salt}.avg", process_set=ps)
     ints = (data(R, (7,), salt=salt) * 100).astype(np.int64)
     all_ints = [(data(q, (7,), salt=salt) * 100).astype(np.int64) for q in ps.ranks]
     assert (gf.allreduce(ints, op=gf.Sum, process_set=ps) == sum(all_ints)).all()
@@ -97,7 +90,7 @@ def check_set(ps, salt):
     h16 = gf.allreduce(mine, op=gf.Sum, compression=gf.Compression.fp16, name=f"s{salt}.fp16",
                        process_set=ps)
     assert np.allclose(h16, want, rtol=2e-2, atol=0.5), (R, h16, want)
-    same_in_set(h16, ps, f"s{salt}.fp16")
+    same_everywhere(h16, f"s{salt}.fp16", process_set=ps)
     # allgather: rank q contributes q+1 rows, concatenated in set order.
     rows = lambda q: data(q, (q + 1, 2), salt=salt)  # noqa: E731
     g = gf.allgather(rows(R), process_set=ps)

@@ -2,24 +2,18 @@
 allreduce algorithms (GRADFLOW_ALLREDUCE_ALGO), the 16-bit wire
 (GRADFLOW_WIRE_DTYPE / compression=), and coarse-grained sparse chunks
 (GRADFLOW_SPARSE_RATIO), each against a numpy reference."""
-import hashlib
 import os
 
 import numpy as np
 
 import gradflow as gf
+from _exact_checks import same_everywhere
 
 gf.init()
 R, N = gf.rank(), gf.size()
 ALGO = os.environ.get("GRADFLOW_ALLREDUCE_ALGO", "ring")
 # What runs the 1.2 MB wire checks: auto's table gives the ring above 256 KiB.
 BIG_ALGO = "ring" if ALGO == "auto" else ALGO
-
-
-def identical(arr, what):
-    d = np.frombuffer(hashlib.sha256(np.ascontiguousarray(arr).tobytes()).digest(), np.uint8)
-    allg = gf.allgather(d.reshape(1, -1), name=f"id.{what}")
-    assert (allg == allg[0]).all(), f"{what}: ranks differ bitwise"
 
 
 def data(rank, count, seed=0):
@@ -34,7 +28,7 @@ def check_algorithm_dense():
             ref = sum((data(r, count) * 8).astype(dtype).astype(np.float64) for r in range(N))
             tol = 2e-2 * N if dtype == np.float16 else 1e-4
             np.testing.assert_allclose(got.astype(np.float64), ref if count else np.zeros(0), rtol=tol, atol=tol)
-            identical(got, f"alg.{count}.{np.dtype(dtype).name}")
+            same_everywhere(got, f"alg.{count}.{np.dtype(dtype).name}")
     got = gf.allreduce(np.arange(10, dtype=np.float32) + R, op=gf.Max, name="alg.max")
     np.testing.assert_array_equal(got, np.arange(10, dtype=np.float32) + N - 1)
     st = gf.stats()
@@ -49,7 +43,7 @@ def check_wire(compression, wire_name):
     x = data(R, count, seed=1)
     h = gf.allreduce_async(x, op=gf.Sum, name=f"wire.{wire_name}", compression=compression)
     got = h.wait()
-    identical(got, f"wire.{wire_name}")
+    same_everywhere(got, f"wire.{wire_name}")
     exact = sum(data(r, count, seed=1).astype(np.float64) for r in range(N))
     err = np.abs(got - exact).max()
     if wire_name == "fp16":
@@ -81,7 +75,7 @@ def check_overflow_flag():
     got = h.wait()
     if N > 1:
         assert np.isinf(got).all() and h.wire_overflow, got
-    identical(got, "overflow")
+    same_everywhere(got, "overflow")
 
 
 def simulate_sparse(grads_per_rank, chunk, ratio):
@@ -117,7 +111,7 @@ def check_sparse():
     gf.reset_stats()
     for s in range(steps):
         got = gf.allreduce(grads[R][s], op=gf.Sum, name="sparse.grad")
-        identical(got, f"sparse.{s}")
+        same_everywhere(got, f"sparse.{s}")
         np.testing.assert_allclose(got, expected[s], rtol=1e-4, atol=1e-4, err_msg=f"step {s}")
     st = gf.stats()
     # Average with pre/post scaling: the post-scale is applied to the sent
@@ -128,7 +122,7 @@ def check_sparse():
     for s in range(steps):
         got = gf.allreduce(grads[R][s], op=gf.Average, name="sparse.avg", prescale_factor=pre,
                            postscale_factor=post)
-        identical(got, f"sparse.avg.{s}")
+        same_everywhere(got, f"sparse.avg.{s}")
         np.testing.assert_allclose(got, expected_avg[s] * post / N, rtol=1e-4, atol=1e-4,
                                    err_msg=f"average, step {s}")
         assert (got[expected_avg[s] == 0] == 0).all(), "unsent chunks must be exactly zero"
