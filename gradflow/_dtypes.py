@@ -25,6 +25,10 @@ _BY_NAME = {
 }
 NAME_OF = {code: name for name, code in _BY_NAME.items()}
 SUPPORTED = ", ".join(_BY_NAME)
+# Codes of the native-order numpy dtypes seen so far: `dtype.name` costs
+# ~1 µs, paid twice per numpy collective before (issue 16, target 6: the
+# per-call path of small collectives).
+_CODE_BY_DTYPE: dict = {}
 
 
 def code_of_name(name: str) -> int:
@@ -40,10 +44,15 @@ def code_of_numpy(dtype: np.dtype) -> int:
     core reads elements as native bytes, so a non-native byte order (e.g.
     '>f4' on x86) is refused: convert with `a.astype(a.dtype.newbyteorder('='))`."""
     dt = np.dtype(dtype)
+    code = _CODE_BY_DTYPE.get(dt)
+    if code is not None:
+        return code
     if not dt.isnative:
         raise TypeError(f"gradflow: dtype {dt.str} is not in native byte order; convert it with "
                         "a.astype(a.dtype.newbyteorder('='))")
-    return code_of_name(dt.name)
+    code = code_of_name(dt.name)
+    _CODE_BY_DTYPE[dt] = code
+    return code
 
 
 def numpy_dtype(code: int) -> np.dtype:

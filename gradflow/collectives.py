@@ -9,7 +9,7 @@ new arrays in native byte order.
 from __future__ import annotations
 
 import enum
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -48,6 +48,8 @@ def reduce_op(op) -> ReduceOp:
     refuses it at submit where it cannot run (a collective other than
     allreduce, a non-floating dtype, a rank count that is not a power of two,
     a 16-bit wire, sparse_ratio < 1), on every rank."""
+    if op.__class__ is ReduceOp:  # the usual case, without the enum lookup
+        return op
     if isinstance(op, bool) or not isinstance(op, (int, np.integer)):
         raise ValueError(f"gradflow: unknown reduce op {op!r}; use Average, Sum, Adasum, Min, Max "
                          "or Product")
