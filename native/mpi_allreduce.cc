@@ -28,8 +28,6 @@
 namespace gradflow {
 
 namespace {
-using Clock = std::chrono::steady_clock;
-
 bool wired(DataType dt, ReduceOp op, WireDtype wire) {
   return wire != WireDtype::kNative && dt == DataType::kFloat32 &&
          (op == ReduceOp::kSum || op == ReduceOp::kAverage);
@@ -70,15 +68,10 @@ void mpi_allreduce(MpiComm& comm, void* buf, size_t count, DataType dt, ReduceOp
   uint8_t* recv = scratch.data() + image;
   uint8_t* gathered = recv + shards;
   float* fdata = static_cast<float*>(buf);
-  auto codec = [&](auto fn) {
-    auto t = Clock::now();
-    fn();
-    st->codec_seconds += seconds_since(t);
-  };
 
   // Step 1: segment q of every rank to its owner q.
   if (w) {
-    codec([&] {
+    timed_codec(st, [&] {
       if (encode_f32(wire, fdata, reinterpret_cast<uint16_t*>(send), count))
         st->wire_overflow = true;
     });
@@ -95,7 +88,7 @@ void mpi_allreduce(MpiComm& comm, void* buf, size_t count, DataType dt, ReduceOp
   // is done: MPI forbids a send block inside the receive buffer.
   uint8_t* mine = send + off[r] * ws;
   if (w) {
-    codec([&] {
+    timed_codec(st, [&] {
       float* acc = fdata + off[r];
       const uint16_t* sh = reinterpret_cast<const uint16_t*>(recv);
       decode_f32(wire, sh, acc, cnt[r]);
@@ -111,7 +104,7 @@ void mpi_allreduce(MpiComm& comm, void* buf, size_t count, DataType dt, ReduceOp
   // Step 3: every owner's segment to everyone.
   comm.allgatherv(mine, seg_bytes[r], gathered, seg_bytes, "allreduce (MPI allgather)");
   if (w) {
-    codec([&] { decode_f32(wire, reinterpret_cast<const uint16_t*>(gathered), fdata, count); });
+    timed_codec(st, [&] { decode_f32(wire, reinterpret_cast<const uint16_t*>(gathered), fdata, count); });
   } else {
     std::memcpy(buf, gathered, count * es);
   }

@@ -32,4 +32,12 @@ void timed_transfer(TransferStats* stats, Body&& body) {
   st->transfer_seconds += seconds_since(t0);
 }
 
+// Runs fn() and adds its wall time to st->codec_seconds (wire encode/decode).
+template <class Fn>
+void timed_codec(TransferStats* st, Fn&& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  st->codec_seconds += seconds_since(t0);
+}
+
 }  // namespace gradflow

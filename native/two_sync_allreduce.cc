@@ -120,15 +120,10 @@ void TwoSyncAllreduce::allreduce(void* buf, size_t count, DataType dt, ReduceOp 
   RmaWindow& win = impl_->window_for_call(count * ws);
   uint8_t* mine = static_cast<uint8_t*>(win.local_base());
   const bool shared = win.is_shared();
-  auto codec = [&](auto fn) {
-    auto t = Clock::now();
-    fn();
-    st->codec_seconds += seconds_since(t);
-  };
 
   // Phase 0: publish the input.
   if (wired) {
-    codec([&] {
+    timed_codec(st, [&] {
       if (encode_f32(wire, fdata, reinterpret_cast<uint16_t*>(mine), count))
         st->wire_overflow = true;
     });
@@ -155,7 +150,7 @@ void TwoSyncAllreduce::allreduce(void* buf, size_t count, DataType dt, ReduceOp 
   uint8_t* out = data + off[r] * es;  // segment r of the caller's buffer
   if (wired) {
     float* fout = fdata + off[r];
-    codec([&] {
+    timed_codec(st, [&] {
       decode_f32(wire, reinterpret_cast<const uint16_t*>(shard[0]), fout, cnt[r]);
       for (int p = 1; p < n; ++p)
         decode_accumulate_f32(wire, reinterpret_cast<const uint16_t*>(shard[p]), fout, cnt[r]);
@@ -179,7 +174,7 @@ void TwoSyncAllreduce::allreduce(void* buf, size_t count, DataType dt, ReduceOp 
     if (shared) {
       const uint8_t* src = static_cast<const uint8_t*>(win.peer_base(q)) + off[q] * ws;
       if (wired) {
-        codec([&] {
+        timed_codec(st, [&] {
           decode_f32(wire, reinterpret_cast<const uint16_t*>(src), fdata + off[q], cnt[q]);
         });
       } else {
@@ -193,7 +188,7 @@ void TwoSyncAllreduce::allreduce(void* buf, size_t count, DataType dt, ReduceOp 
   if (!shared) {
     win.flush();
     if (wired) {
-      codec([&] {
+      timed_codec(st, [&] {
         for (int q = 0; q < n; ++q)
           if (q != r)
             decode_f32(wire, reinterpret_cast<const uint16_t*>(impl_->fetched.data() + off[q] * ws),
