@@ -50,6 +50,18 @@ def test_join_order_and_every_collective(n, order):
     assert f"join OK on {n} ranks, order {order}" in out.stdout
 
 
+@pytest.mark.parametrize("algo,n,order", [("two-sync", 4, "3,1,0,2"), ("recursive-doubling", 3, "1,2,0"),
+                                          ("halving-doubling", 3, "2,0,1"), ("halving-doubling", 4, "3,1,0,2"),
+                                          ("mpi", 4, "0,3,2,1")])
+def test_join_under_every_algorithm(algo, n, order):
+    # A joined rank's zeros must enter every algorithm's schedule as they
+    # enter the ring's (its fold partner role included at 3 ranks).
+    out = run_mpi(n, "join_script.py", order, timeout=120,
+                  env={"GRADFLOW_STALL_SHUTDOWN_TIME": "10", "GRADFLOW_STALL_CHECK_TIME": "5",
+                       "GRADFLOW_ALLREDUCE_ALGO": algo})
+    assert f"join OK on {n} ranks, order {order}" in out.stdout
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_join_with_distributed_optimizer(n):
     pytest.importorskip("torch")
