@@ -104,7 +104,9 @@ void mpi_allreduce(MpiComm& comm, void* buf, size_t count, DataType dt, ReduceOp
   // Step 3: every owner's segment to everyone.
   comm.allgatherv(mine, seg_bytes[r], gathered, seg_bytes, "allreduce (MPI allgather)");
   if (w) {
-    timed_codec(st, [&] { decode_f32(wire, reinterpret_cast<const uint16_t*>(gathered), fdata, count); });
+    timed_codec(st, [&] {
+      decode_f32(wire, reinterpret_cast<const uint16_t*>(gathered), fdata, count);
+    });
   } else {
     std::memcpy(buf, gathered, count * es);
   }
