@@ -7,7 +7,7 @@
 """Tensor collectives for ``import gradflow.torch as hvd``."""
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -30,9 +30,15 @@ __all__ = [
 
 # ---------------------------------------------------------------- helpers
 
+_DTYPE_CODES: Dict[torch.dtype, int] = {}  # supported dtypes seen so far (per-call path)
+
+
 def dtype_code(dtype: torch.dtype) -> int:
     """Native DataType code of a torch dtype (mapped by name; TypeError if unsupported)."""
-    return _dtypes.code_of_name(str(dtype).rsplit(".", 1)[-1])
+    code = _DTYPE_CODES.get(dtype)
+    if code is None:
+        code = _DTYPE_CODES[dtype] = _dtypes.code_of_name(str(dtype).rsplit(".", 1)[-1])
+    return code
 
 
 def _op_of(average: Optional[bool], op: Optional[int]) -> ReduceOp:
