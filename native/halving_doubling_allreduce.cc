@@ -67,7 +67,6 @@
 #include "halving_doubling_allreduce.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include "reduce_kernels.h"
@@ -77,7 +76,6 @@ namespace gradflow {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 constexpr size_t kMaxMessageBytes = size_t{1} << 30;
 constexpr const char* kWhat = "halving-doubling allreduce";
 
@@ -160,17 +158,17 @@ class HalvingDoubling {
   }
 
   void encode(size_t elem, size_t n) {
-    auto t = Clock::now();
-    if (encode_f32(wdt_, reinterpret_cast<const float*>(buf_) + elem,
-                   reinterpret_cast<uint16_t*>(shadow_) + elem, n))
-      stats_->wire_overflow = true;
-    stats_->codec_seconds += seconds_since(t);
+    timed_codec(stats_, [&] {
+      if (encode_f32(wdt_, reinterpret_cast<const float*>(buf_) + elem,
+                     reinterpret_cast<uint16_t*>(shadow_) + elem, n))
+        stats_->wire_overflow = true;
+    });
   }
   void decode(const uint8_t* from, size_t elem, size_t n) {
-    auto t = Clock::now();
-    decode_f32(wdt_, reinterpret_cast<const uint16_t*>(from), reinterpret_cast<float*>(buf_) + elem,
-               n);
-    stats_->codec_seconds += seconds_since(t);
+    timed_codec(stats_, [&] {
+      decode_f32(wdt_, reinterpret_cast<const uint16_t*>(from),
+                 reinterpret_cast<float*>(buf_) + elem, n);
+    });
   }
   // buf[elem .. elem+n) (op)= the n arriving elements at `from`.
   void accumulate(const uint8_t* from, size_t elem, size_t n) {
@@ -178,10 +176,10 @@ class HalvingDoubling {
       reduce_into(buf_ + elem * es_, from, n, dt_, op_);
       return;
     }
-    auto t = Clock::now();
-    decode_accumulate_f32(wdt_, reinterpret_cast<const uint16_t*>(from),
-                          reinterpret_cast<float*>(buf_) + elem, n);
-    stats_->codec_seconds += seconds_since(t);
+    timed_codec(stats_, [&] {
+      decode_accumulate_f32(wdt_, reinterpret_cast<const uint16_t*>(from),
+                            reinterpret_cast<float*>(buf_) + elem, n);
+    });
   }
 
   // Even rank r < 2*rem: hand the buffer to r+1, receive the result.

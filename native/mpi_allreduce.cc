@@ -19,7 +19,6 @@
 #include "mpi_allreduce.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include "reduce_kernels.h"

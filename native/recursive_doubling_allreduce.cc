@@ -45,7 +45,6 @@
 #include "recursive_doubling_allreduce.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include "reduce_kernels.h"
@@ -55,7 +54,6 @@ namespace gradflow {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 constexpr size_t kMaxMessageBytes = size_t{1} << 30;
 
 class RecursiveDoubling {
@@ -127,12 +125,12 @@ class RecursiveDoubling {
 
   // x = decode(encode(x)) in place, keeping encode(x) as what goes out.
   void round_to_wire() {
-    auto t = Clock::now();
-    float* f = reinterpret_cast<float*>(buf_);
-    uint16_t* h = reinterpret_cast<uint16_t*>(out16_);
-    if (encode_f32(wdt_, f, h, count_)) stats_->wire_overflow = true;
-    decode_f32(wdt_, h, f, count_);
-    stats_->codec_seconds += seconds_since(t);
+    timed_codec(stats_, [&] {
+      float* f = reinterpret_cast<float*>(buf_);
+      uint16_t* h = reinterpret_cast<uint16_t*>(out16_);
+      if (encode_f32(wdt_, f, h, count_)) stats_->wire_overflow = true;
+      decode_f32(wdt_, h, f, count_);
+    });
   }
 
   // One exchange with `peer` (send_mine = false: receive only, in the fold),
@@ -167,9 +165,10 @@ class RecursiveDoubling {
 
   // Wire path: the peer's 16-bit bytes (in_) as fp32 into `dst`.
   void decode_incoming(uint8_t* dst) {
-    auto t = Clock::now();
-    decode_f32(wdt_, reinterpret_cast<const uint16_t*>(in_), reinterpret_cast<float*>(dst), count_);
-    stats_->codec_seconds += seconds_since(t);
+    timed_codec(stats_, [&] {
+      decode_f32(wdt_, reinterpret_cast<const uint16_t*>(in_), reinterpret_cast<float*>(dst),
+                 count_);
+    });
   }
 
   MpiComm& comm_;
@@ -194,7 +193,8 @@ void recursive_doubling_allreduce(MpiComm& comm, void* buf, size_t count, DataTy
                                   WireDtype wire, std::vector<uint8_t>& scratch,
                                   TransferStats* stats) {
   timed_transfer(stats, [&](TransferStats* st) {
-    if (comm.size() > 1 && count > 0) RecursiveDoubling(comm, buf, count, dt, op, wire, scratch, st).run();
+    if (comm.size() > 1 && count > 0)
+      RecursiveDoubling(comm, buf, count, dt, op, wire, scratch, st).run();
   });
 }
 

@@ -71,7 +71,6 @@
 #include "ring_allreduce.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include "reduce_kernels.h"
@@ -80,8 +79,6 @@
 namespace gradflow {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // State of one ring collective: the buffer, its segments, the wire format
 // and the staging memory (all carved out of the caller's scratch).
@@ -265,27 +262,27 @@ class Ring {
         reduce_into(buf_at(k, j), in, piece_len(k, j), dt_, op_);
       return;
     }
-    auto t = Clock::now();
-    decode_accumulate_f32(wdt_, reinterpret_cast<const uint16_t*>(in),
-                          reinterpret_cast<float*>(buf_at(k, j)), piece_len(k, j));
-    stats_->codec_seconds += seconds_since(t);
+    timed_codec(stats_, [&] {
+      decode_accumulate_f32(wdt_, reinterpret_cast<const uint16_t*>(in),
+                            reinterpret_cast<float*>(buf_at(k, j)), piece_len(k, j));
+    });
   }
 
   void encode_piece(int k, size_t j) {
-    auto t = Clock::now();
-    if (encode_f32(wdt_, reinterpret_cast<const float*>(buf_at(k, j)),
-                   reinterpret_cast<uint16_t*>(wire_at(k, j)), piece_len(k, j)))
-      stats_->wire_overflow = true;
-    stats_->codec_seconds += seconds_since(t);
+    timed_codec(stats_, [&] {
+      if (encode_f32(wdt_, reinterpret_cast<const float*>(buf_at(k, j)),
+                     reinterpret_cast<uint16_t*>(wire_at(k, j)), piece_len(k, j)))
+        stats_->wire_overflow = true;
+    });
   }
 
   // Decodes the 16-bit image of (segment k, piece j) into the buffer: from
   // where it travels (wire_at), or from `from` (a staged copy).
   void decode_piece(int k, size_t j, const uint8_t* from = nullptr) {
-    auto t = Clock::now();
-    decode_f32(wdt_, reinterpret_cast<const uint16_t*>(from ? from : wire_at(k, j)),
-               reinterpret_cast<float*>(buf_at(k, j)), piece_len(k, j));
-    stats_->codec_seconds += seconds_since(t);
+    timed_codec(stats_, [&] {
+      decode_f32(wdt_, reinterpret_cast<const uint16_t*>(from ? from : wire_at(k, j)),
+                 reinterpret_cast<float*>(buf_at(k, j)), piece_len(k, j));
+    });
   }
 
   MpiComm& comm_;
