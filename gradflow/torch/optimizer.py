@@ -63,7 +63,17 @@ Invariants:
   * Sparse gradients (embedding(sparse=True)) never enter a pool: they are
     densified (sparse_as_dense=True, then pooled like the rest) or reduced
     by allgathering indices and values, as Horovod does.
-  * Frozen parameters (requires_grad=False at wrap time) are excluded.
+  * Frozen parameters (requires_grad=False at wrap time) are not reduced
+    while frozen. Note [Late parameters]: a parameter of the optimizer that
+    starts to require grad later (unfrozen for fine-tuning), and the
+    trainable parameters of a group added by add_param_group() after
+    wrapping, are registered then and reduced like the others, on the copy
+    path once the pool exists (its layout is fixed at step 1). Every rank
+    must make the same change (add_param_group checks it; an unfreeze on
+    some ranks only ends in Note [Bounded waits]'s error naming the tensor):
+    otherwise their gradients would stay local and the ranks' parameters
+    would silently drift apart (Horovod's optimizer ignores such
+    parameters).
   * The pool lives on CPU. With CUDA parameters the wrapper stays on the copy
     path, which stages through host memory (not run here: no GPU).
 """
@@ -90,7 +100,8 @@ from .optimizer_autotune import after_synchronize as _autotune_step
 from .. import _runtime
 from ..elastic import worker as _elastic_worker
 from .optimizer_state import (_State, build_pools, destroy_pools, parameter_names,
-                              rebind_after_elastic_reset, repatch_scheduler_step)
+                              rebind_after_elastic_reset, register_late_parameters,
+                              repatch_scheduler_step)
 from .ops import allreduce_async_, sparse_allreduce_async
 
 __all__ = ["DistributedOptimizer"]
@@ -149,6 +160,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     if p.requires_grad:
                         s.index[id(p)] = len(s.params)
                         s.params.append(p)
+                    else:
+                        s.frozen.append(p)
         s.names = parameter_names(s, self.param_groups, named_parameters)
         formed = form_groups(s.params, groups)
         s.groups = None if formed is None else GroupTracker(formed)
@@ -178,8 +191,28 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if opt is not None:
                 opt._gradflow_hook(p)
 
+        s.hook = hook
         s.hook_handles = [p.register_post_accumulate_grad_hook(hook) for p in s.params]
         self._gradflow_finalizer = weakref.finalize(self, destroy_pools, [])
+
+    # ------------------------------------------------------------ late parameters
+    def add_param_group(self, param_group: dict) -> None:
+        """torch's add_param_group. After wrapping, the group's trainable
+        parameters are registered and reduced like the others (Note [Late
+        parameters]; on the copy path once the pool exists). Collective
+        then: every rank must add the same parameters (checked as at wrap
+        time; a mismatch raises GradflowError on every rank)."""
+        super(self.__class__, self).add_param_group(param_group)
+        s = self.__dict__.get("_gradflow")
+        if s is None:  # torch's own constructor, before gradflow's set-up
+            return
+        s.frozen.extend(p for p in self.param_groups[-1]["params"] if id(p) not in s.index)
+        added = register_late_parameters(self)
+        if _elastic_worker.current() is None:
+            check_same_everywhere([(s.names[i], tuple(s.params[i].shape), str(s.params[i].dtype))
+                                   for i in added],
+                                  f"DistributedOptimizer '{s.prefix}' add_param_group",
+                                  s.process_set)
 
     # ------------------------------------------------------------ hooks
     def _gradflow_check_runtime(self) -> None:
@@ -279,6 +312,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in s.deferred:  # overlap=False: backward is over, submit now
             self._gradflow_submit(p)
         s.deferred.clear()
+        if any(p.requires_grad for p in s.frozen):  # unfrozen since: Note [Late parameters]
+            register_late_parameters(self)
         for p in s.params:  # parameters without a gradient this step: reduce zeros
             if id(p) not in s.handles and id(p) not in s.range_of:
                 i = s.index[id(p)]

@@ -58,17 +58,16 @@ class _State:
         self.user_compressor = None               # a Horovod-style Compressor, if given
         self.overlap = True                       # False: hooks defer submission to synchronize()
         self.deferred: List[torch.Tensor] = []    # overlap=False: params whose hook ran, in order
+        self.named: Dict[int, str] = {}           # id(param) -> name from named_parameters
+        self.frozen: List[torch.Tensor] = []      # in param_groups, requires_grad=False (Note [Late parameters])
+        self.hook = None                          # the post-accumulate-grad hook (weakly bound)
 
 
 def parameter_names(s, param_groups, named_parameters) -> List[str]:
     """'<prefix>.<name>' of each of s.params: from named_parameters (all
     must be named, no duplicates), else 'group<g>.param<i>'."""
     if named_parameters is None:
-        where = {}
-        for g, group in enumerate(param_groups):
-            for i, p in enumerate(group["params"]):
-                where.setdefault(id(p), f"group{g}.param{i}")
-        return [f"{s.prefix}.{where[id(p)]}" for p in s.params]
+        return [f"{s.prefix}.{position_name(param_groups, p)}" for p in s.params]
     named = list(named_parameters)
     if any(not isinstance(x, tuple) or len(x) != 2 for x in named):
         raise ValueError("gradflow: named_parameters should be a sequence of (name, parameter), "
@@ -80,11 +79,51 @@ def parameter_names(s, param_groups, named_parameters) -> List[str]:
     by_id = {}
     for n, p in named:
         by_id.setdefault(id(p), n)
+    s.named = by_id  # names for parameters registered later (Note [Late parameters])
     missing = [i for i, p in enumerate(s.params) if id(p) not in by_id]
     if missing:
         raise ValueError(f"gradflow: named_parameters was given but {len(missing)} optimizer "
                          "parameter(s) are not in it; name every parameter")
     return [f"{s.prefix}.{by_id[id(p)]}" for p in s.params]
+
+
+def position_name(param_groups, p: torch.Tensor) -> str:
+    """'group<g>.param<i>': where `p` first appears in the param groups."""
+    for g, group in enumerate(param_groups):
+        for i, q in enumerate(group["params"]):
+            if q is p:
+                return f"group{g}.param{i}"
+    raise ValueError("gradflow: parameter not in the optimizer's param_groups")
+
+
+def register_late_parameters(self) -> List[int]:
+    """Register the parameters of `self`'s (a DistributedOptimizer's)
+    `s.frozen` that now require grad (Note [Late parameters] in
+    optimizer.py); returns their indices. Their names follow named_parameters
+    where it named them, else their place in the param groups; the order is
+    the param groups', the same on every rank. They get the same hook as the
+    others and, once the pool exists, stay on the copy path."""
+    s = self._gradflow
+    added, still = [], []
+    for p in s.frozen:
+        if id(p) in s.index:
+            continue
+        if not p.requires_grad:
+            still.append(p)
+            continue
+        name = f"{s.prefix}.{s.named.get(id(p)) or position_name(self.param_groups, p)}"
+        if name in s.names:
+            name = f"{name}.late{len(s.params)}"
+        i = s.index[id(p)] = len(s.params)
+        s.params.append(p)
+        s.names.append(name)
+        s.hook_handles.append(p.register_post_accumulate_grad_hook(s.hook))
+        if s.groups is not None:  # a group of its own, as an ungrouped parameter
+            s.groups.group_of[i] = len(s.groups.groups)
+            s.groups.groups.append([i])
+        added.append(i)
+    s.frozen = still
+    return added
 
 
 def destroy_pools(ids: List[int], bufs: Tuple = (), handles: List[int] = (),

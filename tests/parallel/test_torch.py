@@ -36,6 +36,14 @@ def test_torch_awkward_cases(n):
     assert len(_oks(out, n)) == 14, out.stdout
 
 
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_torch_late_parameters_are_reduced(n):
+    """Unfrozen after wrapping, or added by add_param_group: reduced like the
+    rest on every optimizer path (Note [Late parameters])."""
+    out = run_mpi(n, "torch_late_params_script.py", timeout=180)
+    assert len(_oks(out, n)) == 18 + (n > 1), out.stdout
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_torch_errors_raise_on_every_rank(n):
     out = run_mpi(n, "torch_errors_script.py", timeout=150)

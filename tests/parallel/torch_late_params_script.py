@@ -1,0 +1,96 @@
+# torch_late_params_script.py — SPMD: parameters that join a wrapped
+# DistributedOptimizer after wrapping (Note [Late parameters] in
+# gradflow/torch/optimizer.py): a frozen layer unfrozen for fine-tuning, a
+# param group added with add_param_group(), and a group added while still
+# frozen and unfrozen a step later. Each under every optimizer path (pool,
+# copy path, groups=, accumulation, overlap=False, CSC) and, for the dense
+# paths, checked against single-process training on the global batch (rank
+# 0); parameters bitwise identical on every rank in all of them. Before the
+# fix their gradients stayed local and the ranks silently drifted apart.
+import torch
+import torch.nn.functional as F
+
+import gradflow.torch as hvd
+from _torch_common import (assert_close, assert_identical, batch, digits, expect_error, flat, mlp,
+                           ok)
+
+hvd.init()
+R, N = hvd.rank(), hvd.size()
+X, Y = digits()
+PER = 12
+PATHS = {
+    "pool": {},
+    "copy path": {"use_pool": False},
+    "groups=2": {"groups": 2},
+    "bpps=2": {"backward_passes_per_step": 2},
+    "overlap=False": {"overlap": False},
+    "csc 0.3": {"sparse_ratio": 0.3},
+}
+
+
+def run(scenario: str, model, wrap, rank: int, size: int, per: int, bpps: int):
+    """Six steps of `scenario` on `model`; `wrap(optimizer)` is the
+    DistributedOptimizer (distributed) or the identity (reference)."""
+    def steps(opt, start, count):
+        for step in range(start, start + count):
+            opt.zero_grad()
+            for p in range(bpps):
+                xb, yb = batch(X, Y, step * bpps + p, rank, size, per)
+                F.cross_entropy(model(xb), yb).backward()
+            opt.step()
+
+    if scenario == "unfreeze":  # frozen at wrap time, in the optimizer, unfrozen later
+        model[0].weight.requires_grad_(False)
+        opt = wrap(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+        steps(opt, 0, 3)
+        model[0].weight.requires_grad_(True)
+        steps(opt, 3, 3)
+    else:  # the first layer joins through add_param_group
+        for p in model[0].parameters():
+            p.requires_grad_(False)
+        opt = wrap(torch.optim.SGD(model[2].parameters(), lr=0.1, momentum=0.9))
+        steps(opt, 0, 2)
+        if scenario == "add_param_group":
+            for p in model[0].parameters():
+                p.requires_grad_(True)
+            opt.add_param_group({"params": list(model[0].parameters()), "lr": 0.05})
+            steps(opt, 2, 4)
+        else:  # "add frozen, unfreeze later": added while frozen, unfrozen a step later
+            opt.add_param_group({"params": list(model[0].parameters()), "lr": 0.05})
+            steps(opt, 2, 1)
+            for p in model[0].parameters():
+                p.requires_grad_(True)
+            steps(opt, 3, 3)
+    return opt
+
+
+for scenario in ("unfreeze", "add_param_group", "add frozen, unfreeze later"):
+    for path, kw in PATHS.items():
+        bpps = kw.get("backward_passes_per_step", 1)
+        m = mlp()
+        w0 = m[0].weight.detach().clone()
+        opt = run(scenario, m, lambda o: hvd.DistributedOptimizer(o, m.named_parameters(), **kw),
+                  R, N, PER, bpps)
+        name = f"{scenario}, {path}"
+        assert not torch.equal(m[0].weight, w0), f"{name}: the late parameter never moved"
+        assert_identical(m.parameters(), name)
+        if R == 0 and "sparse_ratio" not in kw:
+            ref = mlp()
+            run(scenario, ref, lambda o: o, 0, 1, PER * N, bpps)
+            assert_close(flat(m.parameters()), flat(ref.parameters()), name)
+        ok(name)
+
+# add_param_group is collective after wrapping: a different group on one
+# rank raises on every rank, naming the tensor, instead of drifting apart.
+if N > 1:
+    m = mlp()
+    for p in m[0].parameters():
+        p.requires_grad_(False)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m[2].parameters(), lr=0.1),
+                                   m.named_parameters())
+    m[0].weight.requires_grad_(True)
+    late = [m[0].weight] if R != N - 1 else [m[0].weight, m[0].bias]
+    m[0].bias.requires_grad_(R == N - 1)
+    expect_error(lambda: opt.add_param_group({"params": late}), "add_param_group", "0.bias")
+    ok("add_param_group differing between ranks raises everywhere")
+hvd.shutdown()
