@@ -40,6 +40,29 @@ Life of the wrapper:
     through its fusion buffer: that is the copy the pool avoids).
   overlap=False: hooks only record; synchronize() submits (see the keyword).
 
+Note [Reduced when backward returns]: DDP users touch param.grad between
+  backward() and step() without a synchronize() (clip_grad_norm_, PyTorch's
+  plain AMP recipe, whose scaler.step(opt) unscales first). Done while the
+  core still reduced in place, that raced with it and the ranks' parameters
+  silently drifted apart (Horovod has the same race and documents
+  synchronize() + skip_synchronize() instead). So the first hook of each
+  backward pass queues an autograd-engine callback (as DDP's reducer does);
+  when the pass returns and every parameter got the step's last gradient
+  (`complete == len(params)`), it runs synchronize(): param.grad then holds
+  the reduced gradient, as under DDP, and step() only runs the wrapped
+  step. The hooks still submit during backward, so communication still
+  overlaps backward; only the tail wait moves from step() to the end of
+  backward. A backward pass after that and before step() (GradScaler skipped
+  the step on an overflow, or a second pass with backward_passes_per_step=1)
+  starts a new step: its gradients add onto the reduced ones and are reduced
+  in turn, so the step applies the sum of both averages, as plain torch
+  applies the sum of both gradients. An explicit synchronize() afterwards is
+  a no-op (Horovod's pattern keeps working, and step() after it without
+  skip_synchronize() still warns as in Horovod). Limit: a step in which
+  some parameter gets no gradient (an unused head) is not complete when
+  backward returns, so it is reduced in step() as before; such a model must
+  call synchronize() before touching param.grad, as under Horovod.
+
 Note [One rank]: over a one-rank process set (no user Compressor) the
   reduced gradient is the gradient, bit for bit, as in Horovod and DDP: no
   pool, loop round trip, wire cast or CSC (no link to save bytes on; error
@@ -99,7 +122,7 @@ from . import optimizer_residual as _residual
 from .optimizer_autotune import after_synchronize as _autotune_step
 from .. import _runtime
 from ..elastic import worker as _elastic_worker
-from .optimizer_state import (_State, build_pools, destroy_pools, parameter_names,
+from .optimizer_state import (_State, build_pools, clear_padding, destroy_pools, parameter_names,
                               rebind_after_elastic_reset, register_late_parameters,
                               repatch_scheduler_step)
 from .ops import allreduce_async_, sparse_allreduce_async
@@ -226,9 +249,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _gradflow_hook(self, p: torch.Tensor) -> None:
         self._gradflow_check_runtime()
         s = self._gradflow
+        if s.auto_synced:
+            # A backward after the end-of-backward synchronization and no
+            # step() (GradScaler skipped it on inf, say): that step is over.
+            s.auto_synced = False
         if not s.fired:
             self._gradflow_begin_step()
         s.fired, s.synchronized = True, False
+        if not s.callback_queued:  # Note [Reduced when backward returns]
+            s.callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._gradflow_backward_done)
         n = s.passes[id(p)] = s.passes.get(id(p), 0) + 1
         if n < s.bpps:
             return
@@ -237,10 +267,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 f"gradflow: gradient of '{s.names[s.index[id(p)]]}' was computed {n} times before "
                 f"step() but backward_passes_per_step={s.bpps}; raise backward_passes_per_step to "
                 "accumulate gradients locally")
+        s.complete += 1
         if not s.overlap:
             s.deferred.append(p)  # synchronize() submits, in this (backward) order
             return
         self._gradflow_submit(p)
+
+    def _gradflow_backward_done(self) -> None:
+        """Runs when a backward pass that fired a hook returns (Note [Reduced
+        when backward returns]): if every parameter got its last gradient of
+        the step, wait for the reductions now, as DDP does."""
+        s = self._gradflow
+        s.callback_queued = False
+        if s.fired and s.complete == len(s.params):
+            self.synchronize()
+            s.synchronized, s.auto_synced = False, True
 
     def _gradflow_begin_step(self) -> None:
         """First gradient of a step. With CSC and a grad_scaler, read the loss
@@ -305,6 +346,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         produced since the last step, or if a reduction failed."""
         self._gradflow_check_runtime()
         s = self._gradflow
+        if s.auto_synced and not s.fired:  # done when backward returned
+            s.synchronized = True
+            return
         if not s.fired:
             raise GradflowError(
                 f"gradflow: {s.prefix}.step()/synchronize() called but no backward pass produced a "
@@ -347,11 +391,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 errors.append(e)
         for pool in s.pools:
             _native.pool_reset(pool.id)
+        if s.csc:
+            clear_padding(s)
         _residual.point_at_output(s)
         s.handles.clear()
         s.pool_handles.clear()
         s.passes.clear()
         s.marked.clear()
+        s.complete, s.callback_queued = 0, False
         s.fired, s.wire_overflow = False, overflow
         if errors:
             raise errors[0]
@@ -384,9 +431,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "optimizer.skip_synchronize() context if you use "
                               "optimizer.synchronize() in your code. (gradflow: the reductions "
                               "are already done; not synchronizing again)")
-            else:
+            elif not s.auto_synced:
                 self.synchronize()
-        s.synchronized = False
+        s.synchronized = s.auto_synced = False
         _monitor.count_step()  # for gradflowrun --monitor
         return super(self.__class__, self).step(closure)
 
@@ -400,6 +447,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         what backward added since the last step is not discarded."""
         self._gradflow_check_runtime()  # an elastic reset drops the pools first
         s = self._gradflow
+        s.auto_synced = False  # a step reduced but not taken is over (GradScaler's skip)
         for pool in s.pools:
             if pool.out is None:
                 pool.buf.zero_()
@@ -490,7 +538,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         * from zero_grad() to the end of synchronize() (so during backward
           and in the hooks): a view of the pool = the residual (gradient not
           sent in earlier steps) + this step's gradients. zero_grad() writes
-          nothing. Do not read, clip or scale it before synchronize().
+          nothing. synchronize() runs when backward returns if every
+          parameter got a gradient (Note [Reduced when backward returns]);
+          otherwise call it before reading, clipping or scaling param.grad.
         * after synchronize() / step(): the averaged gradient of the chunks
           sent this step, zero elsewhere (what the optimizer applies). It
           may be modified in place (clipping, unscale_, weight decay): one

@@ -22,9 +22,12 @@ class _Pool:
     gradients) and `out` is G (the reduced chunks), whose version counter
     was `out_version` after gradflow's last write."""
 
-    def __init__(self, buf: torch.Tensor, pool_id: int, out: Optional[torch.Tensor] = None):
+    def __init__(self, buf: torch.Tensor, pool_id: int, out: Optional[torch.Tensor] = None,
+                 padding: Optional[torch.Tensor] = None):
         self.buf, self.id, self.out = buf, pool_id, out
         self.out_version = None if out is None else out._version
+        # Indices of the alignment padding (Note [Aligned pool ranges]) in buf.
+        self.padding = padding
 
 
 class _State:
@@ -58,6 +61,9 @@ class _State:
         self.user_compressor = None               # a Horovod-style Compressor, if given
         self.overlap = True                       # False: hooks defer submission to synchronize()
         self.deferred: List[torch.Tensor] = []    # overlap=False: params whose hook ran, in order
+        self.complete = 0                         # params whose last pass of the step fired
+        self.callback_queued = False              # end-of-backward callback queued (Note [Reduced when backward returns])
+        self.auto_synced = False                  # reduced when backward returned, step() not yet run
         self.named: Dict[int, str] = {}           # id(param) -> name from named_parameters
         self.frozen: List[torch.Tensor] = []      # in param_groups, requires_grad=False (Note [Late parameters])
         self.hook = None                          # the post-accumulate-grad hook (weakly bound)
@@ -175,7 +181,7 @@ def build_pools(self) -> None:
         # Residual in the pool: P (buf) starts as the zero residual and G
         # (out) holds step 1's reduced gradients; else buf holds them.
         out = torch.zeros(total, dtype=dtype) if residual_in_pool(s, dtype) else None
-        off, ranges = 0, []
+        off, ranges, padding = 0, [], []
         pool_index = len(s.pools)
         with torch.no_grad():
             for r, (i, size) in enumerate(zip(idxs, sizes)):
@@ -188,7 +194,8 @@ def build_pools(self) -> None:
                 s.range_of[id(p)] = (pool_index, r, view)
                 if out is not None:
                     s.out_of[id(p)] = seen
-                ranges.append(size)  # the padding travels as zeros (nobody writes it)
+                ranges.append(size)  # the padding travels as zeros (see clear_padding)
+                padding.extend(range(off + p.numel(), off + size))
                 off += size
         pid = _native.pool_create(buf.data_ptr(), dtype_code(dtype), ranges, s.bucket_bytes,
                                   native_reduce_op(s.op), s.wire, s.prescale / s.loss_scale,
@@ -196,7 +203,8 @@ def build_pools(self) -> None:
                                   0 if out is None else out.data_ptr())
         # Step 1 (dense, copy path) counts towards GRADFLOW_SPARSE_WARMUP_STEPS.
         _native.pool_reset(pid)
-        s.pools.append(_Pool(buf, pid, out))
+        s.pools.append(_Pool(buf, pid, out,
+                             torch.tensor(padding, dtype=torch.int64) if padding else None))
         self._gradflow_finalizer.detach()
         self._gradflow_finalizer = weakref.finalize(self, destroy_pools,
                                                     [q.id for q in s.pools],
@@ -204,6 +212,20 @@ def build_pools(self) -> None:
                                                     tuple(q.out for q in s.pools if q.out is not None),
                                                     s.pool_handles, s.ps)
     s.pool_built = True
+
+
+def clear_padding(s) -> None:
+    """After a classic pool's CSC step: zero the alignment padding. CSC writes
+    whole chunks, and a chunk with a non-finite value (a GradScaler overflow)
+    comes back non-finite everywhere, padding included. Nothing else writes
+    the padding (zero_grad() on the optimizer zeroes the whole buffer,
+    model.zero_grad() does not), so a NaN left there would make every later
+    step's chunk importance NaN: every step an overflow, the loss scale
+    halved for ever. Residual-in-pool pools write their results into G and
+    drop a non-finite chunk's residual, so only classic pools need this."""
+    for pool in s.pools:
+        if pool.out is None and pool.padding is not None:
+            pool.buf.index_fill_(0, pool.padding, 0)
 
 
 def rebind_after_elastic_reset(self) -> None:
@@ -226,7 +248,8 @@ def rebind_after_elastic_reset(self) -> None:
     s.passes.clear()
     s.marked.clear()
     s.deferred.clear()  # overlap=False: gradients of the interrupted step
-    s.fired = s.synchronized = False
+    s.fired = s.synchronized = s.auto_synced = s.callback_queued = False
+    s.complete = 0
     s.loss_scale = 1.0
     if s.groups is not None:
         s.groups = GroupTracker(s.groups.groups)

@@ -44,6 +44,16 @@ def test_torch_late_parameters_are_reduced(n):
     assert len(_oks(out, n)) == 18 + (n > 1), out.stdout
 
 
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_torch_grad_touched_before_step(n):
+    """clip_grad_norm_, GradScaler.step and reads between backward and step
+    without synchronize(): reduced when backward returns (Note [Reduced when
+    backward returns]); CSC + GradScaler + model.zero_grad() recovers from an
+    overflow."""
+    out = run_mpi(n, "torch_grad_before_step_script.py", timeout=240)
+    assert len(_oks(out, n)) == 20, out.stdout
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_torch_errors_raise_on_every_rank(n):
     out = run_mpi(n, "torch_errors_script.py", timeout=150)

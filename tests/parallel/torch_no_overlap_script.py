@@ -47,25 +47,36 @@ def case(name, make_model, bpps=1, check_ref=True, tol=1e-5, **kw):
     ok(name)
 
 
-# Nothing leaves before step(): after backward no handle exists, and every
-# gradient waits in backward order (the order step() submits in).
+# Nothing leaves during backward: when the last gradient's hook has run (a
+# hook of ours registered after the optimizer's, on the parameter autograd
+# reaches last) no handle exists and every gradient waits in backward order,
+# the order synchronize() submits in. It runs when backward returns (Note
+# [Reduced when backward returns]), so after backward nothing is deferred.
 for use_pool in (True, False):
     model = mlp()
     opt = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters(),
                                    use_pool=use_pool, overlap=False)
+    s = opt._gradflow
+    backward_order = [id(p) for p in reversed(list(model.parameters()))]
+    seen = []
+
+    def at_last_hook(_p):
+        seen.append((bool(s.handles or s.pool_handles), [id(q) for q in s.deferred]))
+
+    model[0].weight.register_post_accumulate_grad_hook(at_last_hook)
     for step in range(3):  # step 1 is the copy path, later steps the pool (if any)
         opt.zero_grad()
         xb, yb = batch(X, Y, step, R, N, PER_RANK)
         F.cross_entropy(model(xb), yb).backward()
-        s = opt._gradflow
-        assert not s.handles and not s.pool_handles, f"step {step}: submitted during backward"
-        backward_order = [id(p) for p in reversed(list(model.parameters()))]
-        assert [id(p) for p in s.deferred] == backward_order, \
-            f"step {step}: deferred {len(s.deferred)} gradients, not in backward order"
+        submitted, deferred = seen[-1]
+        assert not submitted, f"step {step}: submitted during backward"
+        assert deferred == backward_order, \
+            f"step {step}: deferred {len(deferred)} gradients, not in backward order"
+        assert not s.deferred, f"step {step}: not submitted when backward returned"
         opt.step()
-        assert not s.deferred
+    assert len(seen) == 3
     assert_identical(model.parameters(), f"deferred, use_pool={use_pool}")
-ok("overlap=False submits nothing before step()")
+ok("overlap=False submits nothing during backward")
 
 case("pool mlp", mlp)
 case("pool cnn, tiny buckets", SmallCNN, bucket_mb=0.001)

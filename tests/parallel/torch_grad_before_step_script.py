@@ -1,0 +1,154 @@
+# torch_grad_before_step_script.py — SPMD: code that touches param.grad
+# between backward() and step() without calling synchronize() first, as
+# DDP users write it (Note [Reduced when backward returns] in
+# gradflow/torch/optimizer.py): gradient clipping, PyTorch's plain AMP
+# recipe (scaler.step(opt) unscales first), reading the gradient. Before the
+# fix those ran while the core was still reducing in place, and the ranks'
+# parameters silently drifted apart. Each case on the pool, copy, no-overlap,
+# accumulation and CSC paths: bitwise identical on every rank, and for the
+# dense fp32 paths equal to single-process training on the global batch.
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+import gradflow.torch as hvd
+from _torch_common import assert_close, assert_identical, batch, digits, flat, mlp, ok
+
+hvd.init()
+R, N = hvd.rank(), hvd.size()
+X, Y = digits()
+PER = 12
+PATHS = {
+    "pool": {},
+    "copy path": {"use_pool": False},
+    "overlap=False": {"overlap": False},
+    "bpps=2": {"backward_passes_per_step": 2},
+    "csc 0.3": {"sparse_ratio": 0.3},
+    "fp16 wire": {"compression": hvd.Compression.fp16},
+}
+
+
+def clipped_training(model, opt, rank, size, per, bpps, steps=5):
+    """zero_grad, backward(s), clip_grad_norm_, step: no synchronize()."""
+    for step in range(steps):
+        opt.zero_grad()
+        for p in range(bpps):
+            xb, yb = batch(X, Y, step * bpps + p, rank, size, per)
+            F.cross_entropy(model(xb), yb).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.3)
+        opt.step()
+
+
+# 1. clip_grad_norm_ between backward and step
+for path, kw in PATHS.items():
+    bpps = kw.get("backward_passes_per_step", 1)
+    m = mlp()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                                   m.named_parameters(), **kw)
+    clipped_training(m, opt, R, N, PER, bpps)
+    assert_identical(m.parameters(), f"clip, {path}")
+    if R == 0 and path in ("pool", "copy path", "overlap=False", "bpps=2"):
+        ref = mlp()
+        clipped_training(ref, torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9), 0, 1,
+                         PER * N, bpps)
+        assert_close(flat(m.parameters()), flat(ref.parameters()), f"clip, {path}")
+    ok(f"clip_grad_norm_ before step, {path}")
+
+# 2. after backward() returns, param.grad is the averaged gradient (as in DDP)
+m = mlp()
+opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters())
+for step in range(3):
+    opt.zero_grad()
+    xb, yb = batch(X, Y, step, R, N, PER)
+    F.cross_entropy(m(xb), yb).backward()
+    if R == 0:
+        ref = mlp()
+        ref.load_state_dict(m.state_dict())
+        xg, yg = batch(X, Y, step, 0, 1, PER * N)
+        F.cross_entropy(ref(xg), yg).backward()
+        assert_close(flat(p.grad for p in m.parameters()), flat(p.grad for p in ref.parameters()),
+                     f"param.grad after backward, step {step}")
+    opt.step()
+ok("param.grad after backward is the average")
+
+# 2b. two backward passes and one step with backward_passes_per_step=1: the
+# first pass's reductions end when it returns, the second accumulates onto
+# them and is reduced too; the step applies the sum of both averages, as
+# plain torch applies the sum of both gradients.
+def two_passes(model, opt, rank, size, per, steps=3):
+    for step in range(steps):
+        opt.zero_grad()
+        for p in range(2):
+            xb, yb = batch(X, Y, 2 * step + p, rank, size, per)
+            F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+
+
+for path in ("pool", "copy path"):
+    m = mlp()
+    two_passes(m, hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                           m.named_parameters(), **PATHS[path]), R, N, PER)
+    assert_identical(m.parameters(), f"two passes, {path}")
+    if R == 0:
+        ref = mlp()
+        two_passes(ref, torch.optim.SGD(ref.parameters(), lr=0.1), 0, 1, PER * N)
+        assert_close(flat(m.parameters()), flat(ref.parameters()), f"two passes, {path}")
+    ok(f"two backward passes per step with bpps=1, {path}")
+
+# 3. PyTorch's plain AMP recipe: scaler.step(opt) (unscale_ inside), an inf on
+# rank 1 at step 2 makes every rank skip that step; model.zero_grad() or
+# opt.zero_grad() between steps.
+for path, kw in PATHS.items():
+    if "backward_passes_per_step" in kw:
+        continue
+    for zero in ("opt", "model"):
+        m = mlp()
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        grad_scaler = {"grad_scaler": scaler} if "sparse_ratio" in kw else {}
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                                       m.named_parameters(), **kw, **grad_scaler)
+        for step in range(5):
+            (opt if zero == "opt" else m).zero_grad()
+            xb, yb = batch(X, Y, step, R, N, PER)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.cross_entropy(m(xb), yb)
+            if step == 2 and R == min(1, N - 1):
+                loss = loss * float("inf")
+            before = flat(m.parameters())
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            skipped = torch.equal(before, flat(m.parameters()))
+            assert skipped == (step == 2), f"{path}: step {step}: skipped={skipped} on rank {R}"
+            scales = hvd.allgather_object(scaler.get_scale())
+            assert len(set(scales)) == 1, f"{path}: step {step}: scales differ {scales}"
+            assert_identical(m.parameters(), f"amp, {path}, step {step}")
+        ok(f"GradScaler.step without synchronize, {path}, {zero}.zero_grad")
+
+# 4. Horovod's pattern still works as Horovod's: synchronize, unscale/clip,
+# step inside skip_synchronize (no warning); step() after an explicit
+# synchronize() without skip_synchronize warns, as Horovod does.
+m = mlp()
+opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters())
+for step in range(2):
+    opt.zero_grad()
+    xb, yb = batch(X, Y, step, R, N, PER)
+    F.cross_entropy(m(xb), yb).backward()
+    opt.synchronize()
+    torch.nn.utils.clip_grad_norm_(m.parameters(), 0.3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with opt.skip_synchronize():
+            opt.step()
+opt.zero_grad()
+xb, yb = batch(X, Y, 2, R, N, PER)
+F.cross_entropy(m(xb), yb).backward()
+opt.synchronize()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    opt.step()
+assert any("skip_synchronize" in str(w.message) for w in caught), [str(w.message) for w in caught]
+assert_identical(m.parameters(), "horovod pattern")
+ok("Horovod's synchronize / skip_synchronize pattern unchanged")
+hvd.shutdown()
