@@ -56,7 +56,9 @@ Note [Reduced when backward returns]: DDP users touch param.grad between
   the step on an overflow, or a second pass with backward_passes_per_step=1)
   starts a new step: its gradients add onto the reduced ones and are reduced
   in turn, so the step applies the sum of both averages, as plain torch
-  applies the sum of both gradients. An explicit synchronize() afterwards is
+  applies the sum of both gradients (with an op other than Average that
+  would reduce reduced gradients again, so there such a pass raises unless
+  optimizer.zero_grad() ran in between). An explicit synchronize() afterwards is
   a no-op (Horovod's pattern keeps working, and step() after it without
   skip_synchronize() still warns as in Horovod). Limit: a step in which
   some parameter gets no gradient (an unused head) is not complete when
@@ -252,6 +254,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if s.auto_synced:
             # A backward after the end-of-backward synchronization and no
             # step() (GradScaler skipped it on inf, say): that step is over.
+            if s.op != Average:
+                # Without zero_grad() the reduced gradients would be reduced
+                # again: an average stays an average, a sum would not.
+                raise GradflowError(
+                    f"gradflow: {s.prefix}: a backward pass ran after this step's gradients were "
+                    "reduced (when the last backward returned) and before step(); with "
+                    f"op={s.op.name} they would be reduced twice. Call optimizer.zero_grad() "
+                    "before the next backward, or raise backward_passes_per_step to accumulate "
+                    "gradients locally")
             s.auto_synced = False
         if not s.fired:
             self._gradflow_begin_step()

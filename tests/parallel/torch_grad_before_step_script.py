@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 import gradflow.torch as hvd
-from _torch_common import assert_close, assert_identical, batch, digits, flat, mlp, ok
+from _torch_common import (assert_close, assert_identical, batch, digits, expect_error, flat, mlp,
+                           ok)
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
@@ -95,6 +96,27 @@ for path in ("pool", "copy path"):
         two_passes(ref, torch.optim.SGD(ref.parameters(), lr=0.1), 0, 1, PER * N)
         assert_close(flat(m.parameters()), flat(ref.parameters()), f"two passes, {path}")
     ok(f"two backward passes per step with bpps=1, {path}")
+
+# 2c. with op=Sum a second pass without zero_grad() would sum sums: it raises
+# (clearly, on every rank); with opt.zero_grad() in between it is a new step.
+m = mlp()
+opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.01), m.named_parameters(),
+                               op=hvd.Sum)
+xb, yb = batch(X, Y, 0, R, N, PER)
+F.cross_entropy(m(xb), yb).backward()
+expect_error(lambda: F.cross_entropy(m(xb), yb).backward(), "reduced twice", "zero_grad")
+opt.zero_grad()
+F.cross_entropy(m(xb), yb).backward()
+opt.step()
+if R == 0:
+    ref = mlp()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.01)
+    for r in range(N):  # Sum of every rank's gradient
+        F.cross_entropy(ref(batch(X, Y, 0, r, N, PER)[0]), batch(X, Y, 0, r, N, PER)[1]).backward()
+    ref_opt.step()
+    assert_close(flat(m.parameters()), flat(ref.parameters()), "op=Sum after zero_grad")
+assert_identical(m.parameters(), "op=Sum")
+ok("op=Sum: a second pass without zero_grad raises, with it a new step")
 
 # 3. PyTorch's plain AMP recipe: scaler.step(opt) (unscale_ inside), an inf on
 # rank 1 at step 2 makes every rank skip that step; model.zero_grad() or
