@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import gradflow.torch as hvd
 from _torch_common import (assert_close, assert_identical, batch, digits, expect_error, flat, mlp,
-                           ok)
+                           ok, train)
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
@@ -78,12 +78,8 @@ ok("param.grad after backward is the average")
 # them and is reduced too; the step applies the sum of both averages, as
 # plain torch applies the sum of both gradients.
 def two_passes(model, opt, rank, size, per, steps=3):
-    for step in range(steps):
-        opt.zero_grad()
-        for p in range(2):
-            xb, yb = batch(X, Y, 2 * step + p, rank, size, per)
-            F.cross_entropy(model(xb), yb).backward()
-        opt.step()
+    # plain torch's accumulation loop; the optimizer is told nothing of it
+    train(model, opt, steps, rank, size, per, bpps=2, x=X, y=Y)
 
 
 for path in ("pool", "copy path"):

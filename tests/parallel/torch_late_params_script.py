@@ -8,11 +8,10 @@
 # 0); parameters bitwise identical on every rank in all of them. Before the
 # fix their gradients stayed local and the ranks silently drifted apart.
 import torch
-import torch.nn.functional as F
 
 import gradflow.torch as hvd
-from _torch_common import (assert_close, assert_identical, batch, digits, expect_error, flat, mlp,
-                           ok)
+from _torch_common import (assert_close, assert_identical, digits, expect_error, flat, mlp, ok,
+                           train)
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
@@ -32,12 +31,7 @@ def run(scenario: str, model, wrap, rank: int, size: int, per: int, bpps: int):
     """Six steps of `scenario` on `model`; `wrap(optimizer)` is the
     DistributedOptimizer (distributed) or the identity (reference)."""
     def steps(opt, start, count):
-        for step in range(start, start + count):
-            opt.zero_grad()
-            for p in range(bpps):
-                xb, yb = batch(X, Y, step * bpps + p, rank, size, per)
-                F.cross_entropy(model(xb), yb).backward()
-            opt.step()
+        train(model, opt, count, rank, size, per, bpps, start=start, x=X, y=Y)
 
     if scenario == "unfreeze":  # frozen at wrap time, in the optimizer, unfrozen later
         model[0].weight.requires_grad_(False)
