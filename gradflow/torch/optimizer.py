@@ -48,9 +48,12 @@ Note [Reduced when backward returns]: DDP users touch param.grad between
   synchronize() + skip_synchronize() instead). So the first hook of each
   backward pass queues an autograd-engine callback (as DDP's reducer does);
   when the pass returns and every parameter got the step's last gradient
-  (`complete == len(params)`), it runs synchronize(): param.grad then holds
-  the reduced gradient, as under DDP, and step() only runs the wrapped
-  step. The hooks still submit during backward, so communication still
+  (`complete == len(params)`), or the pass was the step's last one (the
+  `backward_passes_per_step`-th), it runs synchronize(), which reduces
+  zeros for the parameters without a gradient (an unused head, a branch
+  taken on some ranks only: DDP's find_unused_parameters): param.grad then
+  holds the reduced gradient, as under DDP, and step() only runs the
+  wrapped step. The hooks still submit during backward, so communication still
   overlaps backward; only the tail wait moves from step() to the end of
   backward. A backward pass after that and before step() (GradScaler skipped
   the step on an overflow, or a second pass with backward_passes_per_step=1)
@@ -60,10 +63,15 @@ Note [Reduced when backward returns]: DDP users touch param.grad between
   would reduce reduced gradients again, so there such a pass raises unless
   optimizer.zero_grad() ran in between). An explicit synchronize() afterwards is
   a no-op (Horovod's pattern keeps working, and step() after it without
-  skip_synchronize() still warns as in Horovod). Limit: a step in which
-  some parameter gets no gradient (an unused head) is not complete when
-  backward returns, so it is reduced in step() as before; such a model must
-  call synchronize() before touching param.grad, as under Horovod.
+  skip_synchronize() still warns as in Horovod). Two passes of one step
+  over different parameters (bpps=1) are thus two reductions, the second
+  carrying the first's result: the sum of both averages again. A reentrant
+  backward (checkpoint(use_reentrant=True)) ends inside a node of the outer
+  pass (torch._C._current_autograd_node() is set): not a pass end. Limit:
+  when every gradient of a step with an unused parameter comes out of such
+  a reentrant backward, the outer pass fires no hook, queues no callback,
+  and the step is reduced in step() as before (call synchronize() first
+  there, as under Horovod).
 
 Note [One rank]: over a one-rank process set (no user Compressor) the
   reduced gradient is the gradient, bit for bit, as in Horovod and DDP: no
@@ -287,10 +295,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _gradflow_backward_done(self) -> None:
         """Runs when a backward pass that fired a hook returns (Note [Reduced
         when backward returns]): if every parameter got its last gradient of
-        the step, wait for the reductions now, as DDP does."""
+        the step, or this was the step's last backward pass, wait for the
+        reductions now, as DDP does (zeros for parameters without one)."""
         s = self._gradflow
         s.callback_queued = False
-        if s.fired and s.complete == len(s.params):
+        if not s.fired:
+            return
+        # A reentrant backward (checkpoint(use_reentrant=True)) runs inside a
+        # node of the outer one: its end is not the end of a pass, and the
+        # outer pass's own hooks queue the callback again.
+        nested = torch._C._current_autograd_node() is not None
+        if not nested:
+            s.passes_done += 1
+        if s.complete == len(s.params) or (not nested and s.passes_done >= s.bpps):
             self.synchronize()
             s.synchronized, s.auto_synced = False, True
 
@@ -409,7 +426,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         s.pool_handles.clear()
         s.passes.clear()
         s.marked.clear()
-        s.complete, s.callback_queued = 0, False
+        s.complete, s.passes_done, s.callback_queued = 0, 0, False
         s.fired, s.wire_overflow = False, overflow
         if errors:
             raise errors[0]
@@ -549,9 +566,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         * from zero_grad() to the end of synchronize() (so during backward
           and in the hooks): a view of the pool = the residual (gradient not
           sent in earlier steps) + this step's gradients. zero_grad() writes
-          nothing. synchronize() runs when backward returns if every
-          parameter got a gradient (Note [Reduced when backward returns]);
-          otherwise call it before reading, clipping or scaling param.grad.
+          nothing. synchronize() runs when the step's last backward returns
+          (Note [Reduced when backward returns]), so code between backward()
+          and step() sees the reduced gradient.
         * after synchronize() / step(): the averaged gradient of the chunks
           sent this step, zero elsewhere (what the optimizer applies). It
           may be modified in place (clipping, unscale_, weight decay): one

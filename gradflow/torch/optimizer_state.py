@@ -62,6 +62,7 @@ class _State:
         self.overlap = True                       # False: hooks defer submission to synchronize()
         self.deferred: List[torch.Tensor] = []    # overlap=False: params whose hook ran, in order
         self.complete = 0                         # params whose last pass of the step fired
+        self.passes_done = 0                      # backward passes of this step that returned
         self.callback_queued = False              # end-of-backward callback queued (Note [Reduced when backward returns])
         self.auto_synced = False                  # reduced when backward returned, step() not yet run
         self.named: Dict[int, str] = {}           # id(param) -> name from named_parameters
@@ -249,7 +250,7 @@ def rebind_after_elastic_reset(self) -> None:
     s.marked.clear()
     s.deferred.clear()  # overlap=False: gradients of the interrupted step
     s.fired = s.synchronized = s.auto_synced = s.callback_queued = False
-    s.complete = 0
+    s.complete = s.passes_done = 0
     s.loss_scale = 1.0
     if s.groups is not None:
         s.groups = GroupTracker(s.groups.groups)

@@ -31,12 +31,14 @@ for use_pool in (True, False):
     one_step(m, opt, 2)  # still usable afterwards
     ok(f"step twice raises (pool={use_pool})")
 
-# more backward passes than backward_passes_per_step. (With every parameter
-# used, the first backward's reductions finish when it returns and a second
-# one starts a new step: Note [Reduced when backward returns]. A model with
-# an unused head keeps the step open until step(), where this still raises.)
+# more backward passes than backward_passes_per_step, with an op that is
+# not idempotent: the first pass's reductions end when it returns (also with
+# the unused head: it was the step's last pass, Note [Reduced when backward
+# returns]), so a second pass before step() and zero_grad() would reduce
+# reduced sums again: it raises on every rank.
 m = Branchy()
-opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters())
+opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(),
+                               op=hvd.Sum)
 xb, yb = batch(X, Y, 0, R, N, 8)
 F.cross_entropy(m(xb, use_extra=False), yb).backward()
 
@@ -45,8 +47,8 @@ def second_backward():
     F.cross_entropy(m(xb, use_extra=False), yb).backward()
 
 
-expect_error(second_backward, "backward_passes_per_step")
-ok("too many backward passes raises")
+expect_error(second_backward, "reduced twice", "backward_passes_per_step")
+ok("too many backward passes with op=Sum raises")
 
 # a model whose shapes differ on the last rank
 wide = 32 if R < N - 1 else 33

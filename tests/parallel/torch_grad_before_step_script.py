@@ -11,10 +11,11 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 import gradflow.torch as hvd
-from _torch_common import (assert_close, assert_identical, batch, digits, expect_error, flat, mlp,
-                           ok, train)
+from _torch_common import (Branchy, assert_close, assert_identical, batch, digits, expect_error,
+                           flat, mlp, ok, train)
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
@@ -169,4 +170,122 @@ with warnings.catch_warnings(record=True) as caught:
 assert any("skip_synchronize" in str(w.message) for w in caught), [str(w.message) for w in caught]
 assert_identical(m.parameters(), "horovod pattern")
 ok("Horovod's synchronize / skip_synchronize pattern unchanged")
+
+# 5. a model with unused parameters: `never` gets no gradient anywhere and
+# `extra` only on some ranks and steps. The step is not complete when
+# backward returns, but the step's last pass is: the reductions (zeros for
+# the missing gradients, as DDP's find_unused_parameters) end there, so
+# clipping without synchronize() sees the averaged gradients (before, it
+# raced with the reduction and the ranks drifted apart).
+def uses_extra(rank, step, p):
+    return rank == 0 or (step + p) % 2 == 0
+
+
+def branchy_clipped(model, opt, bpps, steps=5):
+    for step in range(steps):
+        opt.zero_grad()
+        for p in range(bpps):
+            xb, yb = batch(X, Y, step * bpps + p, R, N, PER)
+            F.cross_entropy(model(xb, uses_extra(R, step, p)), yb).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.3)
+        opt.step()
+
+
+def branchy_reference(bpps, steps=5):
+    """Every rank's gradient computed here (None -> zeros), averaged over
+    ranks, summed over passes; then the same clip and SGD step."""
+    ref = Branchy()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for step in range(steps):
+        total = [torch.zeros_like(q) for q in ref.parameters()]
+        for p in range(bpps):
+            for r in range(N):
+                ref.zero_grad()
+                xb, yb = batch(X, Y, step * bpps + p, r, N, PER)
+                F.cross_entropy(ref(xb, uses_extra(r, step, p)), yb).backward()
+                for t_, q in zip(total, ref.parameters()):
+                    if q.grad is not None:
+                        t_ += q.grad / N
+        for q, t_ in zip(ref.parameters(), total):
+            q.grad = t_
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.3)
+        ref_opt.step()
+    return ref
+
+
+for path, kw in PATHS.items():
+    bpps = kw.get("backward_passes_per_step", 1)
+    m = Branchy()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                                   m.named_parameters(), **kw)
+    branchy_clipped(m, opt, bpps)
+    assert_identical(m.parameters(), f"unused parameters, clip, {path}")
+    if R == 0 and path in ("pool", "copy path", "overlap=False", "bpps=2"):
+        assert_close(flat(m.parameters()), flat(branchy_reference(bpps).parameters()),
+                     f"unused parameters, clip, {path}")
+    ok(f"unused parameters + clip_grad_norm_ before step, {path}")
+
+# 5b. two passes over different parameters and one step (bpps=1): the first
+# pass's reductions end when it returns (zeros for `extra`), the second
+# starts a new step on top: the update equals plain torch's sum of both.
+for path in ("pool", "copy path", "csc 0.3"):
+    m = Branchy()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(),
+                                   **PATHS[path])
+    for step in range(3):
+        opt.zero_grad()
+        for p, extra in enumerate((False, True)):
+            xb, yb = batch(X, Y, 2 * step + p, R, N, PER)
+            F.cross_entropy(m(xb, extra), yb).backward()
+        opt.step()
+    assert_identical(m.parameters(), f"split passes, {path}")
+    if R == 0 and path != "csc 0.3":
+        ref = Branchy()
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+        for step in range(3):
+            ref_opt.zero_grad()
+            for p, extra in enumerate((False, True)):
+                xg, yg = batch(X, Y, 2 * step + p, 0, 1, PER * N)
+                F.cross_entropy(ref(xg, extra), yg).backward()
+            ref_opt.step()
+        assert_close(flat(m.parameters()), flat(ref.parameters()), f"split passes, {path}")
+    ok(f"two passes over different parameters, bpps=1, {path}")
+
+# 6. a reentrant backward (checkpoint(use_reentrant=True)) around the output
+# layer: its end is not the end of the pass, so nothing is reduced there
+# (op=Sum would raise "reduced twice" if it were); the outer pass's end is.
+class Checkpointed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = torch.nn.Linear(64, 32)
+        self.head = torch.nn.Linear(32, 10)
+        self.never = torch.nn.Linear(3, 3)
+
+    def forward(self, x, reentrant=True):
+        return checkpoint(self.head, F.relu(self.body(x)), use_reentrant=reentrant)
+
+
+for op in (hvd.Average, hvd.Sum):
+    for path in ("pool", "copy path"):
+        m = Checkpointed()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.05),
+                                       m.named_parameters(), op=op, **PATHS[path])
+        ref = Checkpointed()
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05)
+        for step in range(3):
+            opt.zero_grad()
+            xb, yb = batch(X, Y, step, R, N, PER)
+            F.cross_entropy(m(xb), yb).backward()
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+            opt.step()
+            ref_opt.zero_grad()  # every rank: the global batch (Sum: N x the mean)
+            xg, yg = batch(X, Y, step, 0, 1, PER * N)
+            (F.cross_entropy(ref(xg, False), yg) * (N if op == hvd.Sum else 1)).backward()
+            torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+            ref_opt.step()
+        assert_identical(m.parameters(), f"checkpoint, {op}, {path}")
+        assert_close(flat(m.parameters()), flat(ref.parameters()), f"checkpoint, {op}, {path}",
+                     1e-4)
+        ok(f"reentrant checkpoint + unused parameter + clip, {op.name}, {path}")
 hvd.shutdown()

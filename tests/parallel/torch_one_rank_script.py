@@ -48,16 +48,17 @@ for what, kw in MODES.items():
     assert not opt.wire_overflow
 ok("every mode equals plain torch bit for bit, nothing sent")
 
-# 2. the step protocol's errors still raise. (A model with an unused head:
-# with every parameter used, the step is reduced when the second pass returns
-# and a third pass starts the next step, Note [Reduced when backward returns].)
+# 2. the step protocol's errors still raise. (After the second pass the
+# step is reduced, unused head or not; with op=Sum a third pass before
+# step() raises, Note [Reduced when backward returns].)
 model = Branchy()
-opt = hvd.DistributedOptimizer(sgd(model), model.named_parameters(), backward_passes_per_step=2)
+opt = hvd.DistributedOptimizer(sgd(model), model.named_parameters(), backward_passes_per_step=2,
+                               op=hvd.Sum)
 expect_error(opt.step, "no backward pass produced a gradient")
 for _ in range(2):
     F.cross_entropy(model(X[:8], use_extra=False), Y[:8]).backward()
 expect_error(lambda: F.cross_entropy(model(X[:8], use_extra=False), Y[:8]).backward(),
-             "computed 3 times", "backward_passes_per_step=2")
+             "reduced twice", "backward_passes_per_step")
 ok("step without backward and extra passes raise")
 
 # 3. sparse gradients: plain torch's sparse gradient, or dense with sparse_as_dense
