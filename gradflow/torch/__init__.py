@@ -21,7 +21,7 @@ from .ops import (allgather, allgather_async, allreduce, allreduce_, allreduce_a
                   broadcast_async, broadcast_async_, grouped_allreduce, grouped_allreduce_,
                   grouped_allreduce_async, grouped_allreduce_async_, join, poll,
                   sparse_allreduce_async, synchronize)
-from .optimizer import DistributedOptimizer
+from .distributed_optimizer import DistributedOptimizer
 from .fused_linear import FusedLinear, fuse_linear_grad_accumulation
 from .scatter_ops import (grouped_allgather, grouped_allgather_async, grouped_reducescatter,
                           grouped_reducescatter_async, reducescatter, reducescatter_async)
