@@ -22,6 +22,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from .._runtime import GradflowError
 from ..collectives import Adasum, Average, ReduceOp, Sum, check_adasum_options, reduce_op
 from ..compression import Compression, wire_code
 from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
@@ -177,11 +178,23 @@ class DistributedGradientTape:
         flat = tf.nest.flatten(grads)
         local = [_source_key(s) in self._local_sources for s in tf.nest.flatten(sources)]
         shared = [i for i, is_local in enumerate(local) if not is_local]
-        reduced = reduce_gradients([flat[i] for i in shared],
-                                   [f"{self.name}.{k}" for k in range(len(shared))], self.op,
-                                   self.compression, lambda: self.sparse_ratio,
-                                   self.sparse_as_dense, self.gradient_predivide_factor,
-                                   self.process_set)
+        try:
+            reduced = reduce_gradients([flat[i] for i in shared],
+                                       [f"{self.name}.{k}" for k in range(len(shared))],
+                                       self.op, self.compression, lambda: self.sparse_ratio,
+                                       self.sparse_as_dense, self.gradient_predivide_factor,
+                                       self.process_set)
+        except GradflowError as e:
+            if "stall" not in str(e) or unconnected_gradients != tf.UnconnectedGradients.NONE:
+                raise
+            # The usual cause of a stalled gradient: None on some ranks only
+            # (a variable this step's loss uses on some ranks, by Python
+            # control flow). None gradients are not reduced (as in Horovod).
+            raise GradflowError(
+                f"{e} [DistributedGradientTape: a gradient that is None on some ranks only (a "
+                "variable the loss uses on some ranks only) stalls like this; pass "
+                "unconnected_gradients=tf.UnconnectedGradients.ZERO to gradient() so every "
+                "rank reduces it]") from e
         out = list(flat)
         for i, r in zip(shared, reduced):
             out[i] = r

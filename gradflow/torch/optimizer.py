@@ -53,10 +53,11 @@ Note [Reduced when backward returns]: DDP users touch param.grad between
   (`complete == len(params)`), or the pass was the step's last one (the
   `backward_passes_per_step`-th), it runs synchronize(), which reduces
   zeros for the parameters without a gradient (an unused head, a branch
-  taken on some ranks only: DDP's find_unused_parameters): param.grad then
-  holds the reduced gradient, as under DDP, and step() only runs the
-  wrapped step. The hooks still submit during backward, so communication still
-  overlaps backward; only the tail wait moves from step() to the end of
+  taken on some ranks only; as Horovod's synchronize(), and as DDP's
+  find_unused_parameters but for a parameter no rank used, which DDP
+  leaves at None): param.grad then holds the reduced gradient, as under
+  DDP, and step() only runs the wrapped step. The hooks still submit
+  during backward, so communication still overlaps backward; only the tail wait moves from step() to the end of
   backward. A backward pass after that and before step() (GradScaler skipped
   the step on an overflow, or a second pass with backward_passes_per_step=1)
   starts a new step: its gradients add onto the reduced ones and are reduced

@@ -64,3 +64,14 @@ def test_keras_torch_backend():
     out = run_mpi(2, "keras_torch_backend_script.py", env={**TF_ENV, "KERAS_BACKEND": "torch"},
                   timeout=240)
     assert out.stdout.count("keras torch backend OK") == 2, out.stdout
+
+
+def test_tf_tape_gradient_none_on_some_ranks():
+    """A variable used on some ranks only: unconnected_gradients=ZERO reduces
+    it (numpy average); by default (None, as in Horovod) the stall error
+    reaches every rank and the tape's message names the fix. 3 ranks: one
+    rank without the gradient, two with it."""
+    out = run_mpi(3, "tf_unconnected_script.py", env={**TF_ENV, "GRADFLOW_TIMEOUT": "4"},
+                  timeout=240)
+    assert out.stdout.count("unconnected ZERO OK") == 3, out.stdout
+    assert out.stdout.count("unconnected None error OK") == 3, out.stdout
