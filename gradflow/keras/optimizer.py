@@ -41,12 +41,14 @@ from typing import Any, List, Optional
 import keras
 import numpy as np
 
+from .. import _native
 from .. import collectives as _c
 from .. import monitor as _monitor
 from ..collectives import Average, ReduceOp, reduce_op
 from ..compression import Compression, wire_code
 from ..one_rank import check_sparse_ratio, gradients_are_local
 from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
+from . import loss_scale as _loss_scale
 
 
 class _DistributedMixin:
@@ -82,6 +84,7 @@ class _DistributedMixin:
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
         self.scale_local_gradients = bool(scale_local_gradients)
         self._gradflow_local_ids: set = set()
+        self._gradflow_reduced_outside = False  # Note [LossScaleOptimizer], loss_scale.py
 
     def register_local_var(self, var: Any) -> None:
         """Mark `var` as local to this rank (Horovod 0.28): its gradient is not
@@ -95,14 +98,32 @@ class _DistributedMixin:
         """Reduce `grads` across ranks (every step when backward_passes_per_step
         is 1), then the wrapped optimizer's apply()."""
         grads = list(grads)
-        if self.backward_passes_per_step == 1:
-            if self._gradflow_local_ids:
-                variables = (self._trainable_variables if trainable_variables is None
-                             else trainable_variables)
-                grads = self._gradflow_reduce_partial(grads, list(variables))
-            else:
-                grads = self._gradflow_reduce(grads)
+        if self.backward_passes_per_step == 1 and not self._gradflow_reduced_outside:
+            grads = self._gradflow_reduce_step(grads, trainable_variables)
         return super().apply(grads, trainable_variables)
+
+    def _gradflow_reduce_step(self, grads: List[Any], trainable_variables=None) -> List[Any]:
+        if self._gradflow_local_ids:
+            variables = (self._trainable_variables if trainable_variables is None
+                         else trainable_variables)
+            return self._gradflow_reduce_partial(grads, list(variables))
+        return self._gradflow_reduce(grads)
+
+    def _gradflow_before_loss_scale(self, grads: List[Any], trainable_variables=None) -> List[Any]:
+        """Called by a LossScaleOptimizer around this one before its finite
+        check (Note [LossScaleOptimizer], loss_scale.py): the reduced
+        gradients (k = 1), or with k > 1 the local ones, made NaN on every
+        rank when some rank's are not finite."""
+        if self.backward_passes_per_step == 1:
+            return self._gradflow_reduce_step(grads, trainable_variables)
+        wire = wire_code(self.compression)
+        if wire > 0 or (wire < 0 and _native.config()["wire_dtype"] in ("fp16", "bf16")):
+            raise ValueError("gradflow: a 16-bit wire (compression=Compression.fp16/bf16) with "
+                             "backward_passes_per_step > 1 under a LossScaleOptimizer "
+                             "(mixed_float16) is not supported: the accumulated reduction could "
+                             "overflow after the loss scaler's check; use Compression.none or "
+                             "backward_passes_per_step=1")
+        return _nan_if_any_rank_not_finite(grads, self)
 
     def _gradflow_reduce_partial(self, grads: List[Any], variables: List[Any]) -> List[Any]:
         # Shared gradients are reduced (named by their position among the
@@ -154,6 +175,33 @@ def _divided(grad: Any, n: int) -> Any:
         from ..tensorflow.gradient_tape import _divide  # handles tf.IndexedSlices too
         return _divide(grad, n)
     return grad / n
+
+
+def _nan_if_any_rank_not_finite(grads: List[Any], opt: _DistributedMixin) -> List[Any]:
+    """Sum over the optimizer's process set of "my gradients are not all
+    finite"; if any rank's are not, every rank's gradients become NaN (the
+    loss scaler then skips this batch on every rank)."""
+    present = [g for g in grads if g is not None]
+    if not present:
+        return grads
+    local = keras.ops.logical_not(keras.ops.all(keras.ops.convert_to_tensor(
+        [keras.ops.all(keras.ops.isfinite(g)) for g in present])))
+    flag = keras.ops.reshape(keras.ops.cast(local, "float32"), (1,))
+    name = f"{opt.gradflow_name}.not_finite"
+    if keras.backend.backend() == "tensorflow":
+        from ..tensorflow.gradient_tape import reduce_gradients
+        total = reduce_gradients([flag], [name], _c.Sum, Compression.none, 1.0, False, 1.0,
+                                 opt.process_set)[0]
+    else:
+        if gradients_are_local(opt.process_set, "DistributedOptimizer", traced=False):
+            return grads
+        a = keras.ops.convert_to_numpy(flag)
+        total = _c.allreduce_async(a, _c.Sum, name, 1.0, 1.0, Compression.none, 1.0,
+                                   opt.process_set).wait()
+        total = keras.ops.convert_to_tensor(total)
+    bad = keras.ops.greater(keras.ops.reshape(total, ()), 0.0)
+    return [None if g is None else
+            keras.ops.where(bad, keras.ops.full_like(g, float("nan")), g) for g in grads]
 
 
 def _reduce_eager_numpy(grads: List[Any], names: List[str], opt: _DistributedMixin) -> List[Any]:
@@ -212,6 +260,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     `sparse_ratio`, coarse-grained sparse communication (mutable per step
     through `.sparse_ratio`)."""
     del device_dense, device_sparse  # documented no-ops on CPU
+    _loss_scale.install()  # Note [LossScaleOptimizer]: also when compile wraps this one
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"gradflow: DistributedOptimizer needs a keras.optimizers.Optimizer, got {optimizer!r}")
     if getattr(optimizer, "_gradflow_wrapped", False):

@@ -137,7 +137,7 @@ from .. import _runtime
 from ..elastic import worker as _elastic_worker
 from .optimizer_state import (_State, build_pools, clear_padding, destroy_pools, parameter_names,
                               rebind_after_elastic_reset, register_late_parameters)
-from .ops import allreduce_async_, sparse_allreduce_async
+from .ops import allreduce, allreduce_async_, sparse_allreduce_async
 
 # The public factory, DistributedOptimizer(), is in distributed_optimizer.py.
 __all__ = ["_DistributedOptimizer"]
@@ -451,8 +451,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure=None):
         """Wait for this step's reductions (unless inside skip_synchronize()
-        or synchronize() was already called), then run the wrapped step."""
+        or synchronize() was already called), then run the wrapped step.
+        With a closure (LBFGS), see Note [Closures]."""
         s = self._gradflow
+        if closure is not None:
+            closure = self._gradflow_closure(closure)
+            if not s.fired:  # no backward before step(): the closure's will be reduced
+                s.synchronized = s.auto_synced = False
+                _monitor.count_step()
+                return super(self.__class__, self).step(closure)
         if s.should_sync:
             if s.synchronized:
                 # Horovod's wording first: scripts and Horovod's tests match on it.
@@ -467,6 +474,30 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         s.synchronized = s.auto_synced = False
         _monitor.count_step()  # for gradflowrun --monitor
         return super(self.__class__, self).step(closure)
+
+    def _gradflow_closure(self, closure):
+        """Note [Closures]: closure optimizers (LBFGS) call step(closure) with
+        no backward before it; the closure zeroes, runs backward, returns the
+        loss, maybe several times per step. Each of its backward passes is
+        reduced when it returns (Note [Reduced when backward returns]); a
+        pass that did not complete is waited for here. The loss it returns
+        is averaged over the ranks (one scalar allreduce), because LBFGS
+        branches on it (tolerance_change, the strong-Wolfe line search): a
+        rank-local loss would make ranks take different branches, run
+        different numbers of closures and drift apart or stall."""
+        s = self._gradflow
+
+        def reduced_closure():
+            loss = closure()
+            if s.fired:
+                self.synchronize()
+            if not isinstance(loss, torch.Tensor):
+                return loss
+            name = f"{s.prefix}.closure_loss"
+            averaged = allreduce(loss.detach(), op=Average, name=name, process_set=s.process_set)
+            return averaged.to(loss.dtype)
+
+        return reduced_closure
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the gradients. Pooled gradients are always zeroed in place

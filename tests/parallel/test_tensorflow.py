@@ -75,3 +75,16 @@ def test_tf_tape_gradient_none_on_some_ranks():
                   timeout=240)
     assert out.stdout.count("unconnected ZERO OK") == 3, out.stdout
     assert out.stdout.count("unconnected None error OK") == 3, out.stdout
+
+
+@pytest.mark.parametrize("backend,ranks", [("tensorflow", 2), ("tensorflow", 3), ("torch", 3)])
+def test_keras_mixed_precision_overflow_on_one_rank(backend, ranks):
+    """mixed_float16 (compile's own LossScaleOptimizer, or one around or
+    inside gradflow's) with an fp16 overflow on the last rank only: every
+    rank skips that batch (bitwise identical, one halving of the scale,
+    equal to a run without that batch), with and without accumulation;
+    default timeouts (before: a stall until GRADFLOW_TIMEOUT)."""
+    out = run_mpi(ranks, "keras_mixed_precision_script.py",
+                  env={**TF_ENV, "KERAS_BACKEND": backend}, timeout=300)
+    assert out.stdout.count(f"ok mixed_float16 overflow on one rank, {backend},") == 5, out.stdout
+    assert "ok 16-bit wire + accumulation under a loss scaler refused" in out.stdout, out.stdout

@@ -1,0 +1,54 @@
+# gradflow/keras/loss_scale.py — Keras 3's LossScaleOptimizer around a gradflow
+# DistributedOptimizer (mixed_float16: model.compile wraps the optimizer by
+# itself). Owns the one patch of keras.optimizers.LossScaleOptimizer.apply;
+# the reduction itself is the wrapped optimizer's (optimizer.py).
+"""Note [LossScaleOptimizer]: LossScaleOptimizer.apply checks the gradients
+for inf/NaN and calls its inner optimizer's apply() only when they are
+finite. Keras assumes the gradients are already reduced there
+(tf.distribute reduces them before apply). A gradflow DistributedOptimizer
+reduces inside its own apply(), so a rank whose gradients overflowed
+skipped the reduction the others were waiting in: they stalled until
+GRADFLOW_TIMEOUT and the job died, on the first overflow on some ranks only
+(routine under dynamic loss scaling). So, when the inner optimizer is a
+gradflow one, apply() first reduces the (scaled) gradients, then runs
+Keras's apply on the reduced ones: every rank sees the same inf/NaN,
+skips the same steps and halves its scale alike; the inner apply() then
+does not reduce again. With backward_passes_per_step=k > 1 the inner
+optimizer reduces only every k-th batch, inside Keras's accumulation;
+there each batch's "some rank is not finite" flag is reduced instead (one
+4-byte Sum) and, when set, every rank's gradients are made NaN, so all skip
+that batch alike. A 16-bit wire under a LossScaleOptimizer with k > 1
+raises ValueError: the k-th batch's reduction could overflow after the
+check and write inf into the weights."""
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+import keras
+
+_patched = False
+
+
+def install() -> None:
+    """Patch LossScaleOptimizer.apply once (idempotent); other optimizers and
+    LossScaleOptimizers around non-gradflow optimizers are unchanged."""
+    global _patched
+    if _patched:
+        return
+    cls = keras.optimizers.LossScaleOptimizer
+    original = cls.apply
+
+    def apply(self: Any, grads: Any, trainable_variables: Optional[List[Any]] = None) -> Any:
+        inner = getattr(self, "inner_optimizer", None)
+        if not getattr(inner, "_gradflow_wrapped", False):
+            return original(self, grads, trainable_variables)
+        grads = inner._gradflow_before_loss_scale(list(grads), trainable_variables)
+        inner._gradflow_reduced_outside = inner.backward_passes_per_step == 1
+        try:
+            return original(self, grads, trainable_variables)
+        finally:
+            inner._gradflow_reduced_outside = False
+
+    apply.__doc__ = original.__doc__
+    cls.apply = apply
+    _patched = True

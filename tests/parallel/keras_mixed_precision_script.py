@@ -1,0 +1,89 @@
+# tests/parallel/keras_mixed_precision_script.py — SPMD script
+# (test_tensorflow.py): Keras 3 mixed precision (mixed_float16, whose
+# LossScaleOptimizer model.compile adds by itself, or one the user puts
+# around or inside gradflow's DistributedOptimizer) with an fp16 overflow in
+# one batch on the last rank only. Note [LossScaleOptimizer]
+# (gradflow/keras/loss_scale.py): before, that rank skipped the reduction
+# the others waited in, and the job died at GRADFLOW_TIMEOUT. Now every rank
+# skips exactly that batch: parameters bitwise identical, the loss scale
+# halved once everywhere, and the weights equal (fp16 tolerance) a run
+# whose data lacks that batch on every rank. Exits non-zero on failure.
+import sys
+
+from _tf_common import keras, tf  # noqa: F401,E402  (before TensorFlow loads)
+import numpy as np  # noqa: E402
+
+import gradflow.keras as hvd  # noqa: E402
+import gradflow.tensorflow as gtf  # noqa: E402
+
+hvd.init()
+R, N = hvd.rank(), hvd.size()
+keras.mixed_precision.set_global_policy("mixed_float16")
+BATCH, BAD = 8, 2  # the overflow is in batch BAD of the last rank
+
+
+def data(skip_bad: bool):
+    rng = np.random.default_rng(100 + R)
+    x = rng.normal(size=(8 * BATCH, 10)).astype(np.float32)
+    y = rng.integers(0, 3, 8 * BATCH)
+    if R == N - 1:
+        x[BAD * BATCH + 3] = 1e6  # inf in float16 activations, NaN gradients
+    if skip_bad:  # every rank drops that batch
+        keep = np.r_[0:BAD * BATCH, (BAD + 1) * BATCH:len(x)]
+        x, y = x[keep], y[keep]
+    return x, y
+
+
+def fit(mode: str, bpps: int, skip_bad: bool):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(3)])
+    sgd = keras.optimizers.SGD(0.1)
+    if mode == "compile adds it":
+        opt = hvd.DistributedOptimizer(sgd, backward_passes_per_step=bpps)
+    elif mode == "around gradflow's":
+        opt = keras.optimizers.LossScaleOptimizer(
+            hvd.DistributedOptimizer(sgd, backward_passes_per_step=bpps))
+    else:  # "inside gradflow's" (Horovod's order)
+        opt = hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(sgd))
+    model.compile(optimizer=opt,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = data(skip_bad)
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False)
+    w = np.concatenate([v.numpy().ravel().astype(np.float64) for v in model.trainable_variables])
+    return w, float(model.optimizer.dynamic_scale.numpy())
+
+
+CASES = [("compile adds it", 1), ("around gradflow's", 1), ("inside gradflow's", 1),
+         ("compile adds it", 2), ("around gradflow's", 2)]
+for mode, bpps in CASES:
+    w, scale = fit(mode, bpps, skip_bad=False)
+    every = gtf.allgather_object((w.tobytes(), scale))
+    assert all(e == every[0] for e in every), f"{mode}, bpps={bpps}: ranks differ"
+    assert np.isfinite(w).all(), f"{mode}, bpps={bpps}: non-finite weights"
+    assert scale == 32768.0 / 2, f"{mode}, bpps={bpps}: loss scale {scale}, expected one halving"
+    ref, ref_scale = fit(mode, bpps, skip_bad=True)
+    assert ref_scale == 32768.0, ref_scale
+    err = np.abs(w - ref).max()
+    assert err < 2e-3, f"{mode}, bpps={bpps}: differs from the run without that batch by {err}"
+    if R == 0:
+        print(f"ok mixed_float16 overflow on one rank, {keras.backend.backend()}, {mode}, "
+              f"bpps={bpps} (max diff {err:.1e})",
+              flush=True)
+
+# a 16-bit wire with accumulation under a loss scaler: refused, clearly, on every rank
+try:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(3)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1),
+                                                     compression=hvd.Compression.fp16,
+                                                     backward_passes_per_step=2),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = data(False)
+    model.fit(x[:16] * 0, y[:16], batch_size=BATCH, epochs=1, verbose=0)
+except ValueError as e:
+    assert "16-bit wire" in str(e) and "LossScaleOptimizer" in str(e), str(e)
+else:
+    sys.exit("fp16 wire + bpps=2 + LossScaleOptimizer was not refused")
+if R == 0:
+    print("ok 16-bit wire + accumulation under a loss scaler refused", flush=True)
