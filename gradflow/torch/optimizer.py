@@ -43,38 +43,39 @@ Life of the wrapper:
   overlap=False: hooks only record; synchronize() submits (see the keyword).
 
 Note [Reduced when backward returns]: DDP users touch param.grad between
-  backward() and step() without a synchronize() (clip_grad_norm_, PyTorch's
-  plain AMP recipe, whose scaler.step(opt) unscales first). Done while the
-  core still reduced in place, that raced with it and the ranks' parameters
-  silently drifted apart (Horovod has the same race and documents
-  synchronize() + skip_synchronize() instead). So the first hook of each
-  backward pass queues an autograd-engine callback (as DDP's reducer does);
-  when the pass returns and every parameter got the step's last gradient
-  (`complete == len(params)`), or the pass was the step's last one (the
-  `backward_passes_per_step`-th), it runs synchronize(), which reduces
-  zeros for the parameters without a gradient (an unused head, a branch
-  taken on some ranks only; as Horovod's synchronize(), and as DDP's
-  find_unused_parameters but for a parameter no rank used, which DDP
-  leaves at None): param.grad then holds the reduced gradient, as under
-  DDP, and step() only runs the wrapped step. The hooks still submit
-  during backward, so communication still overlaps backward; only the tail wait moves from step() to the end of
-  backward. A backward pass after that and before step() (GradScaler skipped
-  the step on an overflow, or a second pass with backward_passes_per_step=1)
-  starts a new step: its gradients add onto the reduced ones and are reduced
-  in turn, so the step applies the sum of both averages, as plain torch
-  applies the sum of both gradients (with an op other than Average that
-  would reduce reduced gradients again, so there such a pass raises unless
-  optimizer.zero_grad() ran in between). An explicit synchronize() afterwards is
-  a no-op (Horovod's pattern keeps working, and step() after it without
-  skip_synchronize() still warns as in Horovod). Two passes of one step
-  over different parameters (bpps=1) are thus two reductions, the second
-  carrying the first's result: the sum of both averages again. A reentrant
-  backward (checkpoint(use_reentrant=True)) ends inside a node of the outer
-  pass (torch._C._current_autograd_node() is set): not a pass end. Limit:
-  when every gradient of a step with an unused parameter comes out of such
-  a reentrant backward, the outer pass fires no hook, queues no callback,
-  and the step is reduced in step() as before (call synchronize() first
-  there, as under Horovod).
+  backward() and step() without a synchronize() (clip_grad_norm_,
+  PyTorch's plain AMP recipe, whose scaler.step(opt) unscales first). Done
+  while the core still reduced in place, that raced with it and the ranks'
+  parameters silently drifted apart (Horovod has the same race and
+  documents synchronize() + skip_synchronize() instead). So the first hook
+  of each backward pass queues an autograd-engine callback (as DDP's
+  reducer does); when the pass returns and every parameter got the step's
+  last gradient (`complete == len(params)`), or the pass was the step's
+  last one (the `backward_passes_per_step`-th), it runs synchronize(),
+  which reduces zeros for the parameters without a gradient (an unused
+  head, a branch taken on some ranks only; as Horovod's synchronize(), and
+  as DDP's find_unused_parameters but for a parameter no rank used, which
+  DDP leaves at None): param.grad then holds the reduced gradient, as
+  under DDP, and step() only runs the wrapped step. The hooks still submit
+  during backward, so communication still overlaps backward; only the tail
+  wait moves from step() to the end of backward. A backward pass after
+  that and before step() (GradScaler skipped the step on an overflow, or a
+  second pass with backward_passes_per_step=1) starts a new step: its
+  gradients add onto the reduced ones and are reduced in turn, so the step
+  applies the sum of both averages, as plain torch applies the sum of both
+  gradients (with an op other than Average that would reduce reduced
+  gradients again, so there such a pass raises unless
+  optimizer.zero_grad() ran in between). An explicit synchronize()
+  afterwards is a no-op (Horovod's pattern keeps working, and step() after
+  it without skip_synchronize() still warns as in Horovod). Two passes of
+  one step over different parameters (bpps=1) are thus two reductions, the
+  second carrying the first's result: the sum of both averages again. A
+  reentrant backward (checkpoint(use_reentrant=True)) ends inside a node
+  of the outer pass (torch._C._current_autograd_node() is set): not a pass
+  end. Limit: when every gradient of a step with an unused parameter comes
+  out of such a reentrant backward, the outer pass fires no hook, queues
+  no callback, and the step is reduced in step() as before (call
+  synchronize() first there, as under Horovod).
 
 Note [One rank]: over a one-rank process set (no user Compressor) the
   reduced gradient is the gradient, bit for bit, as in Horovod and DDP: no
@@ -90,8 +91,10 @@ Invariants:
     "gradflow.pool<id>.bucket<b>" and sizes agree everywhere (deadlock
     freedom: the coordinator matches buckets by name; any order is fine).
   * A range is marked at most once per step: hooks are counted per parameter
-    and only the `backward_passes_per_step`-th call submits. A further call
-    before step() raises.
+    and only the `backward_passes_per_step`-th call submits; the step is
+    reduced when that pass returns, so a further call starts the next step
+    (Note [Reduced when backward returns]; with an op other than Average it
+    raises unless zero_grad() ran).
   * Pool views survive: `zero_grad(set_to_none=True)` zeroes the pool in
     place instead of dropping views (documented deviation). If something
     else replaces `param.grad` (e.g. `model.zero_grad()`), the hook copies
@@ -555,4 +558,3 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                 "of a step (backward passes already counted); call it after "
                                 "step() or synchronize()")
         s.bpps = int(passes)
-
