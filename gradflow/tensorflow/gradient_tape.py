@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
 
+import numpy as np
 import tensorflow as tf
 
-from .._runtime import GradflowError
+from .. import collectives as _collectives
 from ..collectives import Adasum, Average, ReduceOp, Sum, check_adasum_options, reduce_op
 from ..compression import Compression, wire_code
 from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
@@ -178,23 +179,13 @@ class DistributedGradientTape:
         flat = tf.nest.flatten(grads)
         local = [_source_key(s) in self._local_sources for s in tf.nest.flatten(sources)]
         shared = [i for i, is_local in enumerate(local) if not is_local]
-        try:
-            reduced = reduce_gradients([flat[i] for i in shared],
-                                       [f"{self.name}.{k}" for k in range(len(shared))],
-                                       self.op, self.compression, lambda: self.sparse_ratio,
-                                       self.sparse_as_dense, self.gradient_predivide_factor,
-                                       self.process_set)
-        except GradflowError as e:
-            if "stall" not in str(e) or unconnected_gradients != tf.UnconnectedGradients.NONE:
-                raise
-            # The usual cause of a stalled gradient: None on some ranks only
-            # (a variable this step's loss uses on some ranks, by Python
-            # control flow). None gradients are not reduced (as in Horovod).
-            raise GradflowError(
-                f"{e} [DistributedGradientTape: a gradient that is None on some ranks only (a "
-                "variable the loss uses on some ranks only) stalls like this; pass "
-                "unconnected_gradients=tf.UnconnectedGradients.ZERO to gradient() so every "
-                "rank reduces it]") from e
+        if tf.executing_eagerly() and shared:
+            flat = self._zeros_where_others_have_gradients(flat, tf.nest.flatten(sources), shared)
+        reduced = reduce_gradients([flat[i] for i in shared],
+                                   [f"{self.name}.{k}" for k in range(len(shared))], self.op,
+                                   self.compression, lambda: self.sparse_ratio,
+                                   self.sparse_as_dense, self.gradient_predivide_factor,
+                                   self.process_set)
         out = list(flat)
         for i, r in zip(shared, reduced):
             out[i] = r
@@ -203,6 +194,27 @@ class DistributedGradientTape:
                 if is_local and out[i] is not None:
                     out[i] = _divide(out[i], process_set_size(self.process_set, "gradient"))
         return tf.nest.pack_sequence_as(grads, out)
+
+    def _zeros_where_others_have_gradients(self, flat: List[Any], sources: List[Any],
+                                           shared: List[int]) -> List[Any]:
+        """Note [None on some ranks]: eagerly, Python control flow can leave a
+        variable's gradient None on some ranks and not others; the ranks with
+        it would then wait in a reduction the others never join. One small
+        Sum of "this rank has gradient i" (4 bytes per gradient, eager calls
+        only: in a tf.function which gradients are None is fixed when it is
+        traced) lets every rank reduce zeros where it has none and another
+        rank has one, as the torch optimizer does; a gradient None on every
+        rank stays None (as in Horovod and plain TensorFlow)."""
+        if gradients_are_local(self.process_set, "gradient reduction", traced=False):
+            return flat
+        mine = np.array([flat[i] is not None for i in shared], np.int32)
+        counts = _collectives.allreduce(mine, Sum, f"{self.name}.has_gradient",
+                                        process_set=self.process_set)
+        out = list(flat)
+        for k, i in enumerate(shared):
+            if out[i] is None and counts[k] > 0:
+                out[i] = tf.zeros(sources[i].shape, sources[i].dtype)
+        return out
 
     def get_local_and_global_gradients(self, target, sources, output_gradients=None,
                                        use_generic_names: bool = False

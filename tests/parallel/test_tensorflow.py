@@ -67,14 +67,16 @@ def test_keras_torch_backend():
 
 
 def test_tf_tape_gradient_none_on_some_ranks():
-    """A variable used on some ranks only: unconnected_gradients=ZERO reduces
-    it (numpy average); by default (None, as in Horovod) the stall error
-    reaches every rank and the tape's message names the fix. 3 ranks: one
-    rank without the gradient, two with it."""
+    """A variable used on some ranks only: eagerly reduced with zeros from
+    the others (numpy average), None where no rank uses it, the same with
+    unconnected_gradients=ZERO; a tf.function traced differently per rank
+    ends in the stall error on every rank. 3 ranks: one rank without the
+    gradient, two with it."""
     out = run_mpi(3, "tf_unconnected_script.py", env={**TF_ENV, "GRADFLOW_TIMEOUT": "4"},
                   timeout=240)
-    assert out.stdout.count("unconnected ZERO OK") == 3, out.stdout
-    assert out.stdout.count("unconnected None error OK") == 3, out.stdout
+    assert out.stdout.count("eager None on some ranks OK (default)") == 3, out.stdout
+    assert out.stdout.count("eager None on some ranks OK (ZERO)") == 3, out.stdout
+    assert out.stdout.count("traced None on some ranks: error OK") == 3, out.stdout
 
 
 @pytest.mark.parametrize("backend,ranks", [("tensorflow", 2), ("tensorflow", 3), ("torch", 3)])
