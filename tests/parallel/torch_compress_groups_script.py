@@ -150,19 +150,34 @@ for what, kw in [("groups=2", {"groups": 2}), ("groups=5", {"groups": 5}),
     close(train(what, **kw), ref_grid if "compression" in kw else ref_plain, what, 1e-6)
 
 # groups as lists of the model's own parameters; `unused` never gets a
-# gradient, so its group goes out only in step() (with zeros), as in Horovod.
+# gradient, so its group goes out only when backward returns (with zeros,
+# Note [Reduced when backward returns]), as in Horovod's step(). Checked
+# from hooks that run after the optimizer's, while backward runs.
 model = make_model()
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
                                model.named_parameters(),
                                groups=[[model[0].weight, model[0].bias],
                                        [model.unused, model[2].bias]])
+seen = {}
+
+
+def check_groups(_p):
+    s = opt._gradflow
+    w, b = s.handles.get(id(model[0].weight)), s.handles.get(id(model[0].bias))
+    if w is not None and b is not None:  # the group is complete: it went out as one
+        seen["together"] = w is b
+        seen["early"] = id(model[2].bias) in s.handles
+
+
+for p in (model[0].weight, model[0].bias):
+    p.register_post_accumulate_grad_hook(check_groups)
 for step in range(STEPS):
     opt.zero_grad()
+    seen.clear()
     loss_of(model, *batch(R, step)).backward()
-    s = opt._gradflow
-    assert not s.use_pool, "groups use the copy path"
-    assert s.handles[id(model[0].weight)] is s.handles[id(model[0].bias)], "group not sent together"
-    assert id(model[2].bias) not in s.handles, "a group went out before all its gradients"
+    assert not opt._gradflow.use_pool, "groups use the copy path"
+    assert seen.get("together") is True, f"group not sent together: {seen}"
+    assert seen["early"] is False, "a group went out before all its gradients"
     opt.step()
 close(model, ref_plain, "groups list", 1e-6)
 for i, p in enumerate(model.parameters()):
