@@ -457,13 +457,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         or synchronize() was already called), then run the wrapped step.
         With a closure (LBFGS), see Note [Closures]."""
         s = self._gradflow
+        # No backward before step(): the closure's passes are reduced as they return.
+        closure_runs_backward = closure is not None and not s.fired
         if closure is not None:
             closure = self._gradflow_closure(closure)
-            if not s.fired:  # no backward before step(): the closure's will be reduced
-                s.synchronized = s.auto_synced = False
-                _monitor.count_step()
-                return super(self.__class__, self).step(closure)
-        if s.should_sync:
+        if s.should_sync and not closure_runs_backward:
             if s.synchronized:
                 # Horovod's wording first: scripts and Horovod's tests match on it.
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
