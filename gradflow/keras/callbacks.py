@@ -28,7 +28,7 @@ from .stats_callback import TensorBoardStatsCallback  # noqa: F401  (gradflow.ke
 
 def _variables_of(model: keras.Model):
     opt = model.optimizer
-    if opt is not None and not opt.built:
+    if opt is not None and not opt.built and model.built:
         # Optimizer slots only exist after the first apply: build them now so
         # they are broadcast too (and every rank creates them identically).
         opt.build(model.trainable_variables)
@@ -59,7 +59,13 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     built first), except `local_variables` (a variable or a list of them,
     matched by identity), which keep each rank's own value. `device` is
     accepted and ignored (GPU placement). Also makes sure a
-    DistributedOptimizer is not compiled under XLA."""
+    DistributedOptimizer is not compiled under XLA.
+
+    A model whose variables do not exist yet when training begins (a
+    subclassed model or a Sequential without an Input, on the TensorFlow
+    backend: Keras builds it while tracing the first step) is broadcast at
+    the end of the first batch instead, as Horovod does: every rank then
+    continues from root's weights and optimizer state after that step."""
 
     def __init__(self, root_rank: int, device: str = "", local_variables=None):
         super().__init__()
@@ -80,8 +86,18 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
                 and getattr(model, "jit_compile", False)):
             model.jit_compile = False  # host callbacks cannot run under XLA
             model.make_train_function(force=True)
+        if model.built:
+            self._broadcast()
+        # else: nothing to broadcast yet (and building the optimizer now
+        # would build it over no variables): after the first batch.
+
+    def on_train_batch_end(self, batch: int, logs: Optional[Dict] = None) -> None:
+        if not self.broadcast_done:
+            self._broadcast()
+
+    def _broadcast(self) -> None:
         local = {id(v) for v in self.local_variables}
-        variables = [v for v in _variables_of(model) if id(v) not in local]
+        variables = [v for v in _variables_of(self.model) if id(v) not in local]
         broadcast_keras_variables(variables, self.root_rank, "BroadcastGlobalVariablesCallback")
         self.broadcast_done = True
 

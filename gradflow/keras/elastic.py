@@ -105,6 +105,11 @@ class KerasState(ObjectState):
         del backend
         if not isinstance(model, keras.Model):
             raise TypeError(f"gradflow: KerasState needs a keras.Model, got {model!r}")
+        if not model.built:
+            # Its weights do not exist yet: sync() would broadcast nothing
+            # and every rank would train from its own initial weights.
+            raise ValueError("gradflow: KerasState needs a built model (give the model an "
+                             "keras.Input, or call it / model.build(input_shape) first)")
         self.model = model
         self.optimizer = optimizer if optimizer is not None else model.optimizer
         self._saved_model: List[np.ndarray] = []

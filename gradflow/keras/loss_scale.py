@@ -44,10 +44,11 @@ def install() -> None:
             return original(self, grads, trainable_variables)
         grads = inner._gradflow_before_loss_scale(list(grads), trainable_variables)
         inner._gradflow_reduced_outside = inner.backward_passes_per_step == 1
+        inner._gradflow_none_checked = True
         try:
             return original(self, grads, trainable_variables)
         finally:
-            inner._gradflow_reduced_outside = False
+            inner._gradflow_reduced_outside = inner._gradflow_none_checked = False
 
     apply.__doc__ = original.__doc__
     cls.apply = apply

@@ -85,6 +85,7 @@ class _DistributedMixin:
         self.scale_local_gradients = bool(scale_local_gradients)
         self._gradflow_local_ids: set = set()
         self._gradflow_reduced_outside = False  # Note [LossScaleOptimizer], loss_scale.py
+        self._gradflow_none_checked = False  # set with it: Note [None on some ranks] done
 
     def register_local_var(self, var: Any) -> None:
         """Mark `var` as local to this rank (Horovod 0.28): its gradient is not
@@ -97,10 +98,37 @@ class _DistributedMixin:
     def apply(self, grads, trainable_variables=None):
         """Reduce `grads` across ranks (every step when backward_passes_per_step
         is 1), then the wrapped optimizer's apply()."""
-        grads = list(grads)
+        grads = self._gradflow_zeros_where_others_have_gradients(list(grads), trainable_variables)
         if self.backward_passes_per_step == 1 and not self._gradflow_reduced_outside:
             grads = self._gradflow_reduce_step(grads, trainable_variables)
         return super().apply(grads, trainable_variables)
+
+    def _gradflow_zeros_where_others_have_gradients(self, grads: List[Any],
+                                                   trainable_variables=None) -> List[Any]:
+        """Note [None on some ranks] (as the TensorFlow tape's): run eagerly
+        (the torch backend; `run_eagerly=True` on TensorFlow), Python control
+        flow in `call()` can leave a gradient None on some ranks only. Keras
+        drops None gradients before its update, so those ranks would skip a
+        reduction the others wait in (a stall), or with
+        backward_passes_per_step > 1 reduce lists of different lengths. One
+        4-byte-per-gradient Sum of "this rank has gradient i" lets every rank
+        put zeros where another rank has a gradient; None on every rank stays
+        None (Keras skips that variable, as without gradflow). A traced step
+        fixes which gradients are None when it is traced: not checked there."""
+        if self._gradflow_none_checked or not _eager() or not grads:
+            return grads  # checked: the LossScaleOptimizer around this one did
+        if gradients_are_local(self.process_set, "DistributedOptimizer", traced=False):
+            return grads
+        variables = list(self._trainable_variables if trainable_variables is None
+                         else trainable_variables)
+        shared = [i for i, v in enumerate(variables) if id(v) not in self._gradflow_local_ids]
+        mine = np.array([grads[i] is not None for i in shared], np.int32)
+        counts = _c.allreduce(mine, _c.Sum, f"{self.gradflow_name}.has_gradient",
+                              process_set=self.process_set)
+        for k, i in enumerate(shared):
+            if grads[i] is None and counts[k] > 0:
+                grads[i] = keras.ops.zeros(variables[i].shape, variables[i].dtype)
+        return grads
 
     def _gradflow_reduce_step(self, grads: List[Any], trainable_variables=None) -> List[Any]:
         if self._gradflow_local_ids:
@@ -114,6 +142,7 @@ class _DistributedMixin:
         check (Note [LossScaleOptimizer], loss_scale.py): the reduced
         gradients (k = 1), or with k > 1 the local ones, made NaN on every
         rank when some rank's are not finite."""
+        grads = self._gradflow_zeros_where_others_have_gradients(grads, trainable_variables)
         if self.backward_passes_per_step == 1:
             return self._gradflow_reduce_step(grads, trainable_variables)
         wire = wire_code(self.compression)
@@ -166,6 +195,13 @@ class _DistributedMixin:
         raise NotImplementedError(
             f"gradflow.keras.DistributedOptimizer supports the tensorflow and torch Keras "
             f"backends, not {backend!r} (a jitted JAX step cannot call the host core)")
+
+
+def _eager() -> bool:
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf  # the backend: already loaded
+        return tf.executing_eagerly()
+    return True  # torch: Keras steps run eagerly
 
 
 def _divided(grad: Any, n: int) -> Any:

@@ -47,6 +47,17 @@ def test_state_restores_last_commit():
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(v), b)
 
 
+def test_state_refuses_an_unbuilt_model():
+    # Its weights do not exist yet: sync() would broadcast nothing and each
+    # rank would train from its own initial weights.
+    model = keras.Sequential([keras.layers.Dense(3)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    with pytest.raises(ValueError, match="needs a built model"):
+        elastic.KerasState(model, epoch=0)
+    model.build((None, 4))
+    assert elastic.KerasState(model, epoch=0).epoch == 0
+
+
 def test_epoch_and_batch_callbacks_count_across_calls():
     model = _model()
     state = elastic.KerasState(model, epoch=2, batch=0)
