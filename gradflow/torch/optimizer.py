@@ -113,6 +113,13 @@ Invariants:
     otherwise their gradients would stay local and the ranks' parameters
     would silently drift apart (Horovod's optimizer ignores such
     parameters).
+    Note [Frozen after wrapping]: a parameter frozen after wrapping
+    (requires_grad=False at step time) still takes part in the reduction
+    (zeros; the pool layout and the collectives stay the same on every rank,
+    so no rank can wait for another), but its param.grad is None when the
+    inner optimizer steps, so momentum and weight decay leave it where it
+    is, as plain torch with zero_grad()'s default. Freeze before wrapping to
+    save its traffic.
   * The pool lives on CPU. With CUDA parameters the wrapper stays on the copy
     path, which stages through host memory (not run here: no GPU).
 """
@@ -428,6 +435,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if s.csc:
             clear_padding(s)
         _residual.point_at_output(s)
+        for p in s.params:  # Note [Frozen after wrapping]
+            if not p.requires_grad:
+                p.grad = None
         s.handles.clear()
         s.pool_handles.clear()
         s.passes.clear()

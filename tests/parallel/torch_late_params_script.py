@@ -7,6 +7,9 @@
 # paths, checked against single-process training on the global batch (rank
 # 0); parameters bitwise identical on every rank in all of them. Before the
 # fix their gradients stayed local and the ranks silently drifted apart.
+# Also a layer frozen after wrapping (Note [Frozen after wrapping]) for two
+# steps, then unfrozen: it stays put while frozen, as in plain torch (before:
+# a zero gradient, so momentum and weight decay moved it; max diff 0.14).
 import torch
 
 import gradflow.torch as hvd
@@ -27,13 +30,40 @@ PATHS = {
 }
 
 
+class ModelZeroGrad:
+    """The loop's optimizer, but zero_grad() is model.zero_grad() (drops
+    param.grad, pool views included)."""
+
+    def __init__(self, opt, model):
+        self.opt, self.model = opt, model
+
+    def zero_grad(self):
+        self.model.zero_grad()
+
+    def step(self):
+        self.opt.step()
+
+
 def run(scenario: str, model, wrap, rank: int, size: int, per: int, bpps: int):
     """Six steps of `scenario` on `model`; `wrap(optimizer)` is the
     DistributedOptimizer (distributed) or the identity (reference)."""
     def steps(opt, start, count):
         train(model, opt, count, rank, size, per, bpps, start=start, x=X, y=Y)
 
-    if scenario == "unfreeze":  # frozen at wrap time, in the optimizer, unfrozen later
+    if scenario.startswith("freeze"):  # Note [Frozen after wrapping]: trainable at wrap time
+        opt = wrap(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01))
+        stepper = ModelZeroGrad(opt, model) if "model.zero_grad" in scenario else opt
+        steps(stepper, 0, 2)
+        for p in model[0].parameters():
+            p.requires_grad_(False)
+        before = flat(model[0].parameters())
+        steps(stepper, 2, 2)
+        # as plain torch: its gradient is None, momentum and decay leave it
+        assert torch.equal(flat(model[0].parameters()), before), f"{scenario}: a frozen layer moved"
+        for p in model[0].parameters():
+            p.requires_grad_(True)
+        steps(stepper, 4, 2)
+    elif scenario == "unfreeze":  # frozen at wrap time, in the optimizer, unfrozen later
         model[0].weight.requires_grad_(False)
         opt = wrap(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
         steps(opt, 0, 3)
@@ -58,7 +88,8 @@ def run(scenario: str, model, wrap, rank: int, size: int, per: int, bpps: int):
     return opt
 
 
-for scenario in ("unfreeze", "add_param_group", "add frozen, unfreeze later"):
+for scenario in ("unfreeze", "add_param_group", "add frozen, unfreeze later",
+                 "freeze, unfreeze later", "freeze, unfreeze later, model.zero_grad()"):
     for path, kw in PATHS.items():
         bpps = kw.get("backward_passes_per_step", 1)
         m = mlp()
