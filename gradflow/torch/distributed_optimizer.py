@@ -13,6 +13,7 @@ from ..collectives import Average
 from ..process_sets import ProcessSet, global_process_set
 from .compression import Compression
 from .optimizer import _DistributedOptimizer
+from .optimizer_setup import setup_optimizer
 from .optimizer_state import repatch_scheduler_step
 
 __all__ = ["DistributedOptimizer"]
@@ -113,8 +114,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)  # same groups, state, defaults, hooks
     repatch_scheduler_step(wrapped, optimizer)
-    wrapped._gradflow_setup(named_parameters, compression, backward_passes_per_step, op,
-                            gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
-                            sparse_as_dense, grad_scaler, groups,
-                            process_set, overlap)
+    setup_optimizer(wrapped, named_parameters, compression, backward_passes_per_step, op,
+                    gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
+                    sparse_as_dense, grad_scaler, groups, process_set, overlap)
     return wrapped

@@ -2,9 +2,9 @@
 # is submitted to the core while backward runs, and the reductions are
 # waited for when the step's last backward returns (else in step()). Owns
 # hooks and the step protocol (state, pool layout and scheduler re-patch:
-# optimizer_state.py; the public factory and its keyword documentation:
-# distributed_optimizer.py); never communicates itself (the core does, via
-# handles).
+# optimizer_state.py; set-up: optimizer_setup.py; the public factory and its
+# keyword documentation: distributed_optimizer.py); never communicates
+# itself (the core does, via handles).
 """DistributedOptimizer, in the manner of PyTorch DDP's reducer.
 
 Terms:
@@ -126,120 +126,32 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-import itertools
 import warnings
-import weakref
-from typing import Dict, List
+from typing import List
 
 import torch
 
 from .. import _native
+from .. import _runtime
 from .. import monitor as _monitor
 from .._runtime import GradflowError
-from ..collectives import Adasum, Average, check_adasum_options, reduce_op
-from .compression import split as split_compression
-from ..process_sets import member_id, process_set_size
-from .functions import check_same_everywhere
-from .optimizer_groups import GroupTracker, form_groups, submit_group
-from . import optimizer_residual as _residual
-from .optimizer_autotune import after_synchronize as _autotune_step
-from .. import _runtime
+from ..collectives import Average
 from ..elastic import worker as _elastic_worker
-from .optimizer_state import (_State, build_pools, clear_padding, destroy_pools, parameter_names,
-                              rebind_after_elastic_reset, register_late_parameters)
+from . import optimizer_residual as _residual
+from .functions import check_same_everywhere
+from .optimizer_autotune import after_synchronize as _autotune_step
+from .optimizer_groups import submit_group
+from .optimizer_state import (build_pools, clear_padding, rebind_after_elastic_reset,
+                              register_late_parameters)
 from .ops import allreduce, allreduce_async_, sparse_allreduce_async
 
-# The public factory, DistributedOptimizer(), is in distributed_optimizer.py.
+# The public factory, DistributedOptimizer(), is in distributed_optimizer.py;
+# the wrapper's set-up (checks, state, hooks) in optimizer_setup.py.
 __all__ = ["_DistributedOptimizer"]
-
-# Per process set (collective names): other sets must not shift the numbers.
-_instances: Dict[int, "itertools.count"] = {}
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Methods mixed into a dynamic subclass of the user's optimizer class."""
-
-    # ------------------------------------------------------------ set-up
-    def _gradflow_setup(self, named_parameters, compression, backward_passes_per_step, op,
-                        gradient_predivide_factor, sparse_ratio, use_pool, bucket_mb,
-                        sparse_as_dense, grad_scaler=None, groups=None,
-                        process_set=None, overlap=True) -> None:
-        s = self._gradflow = _State()
-        if not isinstance(overlap, bool):
-            raise ValueError(f"gradflow: overlap must be True or False, got {overlap!r}")
-        s.overlap = overlap
-        s.runtime_gen = _runtime.generation()
-        op = reduce_op(op)  # Horovod meaning of raw ints; unknown ones raise here
-        # Every gradient, pool and check runs in the set's engine (Note [Process sets]).
-        s.ps, s.process_set = member_id(process_set, "DistributedOptimizer"), process_set
-        if gradient_predivide_factor != 1.0 and op != Average:
-            raise ValueError("gradflow: gradient_predivide_factor != 1.0 needs op=Average")
-        # A pool bucket holds several gradients; Adasum needs one dot product
-        # per gradient, so Adasum gradients stay on the copy path.
-        use_pool = use_pool and op != Adasum
-        if backward_passes_per_step < 1:
-            raise ValueError("gradflow: backward_passes_per_step must be >= 1")
-        if sparse_ratio is not None and not 0 < sparse_ratio <= 1:
-            raise ValueError(f"gradflow: sparse_ratio must be in (0, 1], got {sparse_ratio}")
-        s.op, s.bpps, s.sparse_as_dense = op, int(backward_passes_per_step), sparse_as_dense
-        s.wire, user_compressor = split_compression(compression)
-        check_adasum_options(op, s.wire, sparse_ratio, "DistributedOptimizer")
-        s.compression = compression
-        s.prescale = 1.0 / gradient_predivide_factor
-        s.postscale = float(gradient_predivide_factor)
-        s.sparse_ratio = -1.0 if sparse_ratio is None else float(sparse_ratio)
-        # CSC in effect (explicit or GRADFLOW_SPARSE_RATIO): residuals exist.
-        s.csc = op != Adasum and (s.sparse_ratio if s.sparse_ratio > 0
-                                  else _native.config()["sparse_ratio"]) < 1.0
-        if grad_scaler is not None and not callable(getattr(grad_scaler, "get_scale", None)):
-            raise ValueError("gradflow: grad_scaler must be a torch.amp.GradScaler (or have "
-                             "get_scale()), got " + type(grad_scaler).__name__)
-        s.scaler = grad_scaler
-        s.bucket_bytes = -1 if bucket_mb is None else int(bucket_mb * (1 << 20))
-        s.prefix = f"DistributedOptimizer{next(_instances.setdefault(s.ps, itertools.count()))}"
-
-        seen = set()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    if p.requires_grad:
-                        s.index[id(p)] = len(s.params)
-                        s.params.append(p)
-                    else:
-                        s.frozen.append(p)
-        s.names = parameter_names(s, self.param_groups, named_parameters)
-        formed = form_groups(s.params, groups)
-        s.groups = None if formed is None else GroupTracker(formed)
-        # A user Compressor runs in Python around each gradient's allreduce,
-        # and groups go out as grouped allreduces: both need the copy path
-        # (the pool's buckets are reduced in place by the core).
-        s.use_pool = use_pool and all(p.device.type == "cpu" for p in s.params) \
-            and user_compressor is None and s.groups is None
-        # One rank (Note [One rank]): the reduced gradient is the gradient.
-        s.wanted, s.user_compressor = (s.use_pool, s.csc), user_compressor
-        s.solo = process_set_size(process_set, "DistributedOptimizer") == 1 and user_compressor is None
-        if s.solo:
-            s.use_pool = s.csc = False
-        if use_pool and not all(p.device.type == "cpu" for p in s.params):
-            warnings.warn("gradflow: the gradient pool is CPU-only; CUDA parameters use the copy path")
-        if _elastic_worker.current() is None:
-            # Skipped in elastic mode: a joining worker builds its
-            # optimizer while the running ones are in State.sync(), so no
-            # collective may run here (a mismatch fails at the first step).
-            check_same_everywhere([(n, tuple(p.shape), str(p.dtype))
-                                   for n, p in zip(s.names, s.params)],
-                                  f"DistributedOptimizer '{s.prefix}'", process_set)
-        me = weakref.ref(self)  # hooks must not keep the optimizer alive
-
-        def hook(p: torch.Tensor) -> None:
-            opt = me()
-            if opt is not None:
-                opt._gradflow_hook(p)
-
-        s.hook = hook
-        s.hook_handles = [p.register_post_accumulate_grad_hook(hook) for p in s.params]
-        self._gradflow_finalizer = weakref.finalize(self, destroy_pools, [])
 
     # ------------------------------------------------------------ late parameters
     def add_param_group(self, param_group: dict) -> None:
