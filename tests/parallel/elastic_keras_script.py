@@ -136,6 +136,7 @@ def main():
     acc = float(np.mean(np.argmax(model.predict(xte, verbose=0), axis=1) == yte))
     h = hashlib.sha256(b"".join(np.asarray(w).tobytes() for w in model.get_weights()))
     log(event="result", rank=hvd.rank(), size=hvd.size(), acc=acc, hash=h.hexdigest(),
+        backend=keras.backend.backend(),
         steps=state.step)
     sys.stdout.write(f"RESULT worker={WORKER} rank={hvd.rank()} size={hvd.size()} "
                      f"acc={acc:.4f}\n")

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from _launch import (HERE, change_hosts_after_first_step, gradflowrun_args, host_discovery, rank_env,
                      run_cwd, skip_unless_hydra)
 
@@ -18,11 +20,12 @@ EPOCHS = 3
 KILL_STEP, COMMIT_STEP = 35, 32
 
 
-def _run(tmp_path, name, kill=""):
+def _run(tmp_path, name, kill="", backend="tensorflow"):
     log_dir = tmp_path / name
     log_dir.mkdir()
     env = rank_env()
-    env.update(ELASTIC_EPOCHS=str(EPOCHS), ELASTIC_LOG=str(log_dir), ELASTIC_KILL=kill)
+    env.update(ELASTIC_EPOCHS=str(EPOCHS), ELASTIC_LOG=str(log_dir), ELASTIC_KILL=kill,
+               KERAS_BACKEND=backend)
     # --start-timeout: generation 0 must hold all 3 workers (the step and
     # reset counts below assume it); on a loaded host importing TensorFlow
     # can take longer than the default 30 s, and a late worker would join as
@@ -50,15 +53,17 @@ def _results(events):
 
 
 @skip_unless_hydra("elastic workers are started with the mpich wheel's mpiexec")
-def test_keras_fit_survives_sigkill(tmp_path):
-    clean, out = _run(tmp_path, "clean")
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_keras_fit_survives_sigkill(tmp_path, backend):
+    clean, out = _run(tmp_path, "clean", backend=backend)
     clean_results = _results(clean)
     assert sorted(clean_results) == ["worker-0", "worker-1", "worker-2"], out
+    assert {r["backend"] for r in clean_results.values()} == {backend}, clean_results
     assert len({r["hash"] for r in clean_results.values()}) == 1, clean_results
     clean_acc = clean_results["worker-0"]["acc"]
     assert clean_acc > 0.85, clean_results  # 3 epochs of SGD on digits (measured 0.922)
 
-    faulty, out = _run(tmp_path, "faulty", kill=f"2:{KILL_STEP}")
+    faulty, out = _run(tmp_path, "faulty", kill=f"2:{KILL_STEP}", backend=backend)
     assert any(e["event"] == "kill" and e["step"] == KILL_STEP for e in faulty["worker-2"]), out
     results = _results(faulty)
     assert sorted(results) == ["worker-0", "worker-1"], out
