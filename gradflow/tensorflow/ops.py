@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -335,6 +335,16 @@ def broadcast(tensor: TensorLike, root_rank: int, name: Optional[str] = None,
     return _broadcast(x)
 
 
+def _as_tf_variable(v: Any) -> Optional[tf.Variable]:
+    """`v` itself if a tf.Variable; the tf.Variable a Keras 3 Variable holds
+    on the TensorFlow backend (what `model.variables` lists, so Horovod's
+    `broadcast_variables(model.variables, 0)` works under Keras 3); else None."""
+    if isinstance(v, tf.Variable):
+        return v
+    inner = getattr(v, "value", None) if not isinstance(v, (list, tuple)) else None
+    return inner if isinstance(inner, tf.Variable) else None
+
+
 def broadcast_(variables: Union[tf.Variable, Sequence[tf.Variable]], root_rank: int,
                name: Optional[str] = None,
                process_set: Optional[ProcessSet] = global_process_set
@@ -344,12 +354,14 @@ def broadcast_(variables: Union[tf.Variable, Sequence[tf.Variable]], root_rank: 
     `<name>.<i>`; `root_rank` is global). Returns the variables' new values (a
     list, or one tensor for a single variable), as Horovod. Not differentiable
     (an assignment)."""
-    single = isinstance(variables, tf.Variable)
+    single = _as_tf_variable(variables) is not None
     variables = [variables] if single else list(variables)
-    for v in variables:
-        if not isinstance(v, tf.Variable):
-            raise TypeError(f"gradflow: broadcast_ assigns in place and needs tf.Variable objects, "
-                            f"got {type(v).__name__}; use broadcast() for tensors")
+    for i, v in enumerate(variables):
+        if _as_tf_variable(v) is None:
+            raise TypeError(f"gradflow: broadcast_ assigns in place and needs tf.Variable (or "
+                            f"Keras 3 Variable) objects, got {type(v).__name__}; use broadcast() "
+                            f"for tensors")
+        variables[i] = _as_tf_variable(v)
     if not variables:
         process_set_id(process_set, "broadcast_")  # an unregistered set still raises
         return []

@@ -146,6 +146,26 @@ def check_broadcast_variables():
         gtf.broadcast_variables(ws, 0)
     bcast()
     close(ws[0].numpy(), x_of(0), "broadcast_variables graph")
+    # Keras 3 variables (what model.variables lists under TensorFlow >= 2.16):
+    # Horovod's TF2 recipe broadcast_variables(model.variables, 0), eagerly
+    # and inside the first tf.function step (before: TypeError).
+    from _tf_common import keras
+    for mode in ("eager", "graph"):
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        model.layers[0].kernel.assign(x_of(R, (3, 2)))
+        model.layers[0].bias.assign(x_of(R + 5, (2,)))
+        if mode == "eager":
+            gtf.broadcast_variables(model.variables, root_rank=N - 1)
+        else:
+            @tf.function
+            def first_step():  # Horovod's TF2 example broadcasts here
+                gtf.broadcast_variables(model.variables, root_rank=N - 1)
+            first_step()
+        close(model.layers[0].kernel.numpy(), x_of(N - 1, (3, 2)), f"Keras variables {mode}")
+        close(model.layers[0].bias.numpy(), x_of(N + 4, (2,)), f"Keras variables {mode}")
+    model.layers[0].kernel.assign(x_of(R, (3, 2)))
+    one = gtf.broadcast_(model.layers[0].kernel, 0)  # a single Keras variable
+    close(one.numpy(), x_of(0, (3, 2)), "broadcast_ of one Keras variable")
 
 
 def check_mismatch():
