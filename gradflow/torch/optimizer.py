@@ -120,6 +120,9 @@ Invariants:
     inner optimizer steps, so momentum and weight decay leave it where it
     is, as plain torch with zero_grad()'s default. Freeze before wrapping to
     save its traffic.
+  * The wrapper shares param_groups and state with the optimizer it wraps,
+    also across load_state_dict() (which torch would give new groups), so an
+    LR scheduler made on either drives both.
   * The pool lives on CPU. With CUDA parameters the wrapper stays on the copy
     path, which stages through host memory (not run here: no GPU).
 """
@@ -171,6 +174,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                    for i in added],
                                   f"DistributedOptimizer '{s.prefix}' add_param_group",
                                   s.process_set)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's load_state_dict, but the wrapper keeps its param_groups
+        list, the group dicts and its state dict (updated in place): they
+        are shared with the optimizer it wraps, and an LR scheduler made
+        before wrapping holds that one. torch's version builds new groups,
+        so after broadcast_optimizer_state() or a checkpoint restore the
+        scheduler changed groups no step used any more (silently)."""
+        groups, state = self.param_groups, self.state
+        super(self.__class__, self).load_state_dict(state_dict)
+        for old, new in zip(groups, self.param_groups):
+            old.clear()
+            old.update(new)
+        state.clear()
+        state.update(self.state)
+        self.param_groups, self.state = groups, state
 
     # ------------------------------------------------------------ hooks
     def _gradflow_check_runtime(self) -> None:

@@ -211,17 +211,28 @@ ok("broadcast_parameters / broadcast_optimizer_state")
 # optimizer.step()" warning, the schedule advances).
 import warnings  # noqa: E402
 
-for use_pool in (True, False):
+# Then the state is loaded into the wrapper (Horovod's recipe right after
+# wrapping, broadcast_optimizer_state; a checkpoint restore): torch's
+# load_state_dict makes new param_groups, so the scheduler, which holds the
+# original optimizer, once changed groups the wrapper no longer used and the
+# rate stopped following the schedule (silently; ranks still identical).
+for use_pool, restore in ((True, None), (False, None), (True, "broadcast_optimizer_state"),
+                          (False, "load_state_dict")):
     m = mlp()
     base = sgd(m.parameters())
     sched = torch.optim.lr_scheduler.StepLR(base, step_size=2, gamma=0.5)
     opt = hvd.DistributedOptimizer(base, m.named_parameters(), use_pool=use_pool)
+    if restore == "broadcast_optimizer_state":
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+    elif restore == "load_state_dict":
+        opt.load_state_dict(opt.state_dict())
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # torch's order warning fails the case
         for step in range(4):
             train(m, opt, 1, R, N, PER, start=step, x=X, y=Y)
             sched.step()
     assert opt.param_groups[0]["lr"] == 0.1 * 0.5 ** 2, opt.param_groups[0]["lr"]
+    assert base.param_groups is opt.param_groups and base.state is opt.state, restore
     assert_identical(m.parameters(), f"scheduler before wrapping pool={use_pool}")
     if R == 0:
         ref = mlp()
@@ -232,4 +243,4 @@ for use_pool in (True, False):
             ref_sched.step()
         assert_close(flat(m.parameters()), flat(ref.parameters()),
                      f"scheduler before wrapping pool={use_pool}", 1e-5)
-    ok(f"LR scheduler made before wrapping pool={use_pool}")
+    ok(f"LR scheduler made before wrapping pool={use_pool}, then {restore}")
