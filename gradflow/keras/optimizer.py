@@ -121,6 +121,8 @@ class _DistributedMixin:
             return grads
         variables = list(self._trainable_variables if trainable_variables is None
                          else trainable_variables)
+        if len(variables) != len(grads):
+            return grads  # Keras's apply() raises its own error for that
         shared = [i for i, v in enumerate(variables) if id(v) not in self._gradflow_local_ids]
         mine = np.array([grads[i] is not None for i in shared], np.int32)
         counts = _c.allreduce(mine, _c.Sum, f"{self.gradflow_name}.has_gradient",
