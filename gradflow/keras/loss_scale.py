@@ -43,12 +43,11 @@ def install() -> None:
         if not getattr(inner, "_gradflow_wrapped", False):
             return original(self, grads, trainable_variables)
         grads = inner._gradflow_before_loss_scale(list(grads), trainable_variables)
-        inner._gradflow_reduced_outside = inner.backward_passes_per_step == 1
-        inner._gradflow_none_checked = True
+        inner._gradflow_in_loss_scale = True
         try:
             return original(self, grads, trainable_variables)
         finally:
-            inner._gradflow_reduced_outside = inner._gradflow_none_checked = False
+            inner._gradflow_in_loss_scale = False
 
     apply.__doc__ = original.__doc__
     cls.apply = apply

@@ -46,6 +46,7 @@ from .. import collectives as _c
 from .. import monitor as _monitor
 from ..collectives import Average, ReduceOp, reduce_op
 from ..compression import Compression, wire_code
+from ..missing_gradients import zeros_where_others_have_gradients
 from ..one_rank import check_sparse_ratio, gradients_are_local
 from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
 from . import loss_scale as _loss_scale
@@ -84,8 +85,9 @@ class _DistributedMixin:
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
         self.scale_local_gradients = bool(scale_local_gradients)
         self._gradflow_local_ids: set = set()
-        self._gradflow_reduced_outside = False  # Note [LossScaleOptimizer], loss_scale.py
-        self._gradflow_none_checked = False  # set with it: Note [None on some ranks] done
+        # Inside a LossScaleOptimizer's apply(), which reduced already when
+        # backward_passes_per_step is 1 (Note [LossScaleOptimizer], loss_scale.py).
+        self._gradflow_in_loss_scale = False
 
     def register_local_var(self, var: Any) -> None:
         """Mark `var` as local to this rank (Horovod 0.28): its gradient is not
@@ -99,24 +101,24 @@ class _DistributedMixin:
         """Reduce `grads` across ranks (every step when backward_passes_per_step
         is 1), then the wrapped optimizer's apply()."""
         grads = self._gradflow_zeros_where_others_have_gradients(list(grads), trainable_variables)
-        if self.backward_passes_per_step == 1 and not self._gradflow_reduced_outside:
+        if self.backward_passes_per_step == 1 and not self._gradflow_in_loss_scale:
             grads = self._gradflow_reduce_step(grads, trainable_variables)
         return super().apply(grads, trainable_variables)
 
     def _gradflow_zeros_where_others_have_gradients(self, grads: List[Any],
                                                    trainable_variables=None) -> List[Any]:
-        """Note [None on some ranks] (as the TensorFlow tape's): run eagerly
-        (the torch backend; `run_eagerly=True` on TensorFlow), Python control
-        flow in `call()` can leave a gradient None on some ranks only. Keras
-        drops None gradients before its update, so those ranks would skip a
-        reduction the others wait in (a stall), or with
-        backward_passes_per_step > 1 reduce lists of different lengths. One
-        4-byte-per-gradient Sum of "this rank has gradient i" lets every rank
-        put zeros where another rank has a gradient; None on every rank stays
-        None (Keras skips that variable, as without gradflow). A traced step
-        fixes which gradients are None when it is traced: not checked there."""
-        if self._gradflow_none_checked or not _eager() or not grads:
-            return grads  # checked: the LossScaleOptimizer around this one did
+        """Note [None on some ranks] (gradflow/missing_gradients.py): run
+        eagerly (the torch backend; `run_eagerly=True` on TensorFlow),
+        Python control flow in `call()` can leave a gradient None on some
+        ranks only. Keras drops None gradients before its update, so those
+        ranks would skip names the others reduce (with
+        backward_passes_per_step > 1: lists of different lengths). Zeros
+        where another rank has a gradient; None on every rank stays None
+        (Keras skips that variable, as without gradflow). Not in a traced
+        step, and once per step under a LossScaleOptimizer (its apply()
+        ran this already)."""
+        if self._gradflow_in_loss_scale or not _eager() or not grads:
+            return grads
         if gradients_are_local(self.process_set, "DistributedOptimizer", traced=False):
             return grads
         variables = list(self._trainable_variables if trainable_variables is None
@@ -124,13 +126,9 @@ class _DistributedMixin:
         if len(variables) != len(grads):
             return grads  # Keras's apply() raises its own error for that
         shared = [i for i, v in enumerate(variables) if id(v) not in self._gradflow_local_ids]
-        mine = np.array([grads[i] is not None for i in shared], np.int32)
-        counts = _c.allreduce(mine, _c.Sum, f"{self.gradflow_name}.has_gradient",
-                              process_set=self.process_set)
-        for k, i in enumerate(shared):
-            if grads[i] is None and counts[k] > 0:
-                grads[i] = keras.ops.zeros(variables[i].shape, variables[i].dtype)
-        return grads
+        return zeros_where_others_have_gradients(
+            grads, shared, lambda i: keras.ops.zeros(variables[i].shape, variables[i].dtype),
+            f"{self.gradflow_name}.has_gradient", self.process_set)
 
     def _gradflow_reduce_step(self, grads: List[Any], trainable_variables=None) -> List[Any]:
         if self._gradflow_local_ids:

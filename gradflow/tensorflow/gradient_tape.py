@@ -20,16 +20,15 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
 
-import numpy as np
 import tensorflow as tf
 
-from .. import collectives as _collectives
 from ..collectives import Adasum, Average, ReduceOp, Sum, check_adasum_options, reduce_op
 from ..compression import Compression, wire_code
 from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
+from ..missing_gradients import zeros_where_others_have_gradients
 from ..one_rank import check_sparse_ratio, gradients_are_local
 from .one_rank import local_gradients
-from .ops import SparseRatio, _allreduce_indexed_slices
+from .ops import SparseRatio, _allreduce_indexed_slices, _as_tf_variable
 from .overlap import start_allreduce
 
 
@@ -88,12 +87,8 @@ def _source_key(source: Any) -> Any:
     """A hashable identity for a tape source: tf.Variable.ref(), the wrapped
     tf.Variable's ref for a Keras 3 variable (so the Keras variable and its
     `.value` count as one source), else the object's id."""
-    if isinstance(source, tf.Variable):
-        return source.ref()
-    inner = getattr(source, "value", None)
-    if isinstance(inner, tf.Variable):
-        return inner.ref()
-    return id(source)
+    variable = _as_tf_variable(source)
+    return id(source) if variable is None else variable.ref()
 
 
 def _check_groups(num_groups: int, groups: Any, what: str) -> None:
@@ -197,24 +192,14 @@ class DistributedGradientTape:
 
     def _zeros_where_others_have_gradients(self, flat: List[Any], sources: List[Any],
                                            shared: List[int]) -> List[Any]:
-        """Note [None on some ranks]: eagerly, Python control flow can leave a
-        variable's gradient None on some ranks and not others; the ranks with
-        it would then wait in a reduction the others never join. One small
-        Sum of "this rank has gradient i" (4 bytes per gradient, eager calls
-        only: in a tf.function which gradients are None is fixed when it is
-        traced) lets every rank reduce zeros where it has none and another
-        rank has one, as the torch optimizer does; a gradient None on every
-        rank stays None (as in Horovod and plain TensorFlow)."""
+        """Note [None on some ranks] (gradflow/missing_gradients.py), eager
+        calls only; as the torch optimizer reduces zeros for a parameter
+        without a gradient."""
         if gradients_are_local(self.process_set, "gradient reduction", traced=False):
             return flat
-        mine = np.array([flat[i] is not None for i in shared], np.int32)
-        counts = _collectives.allreduce(mine, Sum, f"{self.name}.has_gradient",
-                                        process_set=self.process_set)
-        out = list(flat)
-        for k, i in enumerate(shared):
-            if out[i] is None and counts[k] > 0:
-                out[i] = tf.zeros(sources[i].shape, sources[i].dtype)
-        return out
+        return zeros_where_others_have_gradients(
+            flat, shared, lambda i: tf.zeros(sources[i].shape, sources[i].dtype),
+            f"{self.name}.has_gradient", self.process_set)
 
     def get_local_and_global_gradients(self, target, sources, output_gradients=None,
                                        use_generic_names: bool = False

@@ -357,11 +357,11 @@ def broadcast_(variables: Union[tf.Variable, Sequence[tf.Variable]], root_rank: 
     single = _as_tf_variable(variables) is not None
     variables = [variables] if single else list(variables)
     for i, v in enumerate(variables):
-        if _as_tf_variable(v) is None:
+        variables[i] = _as_tf_variable(v)
+        if variables[i] is None:
             raise TypeError(f"gradflow: broadcast_ assigns in place and needs tf.Variable (or "
                             f"Keras 3 Variable) objects, got {type(v).__name__}; use broadcast() "
                             f"for tensors")
-        variables[i] = _as_tf_variable(v)
     if not variables:
         process_set_id(process_set, "broadcast_")  # an unregistered set still raises
         return []

@@ -2,8 +2,9 @@
 # two Keras situations where the ranks' models are not alike at a step.
 # 1. Python control flow in call() uses a layer on some ranks only, run
 #    eagerly (the torch backend; run_eagerly=True on TensorFlow): Note [None on
-#    some ranks] in gradflow/keras/optimizer.py. Before, the ranks with that
-#    gradient stalled until GRADFLOW_TIMEOUT. Now the weights equal (1e-6) a
+#    some ranks] in gradflow/missing_gradients.py. Before, the ranks without
+#    that gradient skipped its name and the core paired it with another
+#    step's gradient (max diff 0.17). Now the weights equal (1e-6) a
 #    run where the other ranks add 0 * branch (a zero gradient, no None), with
 #    and without accumulation, under a LossScaleOptimizer too; a layer no rank
 #    uses keeps its weights.

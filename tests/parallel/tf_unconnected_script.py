@@ -1,7 +1,7 @@
 # tests/parallel/tf_unconnected_script.py — SPMD script (test_tensorflow.py):
 # a variable the loss uses on some ranks only (Python control flow), through
 # DistributedGradientTape (Note [None on some ranks] in
-# gradflow/tensorflow/gradient_tape.py). Eagerly its gradient is reduced with
+# gradflow/missing_gradients.py). Eagerly its gradient is reduced with
 # zeros from the ranks without one and equals numpy's average; a variable no
 # rank uses keeps a None gradient; unconnected_gradients=ZERO gives the same
 # numbers. In a tf.function traced differently per rank the stall ends in an
