@@ -115,9 +115,12 @@ def _result_array(result: dict, dtype: np.dtype) -> np.ndarray:
 def allreduce_async(array, op: ReduceOp = Average, name: Optional[str] = None,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     compression=None, sparse_ratio: Optional[float] = None,
-                    process_set: Optional[ProcessSet] = None) -> Handle:
+                    process_set: Optional[ProcessSet] = None, *, step_tag: str = "") -> Handle:
     """Start an allreduce of `array` over `process_set` (default: all ranks);
-    `synchronize(handle)` returns the reduced copy."""
+    `synchronize(handle)` returns the reduced copy. `step_tag` (for
+    framework bindings): names the set of allreduces submitted as one step;
+    a rank submitting this name under another tag aborts the job with both
+    tags (the ranks run different steps; native Note [Step tags])."""
     code = native_reduce_op(op)  # before naming: a bad op leaves the name counters alone
     a = _prepare(array)
     out = np.empty_like(a)
@@ -126,7 +129,7 @@ def allreduce_async(array, op: ReduceOp = Average, name: Optional[str] = None,
                   a.shape, (a, out), lambda r: out, op=code, wire=wire_code(compression),
                   prescale=prescale_factor, postscale=postscale_factor,
                   sparse_ratio=-1.0 if sparse_ratio is None else sparse_ratio,
-                  process_set=process_set)
+                  process_set=process_set, step_tag=step_tag)
 
 
 def allreduce(array, op: ReduceOp = Average, name: Optional[str] = None,

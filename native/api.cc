@@ -154,6 +154,7 @@ int64_t Runtime::submit_checked(const SubmitArgs& a) {
     r.sparse_ratio = 1.0;
   }
   r.in_pool = a.in_pool;
+  r.step_tag = a.step_tag;
   if (a.kind == OpKind::kAlltoall && r.splits.empty()) {
     // Default: the first dimension split as evenly as possible.
     int64_t rows = r.shape.empty() ? 1 : r.shape[0];

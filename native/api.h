@@ -44,6 +44,7 @@ struct SubmitArgs {
   std::vector<int64_t> splits;  // alltoall
   double sparse_ratio = -1.0;   // < 0: GRADFLOW_SPARSE_RATIO
   bool in_pool = false;         // a gradient-pool bucket: in place, never fused
+  std::string step_tag;         // Request::step_tag (allreduce only)
   std::shared_ptr<SparseResidual> sparse_residual;  // a sparse pool bucket's (owned by the pool)
   std::shared_ptr<PoolResidual> pool_residual;  // or its in-pool residual's (output != input)
 };

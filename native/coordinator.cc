@@ -227,7 +227,11 @@ void Coordinator::build_slow_responses(const std::vector<RequestMessage>& all,
       ++it;
       continue;
     }
-    Response resp = validate(*it, p.by_rank);
+    std::string step_mismatch;
+    Response resp = validate(*it, p.by_rank, &step_mismatch);
+    // Note [Step tags]: the ranks run different steps; nothing of this step
+    // can complete on every rank, so the whole job fails now.
+    if (!step_mismatch.empty() && out->abort_message.empty()) out->abort_message = step_mismatch;
     if (resp.kind == OpKind::kJoin) joined_ranks_.clear();
     if (resp.error.empty() && resp.kind == OpKind::kAllreduce && cfg_.cache_capacity > 0 &&
         !cache_bit_of_.count(resp.name)) {
@@ -241,7 +245,8 @@ void Coordinator::build_slow_responses(const std::vector<RequestMessage>& all,
   check_stalls(out, deadlock);
 }
 
-Response Coordinator::validate(const std::string& name, const std::vector<Request>& reqs) {
+Response Coordinator::validate(const std::string& name, const std::vector<Request>& reqs,
+                               std::string* step_mismatch) {
   const Request* first = nullptr;
   int first_rank = -1;
   for (size_t r = 0; r < reqs.size(); ++r)
@@ -266,6 +271,19 @@ Response Coordinator::validate(const std::string& name, const std::vector<Reques
         err << "gradflow: " << op_kind_name(first->kind) << " '" << name << "' cannot run while rank "
             << r << " has called join() (only allreduce can)";
       continue;
+    }
+    if (reqs[r].step_tag != first->step_tag) {
+      std::ostringstream why;
+      why << "the ranks reduce different sets of gradients in one step: rank " << first_rank
+          << " submitted " << op_kind_name(first->kind) << " '" << name << "' as part of {"
+          << first->step_tag << "} but rank " << r << " as part of {" << reqs[r].step_tag
+          << "}. A gradient is None on some ranks only: inside a tf.function traced "
+             "differently per rank (Python control flow on the rank's data), pass "
+             "unconnected_gradients=tf.UnconnectedGradients.ZERO to gradient(), or run "
+             "eagerly (Keras: run_eagerly=True), where gradflow fills in zeros";
+      *step_mismatch = why.str();
+      err << "gradflow: " << why.str();
+      break;
     }
     if (reqs[r].signature() != sig) {
       err << "gradflow: mismatched " << op_kind_name(first->kind) << " '" << name << "': rank "

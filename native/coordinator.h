@@ -30,6 +30,16 @@
 // is rank 0's broadcast) and executes it front to back. Caches are updated
 // only from that list, so bit assignments agree everywhere. That is what
 // makes collectives issued in different orders on different ranks safe.
+//
+// Note [Step tags]: a traced TensorFlow step whose gradient list differs per
+// rank (a gradient None on some ranks only, fixed when each rank traced its
+// step) submits different names on different ranks, so no rank's step can
+// finish: before tags, every rank stalled for GRADFLOW_TIMEOUT. The gradient
+// reduction now tags each allreduce with its step's shape ("4 of 5 gradients
+// #<hash of which are present>"), part of the signature. When rank 0 finds
+// one name submitted under two tags, it aborts the job at once with both
+// tags (CycleResult::abort_message): the other names of those steps can
+// never match, so a per-name error would leave them waiting.
 #pragma once
 
 #include <chrono>
@@ -87,7 +97,9 @@ class Coordinator {
 
   void build_slow_responses(const std::vector<RequestMessage>& all, ResponseMessage* out,
                             bool deadlock);
-  Response validate(const std::string& name, const std::vector<Request>& reqs);
+  // `*step_mismatch`: set when the ranks' step tags differ (Note [Step tags]).
+  Response validate(const std::string& name, const std::vector<Request>& reqs,
+                    std::string* step_mismatch);
   void check_stalls(ResponseMessage* out, bool deadlock);
   bool stall_action_due() const;
   void insert_cache(const Response& r, const std::string& signature);

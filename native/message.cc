@@ -82,6 +82,7 @@ std::string Request::signature() const {
          << " wire=" << wire_dtype_name(wire) << " prescale=" << prescale
          << " postscale=" << postscale << " sparse_ratio=" << sparse_ratio
          << " in_pool=" << in_pool;
+      if (!step_tag.empty()) os << " step={" << step_tag << "}";
       break;
     case OpKind::kBroadcast:
       os << " shape=" << shape_string(shape) << " root=" << root;
@@ -122,6 +123,7 @@ void fields(Archive& a, Request& r) {
   a.field(r.splits);
   a.field(r.sparse_ratio);
   a.field(r.in_pool);
+  a.field(r.step_tag);
 }
 
 template <typename Archive>

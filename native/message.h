@@ -30,6 +30,11 @@ struct Request {
                                            // rank's auto-name counters (not in signature())
   double sparse_ratio = 1.0;               // allreduce over a sparse buffer (1 = dense)
   bool in_pool = false;                    // a gradient-pool bucket: in place, never fused
+  // The set of collectives this request is submitted with as one step (for
+  // TensorFlow's gradient reduction: "4 of 5 gradients #<hash>"), empty if
+  // none. Every rank must submit a name with the same tag; a difference
+  // means the ranks run different steps (Note [Step tags] in coordinator.h).
+  std::string step_tag;
 
   int64_t num_elements() const;
   // Fields that must be equal on every rank for `kind`, as a string used for

@@ -18,6 +18,7 @@ are the reduced gradients (one_rank.py).
 """
 from __future__ import annotations
 
+import zlib
 from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
@@ -74,13 +75,28 @@ def reduce_gradients(grads: Sequence[Any], names: Sequence[str], op: ReduceOp = 
     # do not hold the submits back, and the dense results are waited for last.
     pending = start_allreduce([out[i] for i in dense], [names[i] for i in dense], op,
                               compression, prescale, postscale, sparse_ratio, process_set,
-                              count_step=True)
+                              count_step=True, step_tag=step_tag(grads, dense, sliced))
     for i in sliced:
         out[i] = _allreduce_indexed_slices(grads[i], op, names[i], process_set)
     reduced = pending.finish()
     for i, r in zip(dense, reduced):
         out[i] = r
     return out
+
+
+def step_tag(grads: Sequence[Any], dense: Sequence[int], sliced: Sequence[int]) -> str:
+    """The step tag of one gradient reduction (native Note [Step tags]):
+    how many gradients it reduces and a hash of which, dense or sliced.
+    Equal on every rank that reduces the same gradients; where a traced step
+    left a gradient None on some ranks only, the core aborts the job at once
+    with both tags instead of every rank waiting for GRADFLOW_TIMEOUT."""
+    kinds = ["-"] * len(grads)
+    for i in dense:
+        kinds[i] = "d"
+    for i in sliced:
+        kinds[i] = "s"
+    present = len(dense) + len(sliced)
+    return f"{present} of {len(grads)} gradients #{zlib.crc32(''.join(kinds).encode()):08x}"
 
 
 def _source_key(source: Any) -> Any:

@@ -153,12 +153,13 @@ def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op
                           compression=Compression.none, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0, sparse_ratio: SparseRatio = None,
                           process_set: Optional[ProcessSet] = None,
-                          count_step: bool = False) -> List[tf.Tensor]:
+                          count_step: bool = False, step_tag: str = "") -> List[tf.Tensor]:
     """Allreduce several dense tensors over `process_set` in one crossing
     (no gradient): every tensor is submitted before any is waited on, so the
     core can fuse them. `sparse_ratio` may be a callable, read at run time
     on every call. `count_step`: each run is one optimizer update for
-    gradflowrun --monitor (counted at run time, not when traced)."""
+    gradflowrun --monitor (counted at run time, not when traced). `step_tag`:
+    see `collectives.allreduce_async`."""
     if not tensors:
         return []
     tensors = [_as_tensor(t) for t in tensors]
@@ -172,7 +173,8 @@ def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op
             _monitor.count_step()
         ratio = _resolve_ratio(sparse_ratio)
         handles = [_c.allreduce_async(a, op, n, prescale_factor, postscale_factor, compression,
-                                      ratio, process_set) for a, n in zip(arrays, names)]
+                                      ratio, process_set, step_tag=step_tag)
+                   for a, n in zip(arrays, names)]
         return [h.wait() for h in handles]
 
     return _cross(fn, tensors, [t.dtype for t in tensors], [t.shape for t in tensors],

@@ -84,14 +84,16 @@ def overlapped_submits() -> int:
 
 
 def _submit_fn(name: str, op: ReduceOp, compression, prescale: float, postscale: float,
-               sparse_ratio: SparseRatio, process_set: Optional[ProcessSet], count_step: bool):
+               sparse_ratio: SparseRatio, process_set: Optional[ProcessSet], count_step: bool,
+               step_tag: str):
     def submit(array: np.ndarray) -> np.ndarray:
         if count_step:
             _monitor.count_step()
         shape = tuple(array.shape)
         try:
             handle = _c.allreduce_async(array, op, name, prescale, postscale, compression,
-                                        _resolve_ratio(sparse_ratio), process_set)
+                                        _resolve_ratio(sparse_ratio), process_set,
+                                        step_tag=step_tag)
         except BaseException:
             _drop_pending()
             raise
@@ -145,7 +147,7 @@ def start_allreduce(tensors: Sequence[tf.Tensor], names: Sequence[str], op: Redu
                     compression=Compression.none, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0, sparse_ratio: SparseRatio = None,
                     process_set: Optional[ProcessSet] = None,
-                    count_step: bool = False) -> PendingReduction:
+                    count_step: bool = False, step_tag: str = "") -> PendingReduction:
     """Start the allreduce of dense gradients `tensors` (in variable order)
     with the arguments of `grouped_allreduce_raw`. While tracing (unless
     GRADFLOW_TF_OVERLAP=0): one submit node per tensor now, in reverse order,
@@ -156,7 +158,7 @@ def start_allreduce(tensors: Sequence[tf.Tensor], names: Sequence[str], op: Redu
     if tf.executing_eagerly() or not overlap_enabled() or len(tensors) < 2:
         return PendingReduction(lambda: grouped_allreduce_raw(
             tensors, names, op, compression, prescale_factor, postscale_factor, sparse_ratio,
-            process_set, count_step))
+            process_set, count_step, step_tag))
     for t in tensors:
         _check_dtype(t, "allreduce")
     op = reduce_op(op)
@@ -169,7 +171,7 @@ def start_allreduce(tensors: Sequence[tf.Tensor], names: Sequence[str], op: Redu
     keys = [None] * len(tensors)
     for i in range(last, -1, -1):  # backward order: the last variable's gradient comes first
         fn = _submit_fn(names[i], op, compression, prescale_factor, postscale_factor,
-                        sparse_ratio, process_set, count_step and i == last)
+                        sparse_ratio, process_set, count_step and i == last, step_tag)
         keys[i] = tf.numpy_function(fn, [tensors[i]], tf.int64, stateful=True,
                                     name="gradflow_submit")
 

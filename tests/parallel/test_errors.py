@@ -58,3 +58,12 @@ def test_every_wait_is_bounded(n):
     # cannot complete; a busy rank must not trip it.
     out = run_mpi(n, "bounded_wait_script.py", "6", env={"GRADFLOW_TIMEOUT": "6"}, timeout=180)
     assert f"bounded waits OK on {n} ranks" in out.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_different_step_tags_abort_at_once(n):
+    """One rank submits a cached name under another step tag (native Note
+    [Step tags]); default GRADFLOW_TIMEOUT: every rank fails within seconds
+    with both tags, then the job ends non-zero."""
+    out = run_mpi(n, "step_tag_script.py", timeout=120, expect_fail=True)
+    assert out.stdout.count("step tags OK") == n, out.stdout + out.stderr[-3000:]

@@ -4,9 +4,15 @@
 # gradflow/missing_gradients.py). Eagerly its gradient is reduced with
 # zeros from the ranks without one and equals numpy's average; a variable no
 # rank uses keeps a None gradient; unconnected_gradients=ZERO gives the same
-# numbers. In a tf.function traced differently per rank the stall ends in an
-# error on every rank (short GRADFLOW_TIMEOUT). Exits non-zero on failure.
-from _tf_common import tf  # noqa: E402  (before TensorFlow loads: quiet, one thread)
+# numbers. A step traced differently per rank (a tf.function around the tape,
+# argv[1] == "tape"; Keras fit on the TensorFlow backend, "keras") aborts the
+# job on every rank within seconds, default timeouts, with the step tags of
+# both ranks (native Note [Step tags]; before: a stall until GRADFLOW_TIMEOUT);
+# it then prints a line and the process exits non-zero (the runtime is dead).
+import sys
+import time
+
+from _tf_common import keras, tf  # noqa: E402  (before TensorFlow loads: quiet, one thread)
 import numpy as np  # noqa: E402
 
 import gradflow.tensorflow as gtf  # noqa: E402
@@ -30,7 +36,8 @@ def gradients(step: int, **kw):
     return gtf.DistributedGradientTape(t).gradient(loss, [a, b, never], **kw)
 
 
-for kw in ({}, {"unconnected_gradients": tf.UnconnectedGradients.ZERO}):
+CASE = sys.argv[1]
+for kw in ({}, {"unconnected_gradients": tf.UnconnectedGradients.ZERO}) if CASE == "tape" else ():
     for step in range(3):
         ga, gb, gn = gradients(step, **kw)
         ref_a = np.mean([2 * np.arange(4) * (r + 1) for r in range(N)], axis=0)
@@ -47,9 +54,9 @@ for kw in ({}, {"unconnected_gradients": tf.UnconnectedGradients.ZERO}):
     print(f"eager None on some ranks OK ({'ZERO' if kw else 'default'}) rank {R}", flush=True)
 
 
-# a tf.function traced differently on each rank: which gradients are None is
-# fixed in each trace, so the ranks with b's gradient stall on it; the stall
-# error (GRADFLOW_TIMEOUT) reaches every rank, at the latest at its next call.
+# A step traced differently on each rank: which gradients are None is fixed
+# in each trace, so the ranks submit different names. Every rank must fail at
+# once with both ranks' step tags, not after GRADFLOW_TIMEOUT (60 s here).
 @tf.function
 def traced():
     with tf.GradientTape() as t:
@@ -59,11 +66,36 @@ def traced():
     return gtf.DistributedGradientTape(t).gradient(loss, [a, b])
 
 
+class Branchy(keras.Model):
+    """A layer used on some ranks only, decided when Keras traces train_step."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = keras.layers.Dense(3), keras.layers.Dense(3)
+
+    def call(self, x, training=False):
+        y = self.a(x)
+        return y + self.b(x) if training and uses_b(R, 0) else y
+
+
+def keras_fit():
+    import gradflow.keras as hvd  # noqa: PLC0415
+    model = Branchy()
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    x = np.ones((8, 4), np.float32)
+    model.fit(x, np.zeros((8, 3), np.float32), batch_size=4, epochs=1, verbose=0)
+
+
+t0 = time.monotonic()
 try:
-    traced()
+    traced() if CASE == "tape" else keras_fit()
     gtf.allreduce(np.ones(2, np.float32), name="after")
 except (gtf.GradflowError, tf.errors.OpError) as e:
-    assert "stall" in str(e), str(e)[-300:]
-    print(f"traced None on some ranks: error OK rank {R}", flush=True)
+    took = time.monotonic() - t0
+    text = str(e)
+    assert "reduce different sets of gradients in one step" in text, text[-600:]
+    assert " of 2 gradients #" in text, text[-600:]
+    assert took < 30, f"the error came after {took:.0f} s"
+    print(f"traced None on some ranks, {CASE}: error OK rank {R}", flush=True)
 else:
     raise AssertionError("differently traced gradients did not fail")
