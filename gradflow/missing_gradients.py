@@ -10,7 +10,10 @@ step's gradient of the same name (silently wrong). One Sum of "this rank
 has gradient i" (4 bytes per gradient) lets every rank put zeros where it
 has none and another rank has one; a gradient None on every rank stays
 None. In a traced step which gradients are None is fixed when it is traced,
-so callers only do this eagerly."""
+so callers only do this eagerly; there a difference between the ranks ends
+the job within seconds through the reduction's step tag (native Note [Step
+tags]). Cost: one small allreduce per eager step on more than one rank
+(measured in docs/performance.md, "Keras run eagerly: the presence Sum")."""
 from __future__ import annotations
 
 from typing import Any, Callable, List, Optional, Sequence
