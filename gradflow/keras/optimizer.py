@@ -46,7 +46,7 @@ from .. import collectives as _c
 from .. import monitor as _monitor
 from ..collectives import Average, ReduceOp, reduce_op
 from ..compression import Compression, wire_code
-from ..missing_gradients import zeros_where_others_have_gradients
+from ..missing_gradients import fill_zeros, start_presence_sum, zeros_where_others_have_gradients
 from ..one_rank import check_sparse_ratio, gradients_are_local
 from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
 from . import loss_scale as _loss_scale
@@ -100,13 +100,30 @@ class _DistributedMixin:
     def apply(self, grads, trainable_variables=None):
         """Reduce `grads` across ranks (every step when backward_passes_per_step
         is 1), then the wrapped optimizer's apply()."""
-        grads = self._gradflow_zeros_where_others_have_gradients(list(grads), trainable_variables)
+        grads = list(grads)
+        if (self.backward_passes_per_step == 1 and not self._gradflow_in_loss_scale and
+                not self._gradflow_local_ids and keras.backend.backend() == "torch"):
+            # The common eager step: the presence Sum travels with the
+            # gradients instead of before them (_reduce_eager_numpy).
+            grads = _reduce_eager_numpy(grads, self._gradflow_names(len(grads)), self,
+                                        self._gradflow_presence(grads, trainable_variables))
+            return super().apply(grads, trainable_variables)
+        grads = self._gradflow_zeros_where_others_have_gradients(grads, trainable_variables)
         if self.backward_passes_per_step == 1 and not self._gradflow_in_loss_scale:
             grads = self._gradflow_reduce_step(grads, trainable_variables)
         return super().apply(grads, trainable_variables)
 
     def _gradflow_zeros_where_others_have_gradients(self, grads: List[Any],
                                                    trainable_variables=None) -> List[Any]:
+        presence = self._gradflow_presence(grads, trainable_variables)
+        if presence is None:
+            return grads
+        indices, zeros_for = presence
+        return zeros_where_others_have_gradients(grads, indices, zeros_for,
+                                                 f"{self.gradflow_name}.has_gradient",
+                                                 self.process_set)
+
+    def _gradflow_presence(self, grads: List[Any], trainable_variables=None) -> Optional[Any]:
         """Note [None on some ranks] (gradflow/missing_gradients.py): run
         eagerly (the torch backend; `run_eagerly=True` on TensorFlow),
         Python control flow in `call()` can leave a gradient None on some
@@ -116,19 +133,18 @@ class _DistributedMixin:
         where another rank has a gradient; None on every rank stays None
         (Keras skips that variable, as without gradflow). Not in a traced
         step, and once per step under a LossScaleOptimizer (its apply()
-        ran this already)."""
+        ran this already). Returns (indices of the reduced gradients, a
+        function giving zeros for index i), or None where no Sum is due."""
         if self._gradflow_in_loss_scale or not _eager() or not grads:
-            return grads
+            return None
         if gradients_are_local(self.process_set, "DistributedOptimizer", traced=False):
-            return grads
+            return None
         variables = list(self._trainable_variables if trainable_variables is None
                          else trainable_variables)
         if len(variables) != len(grads):
-            return grads  # Keras's apply() raises its own error for that
+            return None  # Keras's apply() raises its own error for that
         shared = [i for i, v in enumerate(variables) if id(v) not in self._gradflow_local_ids]
-        return zeros_where_others_have_gradients(
-            grads, shared, lambda i: keras.ops.zeros(variables[i].shape, variables[i].dtype),
-            f"{self.gradflow_name}.has_gradient", self.process_set)
+        return shared, lambda i: keras.ops.zeros(variables[i].shape, variables[i].dtype)
 
     def _gradflow_reduce_step(self, grads: List[Any], trainable_variables=None) -> List[Any]:
         if self._gradflow_local_ids:
@@ -182,8 +198,11 @@ class _DistributedMixin:
             grads = self._gradflow_reduce(grads)
         return super()._clip_gradients(grads)
 
+    def _gradflow_names(self, count: int) -> List[str]:
+        return [f"{self.gradflow_name}.{i}" for i in range(count)]
+
     def _gradflow_reduce(self, grads: List[Any]) -> List[Any]:
-        names = [f"{self.gradflow_name}.{i}" for i in range(len(grads))]
+        names = self._gradflow_names(len(grads))
         backend = keras.backend.backend()
         if backend == "tensorflow":
             from ..tensorflow.gradient_tape import reduce_gradients
@@ -240,22 +259,43 @@ def _nan_if_any_rank_not_finite(grads: List[Any], opt: _DistributedMixin) -> Lis
             keras.ops.where(bad, keras.ops.full_like(g, float("nan")), g) for g in grads]
 
 
-def _reduce_eager_numpy(grads: List[Any], names: List[str], opt: _DistributedMixin) -> List[Any]:
+def _reduce_eager_numpy(grads: List[Any], names: List[str], opt: _DistributedMixin,
+                        presence: Optional[Any] = None) -> List[Any]:
     """Eager backends (torch): gradients cross as numpy arrays, one collective
     each, all submitted before any is waited on so the core fuses them.
-    Over a one-member set they come back as they are (gradflow/one_rank.py)."""
+    Over a one-member set they come back as they are (gradflow/one_rank.py).
+
+    `presence` (indices, zeros_for), from `_gradflow_presence`: Note [None on
+    some ranks] without a round trip of its own. The presence Sum is
+    submitted first, this rank's gradients right after it (names need no
+    order in the core), and zeros under the names this rank lacks and
+    another has once the Sum is back; so the Sum shares the gradients'
+    negotiation instead of preceding it (measured: docs/performance.md,
+    "Keras run eagerly: the presence Sum")."""
     _monitor.count_step()  # one reduction = one update (gradflowrun --monitor)
     if gradients_are_local(opt.process_set, "DistributedOptimizer", traced=False):
         return list(grads)
+    sum_handle = None
+    if presence is not None:
+        sum_handle = start_presence_sum(grads, presence[0], f"{opt.gradflow_name}.has_gradient",
+                                        opt.process_set)
     out = list(grads)
     f = opt.gradient_predivide_factor
     handles = []
-    for i, g in enumerate(grads):
-        if g is None:
-            continue
+
+    def submit(i: int, g: Any) -> None:
         a = np.ascontiguousarray(keras.ops.convert_to_numpy(g))
         handles.append((i, g, _c.allreduce_async(a, opt.op, names[i], 1.0 / f, f, opt.compression,
                                                  opt.sparse_ratio, opt.process_set)))
+
+    for i, g in enumerate(grads):
+        if g is not None:
+            submit(i, g)
+    if sum_handle is not None:
+        filled = fill_zeros(grads, presence[0], sum_handle.wait(), presence[1])
+        for i in presence[0]:
+            if grads[i] is None and filled[i] is not None:
+                submit(i, filled[i])
     for i, g, h in handles:
         out[i] = keras.ops.convert_to_tensor(h.wait(), dtype=g.dtype)
     return out
