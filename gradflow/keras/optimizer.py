@@ -277,7 +277,8 @@ def _reduce_eager_numpy(grads: List[Any], names: List[str], opt: _DistributedMix
         return list(grads)
     sum_handle = None
     if presence is not None:
-        sum_handle = start_presence_sum(grads, presence[0], f"{opt.gradflow_name}.has_gradient",
+        indices, zeros_for = presence
+        sum_handle = start_presence_sum(grads, indices, f"{opt.gradflow_name}.has_gradient",
                                         opt.process_set)
     out = list(grads)
     f = opt.gradient_predivide_factor
@@ -292,8 +293,8 @@ def _reduce_eager_numpy(grads: List[Any], names: List[str], opt: _DistributedMix
         if g is not None:
             submit(i, g)
     if sum_handle is not None:
-        filled = fill_zeros(grads, presence[0], sum_handle.wait(), presence[1])
-        for i in presence[0]:
+        filled = fill_zeros(grads, indices, sum_handle.wait(), zeros_for)
+        for i in indices:
             if grads[i] is None and filled[i] is not None:
                 submit(i, filled[i])
     for i, g, h in handles:
