@@ -230,10 +230,19 @@ def _report(mpiexec_rc: int, statuses: Dict[int, Tuple[int, bool]], np: int,
               file=sys.stderr, flush=True)
         return 128 + received[0]
     if failed:
-        if len(failed) > 1:
+        quit_early = [r for r, st in statuses.items() if st[0] == 0]
+        told = all(RankExit(*statuses[r]).notified for r in failed)
+        if len(failed) > 1 and told and not quit_early:
+            # Every failed rank raised because of a failure it was told of and
+            # none failed on its own: an error the ranks agreed on (e.g. the
+            # coordinator found their steps differ) or one no survivor could
+            # see the start of. Naming a rank "first" would blame an innocent one.
+            print(f"gradflowrun: rank(s) {_ranks(sorted(failed))} failed on one job-wide error "
+                  "(each raised because the job had failed; none failed on its own): see "
+                  "their messages above", file=sys.stderr, flush=True)
+        elif len(failed) > 1:
             print(f"gradflowrun: rank {failed[0]} failed first; rank(s) {_ranks(failed[1:])} "
                   "failed after it", file=sys.stderr, flush=True)
-        quit_early = [r for r, st in statuses.items() if st[0] == 0]
         if quit_early and all(RankExit(*statuses[r]).notified for r in failed):
             # Told that a peer ended without finalizing MPI, and no rank failed
             # otherwise: the cause is likely a rank that exited with code 0.

@@ -79,6 +79,25 @@ def mpiexec() -> str:
     return beside if os.path.exists(beside) else (shutil.which("mpiexec") or "mpiexec")
 
 
+def gradflowrun(*args: str, timeout: float = 120,
+                env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+    """Run gradflowrun with `args` (its options, then the command) under the
+    launcher the tests use; returns the result whatever its exit code."""
+    full_env = dict(os.environ)
+    full_env.setdefault("MPIR_CVAR_POLLS_BEFORE_YIELD", "10")
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    if in_place_build():
+        full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.update(env or {})
+    cmd = [sys.executable, "-m", "gradflow.runner.launch", *gradflowrun_args(), *args]
+    try:
+        return subprocess.run(cmd, cwd=run_cwd(), env=full_env, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"{' '.join(cmd)} timed out after {timeout} s\n"
+                             f"stdout:\n{e.stdout}\nstderr:\n{e.stderr}") from None
+
+
 def run_mpi(n: int, script: str, *args: str, timeout: float = 180,
             env: Optional[Dict[str, str]] = None, expect_fail: bool = False,
             mpi_args: Sequence[str] = ()) -> subprocess.CompletedProcess:

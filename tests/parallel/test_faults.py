@@ -4,13 +4,12 @@ Each asserts what every surviving rank raised, how fast, and what gradflowrun
 reports (exit code, the rank named)."""
 import os
 import re
-import subprocess
 import sys
 import time
 
 import pytest
 
-from _launch import HERE, ROOT, gradflowrun_args, in_place_build, launcher, run_cwd, run_mpi
+from _launch import HERE, gradflowrun, launcher, run_mpi
 
 # Under Open MPI (scripts/openmpi_check.sh) gradflowrun's openmpi launcher
 # passes orte_abort_on_non_zero_status 0 and orte_allowed_exit_without_sync 1
@@ -23,22 +22,6 @@ from _launch import HERE, ROOT, gradflowrun_args, in_place_build, launcher, run_
 OPENMPI_EXIT_0_UNREPORTED = ("Open MPI's mpirun does not report a rank that exits 0 without "
                              "MPI_Finalize (orte_allowed_exit_without_sync 1): the survivors "
                              "only stop at GRADFLOW_TIMEOUT")
-
-
-def gradflowrun(*args, timeout=120, env=None):
-    full_env = dict(os.environ)
-    full_env.setdefault("MPIR_CVAR_POLLS_BEFORE_YIELD", "10")
-    full_env.setdefault("OMP_NUM_THREADS", "1")
-    if in_place_build():
-        full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
-    full_env.update(env or {})
-    cmd = [sys.executable, "-m", "gradflow.runner.launch", *gradflowrun_args(), *args]
-    try:
-        return subprocess.run(cmd, cwd=run_cwd(), env=full_env, capture_output=True, text=True,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        raise AssertionError(f"{' '.join(cmd)} timed out after {timeout} s\n"
-                             f"stdout:\n{e.stdout}\nstderr:\n{e.stderr}") from None
 
 
 # Default settings (GRADFLOW_TIMEOUT 60 s): gradflowrun must end the job within

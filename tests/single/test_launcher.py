@@ -402,6 +402,28 @@ def test_first_failed_rank_sets_the_exit_code(capsys):
     assert "rank 1 failed first; rank(s) 2, 0 failed after it" in err
 
 
+def test_an_agreed_error_blames_no_rank(capsys):
+    # Every failed rank raised because the job had failed (third field: told,
+    # or its runtime reported a peer's failure): e.g. the coordinator found
+    # that the ranks' steps differ. No rank is named as the first.
+    told = {0: (1, False, True), 1: (1, False, True), 2: (1, False, True)}
+    assert S._report(0, told, 3, [], "", order=[1, 0, 2]) == 1
+    err = capsys.readouterr().err
+    assert "rank(s) 0, 1, 2 failed on one job-wide error" in err
+    assert "failed first" not in err
+    # One rank failed on its own (not told): it is blamed, as before.
+    mixed = {0: (1, False, True), 1: (3, False, False), 2: (1, False, True)}
+    assert S._report(0, mixed, 3, [], "", order=[1, 0, 2]) == 3
+    err = capsys.readouterr().err
+    assert "rank 1 failed first; rank(s) 0, 2 failed after it" in err
+    assert "job-wide" not in err
+    # Told, and a rank exited 0: the "exited with code 0" explanation instead.
+    early = {0: (1, False, True), 1: (0, False, False), 2: (1, False, True)}
+    assert S._report(0, early, 3, [], "", order=[0, 2]) == 1
+    err = capsys.readouterr().err
+    assert "rank(s) 1 exited with code 0" in err and "job-wide" not in err
+
+
 def test_a_signal_death_is_blamed_before_peers_that_noticed_it():
     statuses = {0: (1, False), 1: (137, False), 2: (1, False)}
     # Rank 0 noticed the dead peer and exited 0.3 s before rank 1's wrapper
