@@ -149,16 +149,27 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     by an in-place broadcast; non-root ranks then `load_state_dict` it, so
     ranks whose state was still empty get root's.
 
-    As Horovod, a rank whose state is still empty first initialises it
-    with one local step on zero gradients (see _init_empty_state); `model`
-    (Horovod's keyword) marks sparse embeddings, whose zero gradients are
-    then sparse for SGD."""
+    As Horovod, when root's state is still empty every rank whose state is
+    empty first initialises it with one local step on zero gradients (see
+    _init_empty_state); `model` (Horovod's keyword) marks sparse embeddings,
+    whose zero gradients are then sparse for SGD.
+
+    Where Horovod lets the ranks' parameters differ, gradflow does not: that
+    step moves the parameters (weight decay), so a rank takes it only when
+    root takes it too (root's state empty), and when some rank had state and
+    did not take it, the parameters are then broadcast from root. Horovod's
+    recipe "load the checkpoint on rank 0, then broadcast", and a worker
+    joining an elastic job, left every rank but root with its weights
+    decayed once (AdamW: ~lr * weight_decay of each weight)."""
     if model is not None and not isinstance(model, torch.nn.Module):
         raise TypeError(f"gradflow: broadcast_optimizer_state: model must be a torch.nn.Module, "
                         f"got {type(model).__name__}")
     # L-BFGS's step needs a closure: no initialising step (Horovod refuses
     # L-BFGS altogether; gradflow copies its state like any other).
-    if len(optimizer.state_dict()["state"]) == 0 and not isinstance(optimizer, torch.optim.LBFGS):
+    empty = (len(optimizer.state_dict()["state"]) == 0
+             and not isinstance(optimizer, torch.optim.LBFGS))
+    empties = allgather_object(empty, name="broadcast_optimizer_state.empty")
+    if empties[root_rank] and empty:
         _init_empty_state(optimizer, model)
     root = rank() == root_rank
     tensors: List[torch.Tensor] = []
@@ -174,6 +185,13 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
         h.wait()
     if not root:
         optimizer.load_state_dict(_fill(skeleton, tensors))
+    if empties[root_rank] and not all(empties):
+        # Root (and the ranks without state) took the initialising step, the
+        # ranks with state did not: root's parameters are the ones to keep.
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        for h in [broadcast_async_(p.data, root_rank, name=f"broadcast_optimizer_state.param.{i}")
+                  for i, p in enumerate(params)]:
+            h.wait()
 
 
 def _collect_refs(obj: Any, out: List[_TensorRef]) -> None:

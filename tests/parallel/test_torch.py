@@ -139,9 +139,10 @@ def test_torch_one_rank_is_plain_torch():
 @pytest.mark.parametrize("n", [2, 3])
 def test_torch_broadcast_optimizer_state_initialises_as_horovod(n):
     # Horovod's torch suite (test_broadcast_state_no_grad): a fresh optimizer
-    # gets one local step on zero gradients before its state is broadcast
+    # gets one local step on zero gradients before its state is broadcast;
+    # unlike Horovod, never where it would leave the ranks' weights different
     out = run_mpi(n, "torch_optimizer_init_script.py", timeout=180)
-    assert len(_oks(out, n)) == 4, out.stdout
+    assert len(_oks(out, n)) == 6, out.stdout
 
 
 @pytest.mark.parametrize("n", [2, 3])

@@ -79,3 +79,63 @@ if R == 0:
 hvd.broadcast_optimizer_state(o, root_rank=0)
 assert all(int(s["step"]) == 1 for s in o.state_dict()["state"].values())
 ok("broadcast_optimizer_state: root's non-empty state wins")
+
+# Horovod's resume recipe (checkpoint loaded on root only; also a worker
+# joining an elastic job): root has state, the others are fresh. With weight
+# decay the initialising step would move the fresh ranks' weights (Horovod
+# leaves them decayed once, different from root's); here no rank takes it and
+# every rank ends with root's weights and state, then trains in step with
+# plain torch resumed from root's checkpoint. The reverse (root fresh, one
+# other rank with state): root's initialised weights everywhere.
+def adamw(ps):
+    return torch.optim.AdamW(ps, lr=0.01, weight_decay=0.5)
+
+
+for wrap_first in (True, False):
+    ckpt_model = mlp(seed=11)
+    o_ref = adamw(ckpt_model.parameters())
+    F.cross_entropy(ckpt_model(X[:8]), Y[:8]).backward()
+    o_ref.step()  # "the checkpoint": weights and AdamW state after one step
+    ckpt = (copy.deepcopy(ckpt_model.state_dict()), copy.deepcopy(o_ref.state_dict()))
+    m = mlp(seed=20 + R)
+    o = adamw(m.parameters())
+    if R == 0:
+        m.load_state_dict(ckpt[0])
+        o.load_state_dict(ckpt[1])
+    if wrap_first:
+        o = hvd.DistributedOptimizer(o, named_parameters=m.named_parameters())
+    hvd.broadcast_parameters(m.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(o, root_rank=0)
+    assert torch.equal(flat(m.parameters()), flat(ckpt_model.parameters())), \
+        f"rank {R}: weights moved by the broadcast (wrap_first={wrap_first})"
+    assert all(int(s["step"]) == 1 for s in o.state_dict()["state"].values())
+    if not wrap_first:
+        o = hvd.DistributedOptimizer(o, named_parameters=m.named_parameters())
+    for step in range(2):
+        o.zero_grad()
+        xb, yb = batch(X, Y, step, R, N, PER)
+        F.cross_entropy(m(xb), yb).backward()
+        o.step()
+        o_ref.zero_grad()
+        xb, yb = global_batch(X, Y, step, N, PER)
+        F.cross_entropy(ckpt_model(xb), yb).backward()
+        o_ref.step()
+    assert_identical(m.parameters(), f"resume on root only (wrap_first={wrap_first})")
+    assert_close(flat(m.parameters()), flat(ckpt_model.parameters()), "resume: after training", 1e-5)
+ok("broadcast_optimizer_state: root's checkpoint with weight decay, fresh ranks keep root's weights")
+
+m = mlp(seed=30 + R)
+o = adamw(m.parameters())
+if R == N - 1:  # only the last rank has state; root is fresh
+    F.cross_entropy(m(X[:8]), Y[:8]).backward()
+    o.step()
+hvd.broadcast_parameters(m.state_dict(), root_rank=0)
+hvd.broadcast_optimizer_state(o, root_rank=0)
+ref = mlp(seed=30)
+o_ref = adamw(ref.parameters())
+for p in ref.parameters():
+    p.grad = torch.zeros_like(p)
+o_ref.step()  # root's initialising step: decays root's weights once
+assert torch.equal(flat(m.parameters()), flat(ref.parameters())), f"rank {R}: not root's weights"
+assert_identical(m.parameters(), "root fresh, another rank with state")
+ok("broadcast_optimizer_state: root fresh, another rank with state: root's weights")
