@@ -81,7 +81,9 @@ def main():
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     hvd.init()
     log(event="init", size=hvd.size(), rank=hvd.rank())
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    # Weight decay: a joiner's fresh optimizer must not move its weights when
+    # the state is synced (broadcast_optimizer_state; Horovod's would).
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
     variant = os.environ.get("ELASTIC_OPTIMIZER", "")
     options = {"csc": dict(sparse_ratio=0.1, compression=hvd.Compression.fp16),
                "bpps2": dict(backward_passes_per_step=2)}.get(variant, {})
