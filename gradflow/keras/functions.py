@@ -104,12 +104,30 @@ def _wrapping_class(cls: type, compression) -> type:
                                        "_gradflow_loader": True, "__module__": cls.__module__})
 
 
+def _wrap_loaded(opt: keras.optimizers.Optimizer, model: keras.Model,
+                 compression) -> keras.optimizers.Optimizer:
+    """A DistributedOptimizer with `opt`'s config and restored state (its
+    variables, built over the model's trainable variables as Keras built
+    `opt` when loading)."""
+    dist = DistributedOptimizer(opt, compression=compression)
+    if opt.built:
+        dist.build(model.trainable_variables)
+        theirs, ours = list(opt.variables), list(dist.variables)
+        if [tuple(v.shape) for v in theirs] != [tuple(v.shape) for v in ours]:
+            raise ValueError(f"gradflow: load_model: cannot carry the saved {type(opt).__name__} "
+                             "state over to its DistributedOptimizer (variables differ)")
+        for mine, saved in zip(ours, theirs):
+            mine.assign(saved)
+    return dist
+
+
 def load_model(filepath: Any, custom_optimizers: Optional[Iterable[type]] = None,
                custom_objects: Optional[Dict[str, Any]] = None, compression=Compression.none,
                legacy_opts: bool = False) -> keras.Model:
     """Load a saved Keras 3 model (`.keras` file) whose optimizer comes back
     wrapped in a gradflow DistributedOptimizer, with its saved state (slots,
-    iteration count). Every Keras optimizer class is recognized by name
+    iteration count), whether it was saved wrapped or plain (a
+    single-process run's checkpoint). Every Keras optimizer class is recognized by name
     (subclasses such as AdamW included); list your own Optimizer subclasses in
     `custom_optimizers`; `custom_objects` are passed to Keras (and win over
     the wrappers, as Horovod; an optimizer that comes back unwrapped that way
@@ -130,6 +148,13 @@ def load_model(filepath: Any, custom_optimizers: Optional[Iterable[type]] = None
         objects[keras.saving.get_registered_name(cls)] = wrapped
     objects.update(custom_objects or {})
     model = keras.models.load_model(filepath, custom_objects=objects)
+    opt = model.optimizer
+    if (opt is not None and not is_distributed(opt) and type(opt) in wrappers
+            and type(opt).__name__ not in (custom_objects or {})):
+        # A built-in optimizer saved unwrapped: on the TensorFlow backend its
+        # config has no registered name, and Keras then takes the built-in
+        # class without looking at custom_objects. Wrap it here, state included.
+        model.optimizer = _wrap_loaded(opt, model, compression)
     if model.optimizer is not None and not is_distributed(model.optimizer):
         # A plain optimizer would train without reducing gradients: never
         # hand that back silently.

@@ -97,9 +97,38 @@ def check_load_model():
     else:
         raise AssertionError("legacy_opts=True did not raise")
     check_custom_optimizer(os.path.join(os.path.dirname(path), "custom.keras"))
+    check_plain_saved(os.path.join(os.path.dirname(path), "plain.keras"))
     gtf.join()  # every rank is done with the files
     if R == 0:
         shutil.rmtree(os.path.dirname(path))
+
+
+def check_plain_saved(path):
+    """A model saved with a plain built-in optimizer (a single-process run's
+    checkpoint, loaded on rank 0 only before): it comes back wrapped with its
+    state. On the TensorFlow backend Keras saves it without a registered name
+    and used to bypass load_model's wrappers: ValueError "came back
+    unwrapped" (before 2026-11-27)."""
+    model = make_model(4)
+    model.compile(optimizer=keras.optimizers.AdamW(0.01, weight_decay=0.1), loss="mse")
+    x, y = data(0)  # the same local training on every rank: the same checkpoint
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False)
+    if R == 0:
+        model.save(path)
+    gtf.join()
+    loaded = hvd.load_model(path)
+    assert hvd.is_distributed(loaded.optimizer), type(loaded.optimizer)
+    assert type(loaded.optimizer).__name__ == "AdamW", type(loaded.optimizer)
+    assert int(loaded.optimizer.iterations) == 4, int(loaded.optimizer.iterations)
+    for a, b in zip(loaded.optimizer.variables, model.optimizer.variables):
+        assert np.array_equal(a.numpy(), b.numpy()), f"optimizer state {b.path} not restored"
+    # Every rank on the same batches: the average is the local gradient, so
+    # the wrapped model goes on exactly as the plain one.
+    loaded.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    for a, b in zip(loaded.weights, model.weights):
+        assert np.allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7), f"continued: {b.path}"
+    identical_everywhere([w.numpy() for w in loaded.weights], "plain-saved model after training")
 
 
 @keras.saving.register_keras_serializable(package="t14")
