@@ -8,10 +8,10 @@ only, gives the ranks different learning rates, and their weights drift
 apart silently (under DDP and Horovod too).
 
 Each ``step()`` of a wrapped optimizer folds the standard hyperparameters
-of every param group into a running CRC (measured: ~6 µs a step for one
-param group, ~3 µs for each further one), so a difference that lasted a
-single step is still seen. Every ``CHECK_EVERY`` steps it submits one int64
-Sum allreduce of ``[1, h, h*h]`` (``h``: 20 bits of the running CRC), and the next
+of every param group into a running CRC (a few microseconds: the values
+packed as doubles), so a difference that lasted a single step is still
+seen. Every ``CHECK_EVERY`` steps it submits one int64 Sum allreduce of
+``[1, h, h*h]`` (``h``: 20 bits of the running CRC), and the next
 ``step()`` waits for it before its own update (it has long completed by
 then). The hashes were equal on every contributing rank iff
 ``S1**2 == c * S2`` (equality in Cauchy-Schwarz); ranks that called
@@ -23,13 +23,12 @@ rank runs ``step()`` equally often (a step skipped by a GradScaler is skipped
 on every rank: the reduced gradients carry the inf); the count restarts with
 the optimizer and after an elastic reset (``reset``), on newcomers and old
 workers alike. Only the keys below are hashed: a key a user keeps in a param
-group for their own purposes may legitimately differ. Tensor-valued
-hyperparameters (fused or capturable optimizers' tensor lr) are not
-compared (see _plain).
+group for their own purposes may legitimately differ.
 """
 from __future__ import annotations
 
 import zlib
+from array import array
 from typing import Any, Iterable, List
 
 import torch
@@ -45,37 +44,51 @@ KEYS = ("lr", "momentum", "dampening", "weight_decay", "nesterov", "betas", "eps
         "lambd", "t0", "etas", "step_sizes", "momentum_decay", "decoupled_weight_decay")
 
 
-_KEY_SET = frozenset(KEYS)
+def _value(v: Any) -> Any:
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        v = v.item()
+    if isinstance(v, (tuple, list)):
+        return tuple(_value(x) for x in v)
+    if isinstance(v, bool) or v is None:
+        return v
+    if isinstance(v, (int, float)):
+        return float(v)
+    return None  # not a plain value: not compared
 
 
-def _plain(v: Any) -> Any:
-    """A tensor value (a tensor lr or betas: fused or capturable optimizers)
-    is not compared: reading it would synchronize its device every step,
-    and its repr names the device, another one per rank on GPUs."""
-    if isinstance(v, torch.Tensor):
-        return "tensor"
-    if type(v) is tuple:
-        return tuple("tensor" if isinstance(x, torch.Tensor) else x for x in v)
-    return v
-
-
-def _values(param_groups: Iterable[dict]) -> List[List[Any]]:
-    return [[(k, _plain(v)) for k, v in group.items() if k in _KEY_SET] for group in param_groups]
+def _flat(v: Any, out: List[float]) -> None:
+    """Append `v` (from _value) as doubles; None and bools get codes of their own."""
+    if isinstance(v, tuple):
+        out.append(float(len(v)))
+        for x in v:
+            _flat(x, out)
+    elif v is None:
+        out.append(-1.5e300)
+    elif isinstance(v, bool):
+        out.append(2.5e300 if v else -2.5e300)
+    else:
+        out.append(v)
 
 
 def fold(crc: int, param_groups: Iterable[dict]) -> int:
-    """`crc` updated with this step's hyperparameters: the CRC of their repr,
-    which is the same text on every rank for equal floats, bools, None and
-    tuples (no hash(), whose value for None differs between processes)."""
-    text = repr([[_plain(v) for k, v in group.items() if k in _KEY_SET]
-                 for group in param_groups])
-    return zlib.crc32(text.encode("utf-8"), crc)
+    """`crc` updated with this step's hyperparameters (deterministic across
+    processes: no string or object hashes)."""
+    values: List[float] = []
+    for group in param_groups:
+        values.append(7.5e300)  # group separator
+        for k in KEYS:
+            if k in group:
+                _flat(_value(group[k]), values)
+    return zlib.crc32(array("d", values).tobytes(), crc)
 
 
 def describe(param_groups: Iterable[dict]) -> str:
-    """'group 0: lr=0.1, momentum=0.9; group 1: ...' (for the error message)."""
-    return "; ".join(f"group {g}: " + ", ".join(f"{k}={v!r}" for k, v in items)
-                     for g, items in enumerate(_values(param_groups)))
+    """'group 0: lr=0.1, momentum=0.9; group 1: ...' (the hashed text)."""
+    parts: List[str] = []
+    for g, group in enumerate(param_groups):
+        items = [f"{k}={_value(group[k])!r}" for k in KEYS if k in group]
+        parts.append(f"group {g}: " + ", ".join(items))
+    return "; ".join(parts)
 
 
 def reset(s) -> None:
