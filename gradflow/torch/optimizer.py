@@ -140,7 +140,6 @@ from .. import monitor as _monitor
 from .._runtime import GradflowError
 from ..collectives import Average
 from ..elastic import worker as _elastic_worker
-from . import hyperparameter_check as _hyper_check
 from . import optimizer_residual as _residual
 from .functions import check_same_everywhere
 from .optimizer_autotune import after_synchronize as _autotune_step
@@ -416,8 +415,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self.synchronize()
         s.synchronized = s.auto_synced = False
         _monitor.count_step()  # for gradflowrun --monitor
-        self._gradflow_check_runtime()
-        _hyper_check.on_step(s, self.param_groups)
         return super(self.__class__, self).step(closure)
 
     def _gradflow_closure(self, closure):

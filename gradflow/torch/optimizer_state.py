@@ -10,7 +10,6 @@ import torch
 
 from .. import _handles, _native
 from ..collectives import native_reduce_op
-from . import hyperparameter_check as _hyper_check
 from .functions import allgather_object
 from .ops import dtype_code
 from .optimizer_groups import GroupTracker
@@ -69,9 +68,6 @@ class _State:
         self.named: Dict[int, str] = {}           # id(param) -> name from named_parameters
         self.frozen: List[torch.Tensor] = []      # in param_groups, requires_grad=False (Note [Late parameters])
         self.hook = None                          # the post-accumulate-grad hook (weakly bound)
-        self.hyper_steps = 0                      # step() calls counted by hyperparameter_check
-        self.hyper_crc = 0                        # running CRC of the hyperparameters
-        self.hyper_pending = None                 # handle of its last allreduce, not yet checked
 
 
 def parameter_names(s, param_groups, named_parameters) -> List[str]:
@@ -256,7 +252,6 @@ def rebind_after_elastic_reset(self) -> None:
     s.fired = s.synchronized = s.auto_synced = s.callback_queued = False
     s.complete = s.passes_done = 0
     s.loss_scale = 1.0
-    _hyper_check.reset(s)  # the old runtime's handle is gone; every rank counts from 0
     if s.groups is not None:
         s.groups = GroupTracker(s.groups.groups)
     # The group may have shrunk to one worker or grown from one (Note [One rank]).
