@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import gradflow.torch as hvd
-from _torch_common import assert_close, assert_identical, digits, global_batch, batch, flat, mlp, ok
+from _torch_common import assert_close, assert_identical, digits, global_batch, flat, mlp, ok, train
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
@@ -61,11 +61,7 @@ for label, make in CASES.items():
                 assert torch.equal(torch.as_tensor(got[k][name]), torch.as_tensor(v)), (label, name)
         if not wrap_first:
             o = hvd.DistributedOptimizer(o, named_parameters=m.named_parameters())
-        for step in range(2):
-            o.zero_grad()
-            xb, yb = batch(X, Y, step, R, N, PER)
-            F.cross_entropy(m(xb), yb).backward()
-            o.step()
+        train(m, o, 2, R, N, PER, x=X, y=Y)
         assert_identical(m.parameters(), label)
         assert_close(flat(m.parameters()), ref_final, f"{label}: after training", 1e-5)
     ok(f"broadcast_optimizer_state initialises a fresh {label} as Horovod")
@@ -111,15 +107,8 @@ for wrap_first in (True, False):
     assert all(int(s["step"]) == 1 for s in o.state_dict()["state"].values())
     if not wrap_first:
         o = hvd.DistributedOptimizer(o, named_parameters=m.named_parameters())
-    for step in range(2):
-        o.zero_grad()
-        xb, yb = batch(X, Y, step, R, N, PER)
-        F.cross_entropy(m(xb), yb).backward()
-        o.step()
-        o_ref.zero_grad()
-        xb, yb = global_batch(X, Y, step, N, PER)
-        F.cross_entropy(ckpt_model(xb), yb).backward()
-        o_ref.step()
+    train(m, o, 2, R, N, PER, x=X, y=Y)
+    train(ckpt_model, o_ref, 2, 0, 1, N * PER, x=X, y=Y)  # one process, the global batches
     assert_identical(m.parameters(), f"resume on root only (wrap_first={wrap_first})")
     assert_close(flat(m.parameters()), flat(ckpt_model.parameters()), "resume: after training", 1e-5)
 ok("broadcast_optimizer_state: root's checkpoint with weight decay, fresh ranks keep root's weights")
