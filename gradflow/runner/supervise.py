@@ -243,7 +243,7 @@ def _report(mpiexec_rc: int, statuses: Dict[int, Tuple[int, bool]], np: int,
         elif len(failed) > 1:
             print(f"gradflowrun: rank {failed[0]} failed first; rank(s) {_ranks(failed[1:])} "
                   "failed after it", file=sys.stderr, flush=True)
-        if quit_early and all(RankExit(*statuses[r]).notified for r in failed):
+        if quit_early and told:
             # Told that a peer ended without finalizing MPI, and no rank failed
             # otherwise: the cause is likely a rank that exited with code 0.
             print(f"gradflowrun: the failed ranks were told that another rank ended without "
