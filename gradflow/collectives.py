@@ -9,7 +9,7 @@ new arrays in native byte order.
 from __future__ import annotations
 
 import enum
-from typing import Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -234,6 +234,11 @@ def barrier(process_set: Optional[ProcessSet] = None) -> None:
            process_set=process_set).wait()
 
 
+# Called after every join() with no argument: per-step counters that must
+# agree across ranks start again there (the torch hyperparameter check's).
+after_join: List[Callable[[], None]] = []
+
+
 def join() -> int:
     """Declare this rank done: until every rank has joined it contributes
     zeros to the other ranks' allreduces (any other collective submitted by
@@ -247,6 +252,8 @@ def join() -> int:
     name = auto_name(JOIN, None)
     r = submit(JOIN, name, 0, 0, _dtypes.UINT8, [0], (), splits=auto_name_counts()).wait()
     advance_auto_names(r["recv_splits"])
+    for callback in after_join:
+        callback()
     return int(r["shape"][0])
 
 

@@ -378,6 +378,11 @@ void Runtime::pool_set_scale(int64_t pool, double prescale, double postscale) {
   p.bucket_template.postscale = postscale;
 }
 
+void Runtime::pool_set_step_tag(int64_t pool, const std::string& tag) {
+  std::lock_guard<std::mutex> lock(pools_mu_);
+  find_pool(pool).bucket_template.step_tag = tag;
+}
+
 void Runtime::pool_output_dirty(int64_t pool) {
   std::lock_guard<std::mutex> lock(pools_mu_);
   for (auto& r : find_pool(pool).pool_residuals) r->mark_output_dirty();

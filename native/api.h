@@ -107,6 +107,8 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // Scales for the buckets submitted from now on (the torch binding divides
   // by the AMP loss scale here so a sparse pool's residual stays unscaled).
   void pool_set_scale(int64_t pool, double prescale, double postscale);
+  // Step tag (Note [Step tags]) of the buckets submitted from now on; "" for none.
+  void pool_set_step_tag(int64_t pool, const std::string& tag);
   // Something other than the core wrote into a residual-in-pool pool's
   // output since its last step: the next step zeroes all of it first.
   void pool_output_dirty(int64_t pool);

@@ -29,6 +29,31 @@ bool test_bit(const std::vector<uint64_t>& w, size_t base, int32_t bit) {
 
 }  // namespace
 
+// Note [Step tags]: what two different tags of one name mean, per tag kind.
+static std::string step_tag_mismatch(const char* kind, const std::string& name, int rank_a,
+                                     const std::string& tag_a, int rank_b, const std::string& tag_b) {
+  const bool hyper = tag_a.rfind("hyperparameters", 0) == 0 || tag_b.rfind("hyperparameters", 0) == 0;
+  std::ostringstream why;
+  why << (hyper ? "the ranks' optimizer hyperparameters differ: rank "
+                : "the ranks reduce different sets of gradients in one step: rank ")
+      << rank_a << " submitted " << kind << " '" << name << "' as part of {" << tag_a
+      << "} but rank " << rank_b << " as part of {" << tag_b << "}. ";
+  if (hyper)
+    why << "Ranks that update with different learning rates, momentum or weight decay end with "
+           "different weights (the tag's #crc covers every step since the last check, 'now' "
+           "the current values; {} names a rank whose round was not a check round). Usual causes: "
+           "an LR scheduler stepped on a rank-local value (ReduceLROnPlateau on each rank's "
+           "own validation loss: average it first, e.g. with gradflow.torch.allreduce), or a "
+           "scheduler or optimizer state restored on some ranks only (restore it everywhere, "
+           "or use broadcast_optimizer_state / broadcast_object)";
+  else
+    why << "A gradient is None on some ranks only: inside a tf.function traced differently "
+           "per rank (Python control flow on the rank's data), pass "
+           "unconnected_gradients=tf.UnconnectedGradients.ZERO to gradient(), or run eagerly "
+           "(Keras: run_eagerly=True), where gradflow fills in zeros";
+  return why.str();
+}
+
 Coordinator::Coordinator(MpiComm& comm, const Config& cfg)
     : comm_(comm), cfg_(cfg), cache_words_((cfg.cache_capacity + 63) / 64) {}
 
@@ -273,16 +298,9 @@ Response Coordinator::validate(const std::string& name, const std::vector<Reques
       continue;
     }
     if (reqs[r].step_tag != first->step_tag) {
-      std::ostringstream why;
-      why << "the ranks reduce different sets of gradients in one step: rank " << first_rank
-          << " submitted " << op_kind_name(first->kind) << " '" << name << "' as part of {"
-          << first->step_tag << "} but rank " << r << " as part of {" << reqs[r].step_tag
-          << "}. A gradient is None on some ranks only: inside a tf.function traced "
-             "differently per rank (Python control flow on the rank's data), pass "
-             "unconnected_gradients=tf.UnconnectedGradients.ZERO to gradient(), or run "
-             "eagerly (Keras: run_eagerly=True), where gradflow fills in zeros";
-      *step_mismatch = why.str();
-      err << "gradflow: " << why.str();
+      *step_mismatch = step_tag_mismatch(op_kind_name(first->kind), name, first_rank,
+                                         first->step_tag, static_cast<int>(r), reqs[r].step_tag);
+      err << "gradflow: " << *step_mismatch;
       break;
     }
     if (reqs[r].signature() != sig) {

@@ -31,15 +31,21 @@
 // only from that list, so bit assignments agree everywhere. That is what
 // makes collectives issued in different orders on different ranks safe.
 //
-// Note [Step tags]: a traced TensorFlow step whose gradient list differs per
-// rank (a gradient None on some ranks only, fixed when each rank traced its
-// step) submits different names on different ranks, so no rank's step can
-// finish: before tags, every rank stalled for GRADFLOW_TIMEOUT. The gradient
-// reduction now tags each allreduce with its step's shape ("4 of 5 gradients
-// #<hash of which are present>"), part of the signature. When rank 0 finds
-// one name submitted under two tags, it aborts the job at once with both
-// tags (CycleResult::abort_message): the other names of those steps can
-// never match, so a per-name error would leave them waiting.
+// Note [Step tags]: an allreduce may carry a tag naming the step it belongs
+// to; the tag is part of the signature, and every rank must give the same.
+// When rank 0 finds one name submitted under two tags, it aborts the job at
+// once with both tags (CycleResult::abort_message): the other names of those
+// steps can never match, so a per-name error would leave them waiting. The
+// tag's first word says what it checks (step_tag_mismatch explains each):
+// - "<k> of <n> gradients #<hash>" (TensorFlow): a traced step whose gradient
+//   list differs per rank (a gradient None on some ranks only, fixed when
+//   each rank traced its step) submits different names on different ranks;
+//   before tags every rank stalled for GRADFLOW_TIMEOUT.
+// - "hyperparameters #<crc> ..." (torch DistributedOptimizer, every 16th
+//   step): a running CRC of the optimizer's learning rate, momentum, ...;
+//   ranks that update with different ones end with different weights.
+// A tagged step misses the response cache (its signature changed) and so
+// does the next untagged one: two slow-path cycles, no extra collective.
 #pragma once
 
 #include <chrono>

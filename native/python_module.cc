@@ -349,6 +349,9 @@ PYBIND11_MODULE(_native, m) {
           pool_engine(pool)->pool_set_scale(pool, prescale, postscale);
         },
         "Pre/postscale factors for the pool's buckets submitted from now on.");
+  m.def("pool_set_step_tag",
+        [](int64_t pool, const std::string& tag) { pool_engine(pool)->pool_set_step_tag(pool, tag); },
+        "Step tag (native Note [Step tags]) of the pool's buckets submitted from now on.");
   m.def("pool_destroy",
         [](int64_t pool) {
           if (auto rt = current_or_null()) rt->process_sets().pool_engine(pool)->pool_destroy(pool);

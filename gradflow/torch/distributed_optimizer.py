@@ -97,6 +97,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       (Horovod Adasum-combines the wrapped step's deltas instead: the same for
       plain SGD, not for momentum/Adam; docs/horovod_compat.md). Copy path
       (use_pool ignored), compression none, power-of-two rank counts.
+    Hyperparameters: every rank must train with the same learning rate,
+      momentum, weight decay, ... (else the weights drift apart). Every 16th
+      step's allreduces carry a CRC of every step's values since the last
+      check (hyperparameter_check.py); a difference fails the job on every
+      rank with both ranks' values (ReduceLROnPlateau on a rank-local loss:
+      average the metric first).
     One rank (the process set has one member): plain torch, bit for bit —
       no pool, no wire cast, no CSC, nothing sent (Note [One rank] in optimizer.py).
     process_set: reduce over this registered ProcessSet's members only

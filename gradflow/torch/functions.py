@@ -14,6 +14,7 @@ import torch
 from .. import collectives as _np_coll
 from .._runtime import ALLGATHER, BROADCAST, GradflowError, auto_name, rank
 from ..process_sets import ProcessSet, global_process_set
+from .hyperparameter_check import restart_crc
 from .ops import broadcast_async_
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
@@ -192,6 +193,9 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
         for h in [broadcast_async_(p.data, root_rank, name=f"broadcast_optimizer_state.param.{i}")
                   for i, p in enumerate(params)]:
             h.wait()
+    state = optimizer.__dict__.get("_gradflow")
+    if state is not None:  # equal values now: earlier differences no longer matter
+        restart_crc(state)
 
 
 def _collect_refs(obj: Any, out: List[_TensorRef]) -> None:

@@ -118,10 +118,12 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
                      op: Optional[int] = None, prescale_factor: float = 1.0,
                      postscale_factor: float = 1.0,
                      process_set: Optional[ProcessSet] = global_process_set,
-                     compression=Compression.none, sparse_ratio: Optional[float] = None) -> Handle:
+                     compression=Compression.none, sparse_ratio: Optional[float] = None,
+                     *, step_tag: str = "") -> Handle:
     """Start an in-place allreduce of `tensor` over `process_set`;
     `synchronize(handle)` returns it. A user Compressor compresses before and
-    decompresses into `tensor` after."""
+    decompresses into `tensor` after. `step_tag`: the step this allreduce
+    belongs to, which every rank must give alike (native Note [Step tags])."""
     code = native_reduce_op(_op_of(average, op))  # before naming: errors leave counters alone
     wire, user = _split_compression(compression)
     if user is not None:
@@ -136,7 +138,7 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
                   (buf, tensor), finish, op=code, wire=wire, prescale=prescale_factor,
                   postscale=postscale_factor,
                   sparse_ratio=-1.0 if sparse_ratio is None else float(sparse_ratio),
-                  process_set=process_set)
+                  process_set=process_set, step_tag=step_tag)
 
 
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
@@ -228,14 +230,15 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int = Average,
 # ---------------------------------------------------------------- grouped allreduce
 
 def _grouped(allreduce_one, tensors, average, name, op, prescale_factor, postscale_factor,
-             process_set, compression) -> GroupHandle:
+             process_set, compression, **tagged) -> GroupHandle:
     """One `allreduce_one` per tensor under `{base}.{i}` names (the core fuses
     them); the op is validated before a name is drawn, as the single-tensor
     calls do."""
     _op_of(average, op)
     base = auto_name(ALLREDUCE, name, process_set)
     return GroupHandle([allreduce_one(t, average, f"{base}.{i}", op, prescale_factor,
-                                      postscale_factor, process_set, compression=compression)
+                                      postscale_factor, process_set, compression=compression,
+                                      **tagged)
                         for i, t in enumerate(tensors)])
 
 
@@ -243,10 +246,11 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[
                              name: Optional[str] = None, op: Optional[int] = None,
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: Optional[ProcessSet] = global_process_set,
-                             compression=Compression.none) -> GroupHandle:
-    """In-place allreduce of a list of tensors over `process_set` (the core fuses them)."""
+                             compression=Compression.none, *, step_tag: str = "") -> GroupHandle:
+    """In-place allreduce of a list of tensors over `process_set` (the core
+    fuses them); `step_tag` as allreduce_async_'s."""
     return _grouped(allreduce_async_, tensors, average, name, op, prescale_factor,
-                    postscale_factor, process_set, compression)
+                    postscale_factor, process_set, compression, step_tag=step_tag)
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,

@@ -3,8 +3,8 @@
 # waited for when the step's last backward returns (else in step()). Owns
 # hooks and the step protocol (state, pool layout and scheduler re-patch:
 # optimizer_state.py; set-up: optimizer_setup.py; the public factory and its
-# keyword documentation: distributed_optimizer.py); never communicates
-# itself (the core does, via handles).
+# keyword documentation: distributed_optimizer.py; the hyperparameter check:
+# hyperparameter_check.py); never communicates itself (the core does).
 """DistributedOptimizer, in the manner of PyTorch DDP's reducer.
 
 Terms:
@@ -134,12 +134,12 @@ from typing import List
 
 import torch
 
-from .. import _native
-from .. import _runtime
+from .. import _native, _runtime
 from .. import monitor as _monitor
 from .._runtime import GradflowError
 from ..collectives import Average
 from ..elastic import worker as _elastic_worker
+from . import hyperparameter_check as _hyper_check
 from . import optimizer_residual as _residual
 from .functions import check_same_everywhere
 from .optimizer_autotune import after_synchronize as _autotune_step
@@ -148,8 +148,6 @@ from .optimizer_state import (build_pools, clear_padding, rebind_after_elastic_r
                               register_late_parameters)
 from .ops import allreduce, allreduce_async_, sparse_allreduce_async
 
-# The public factory, DistributedOptimizer(), is in distributed_optimizer.py;
-# the wrapper's set-up (checks, state, hooks) in optimizer_setup.py.
 __all__ = ["_DistributedOptimizer"]
 
 
@@ -269,6 +267,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             s.loss_scale = scale
             for pool in s.pools:
                 _native.pool_set_scale(pool.id, s.prescale / scale, s.postscale * scale)
+        _hyper_check.begin_round(s, self.param_groups)
         _residual.begin_step(s)
 
     def _gradflow_submit(self, p: torch.Tensor) -> None:
@@ -309,7 +308,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                             prescale_factor=s.prescale / s.loss_scale,
                                             postscale_factor=s.postscale * s.loss_scale,
                                             compression=s.compression, sparse_ratio=ratio,
-                                            process_set=s.process_set)
+                                            process_set=s.process_set, step_tag=s.step_tag)
 
     # ------------------------------------------------------------ step protocol
     def synchronize(self) -> None:

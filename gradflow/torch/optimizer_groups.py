@@ -95,6 +95,6 @@ def submit_group(s, i: int) -> None:
                                       prescale_factor=s.prescale / s.loss_scale,
                                       postscale_factor=s.postscale * s.loss_scale,
                                       process_set=s.process_set,
-                                      compression=s.compression))
+                                      compression=s.compression, step_tag=s.step_tag))
     for j in members:
         s.handles[id(s.params[j])] = h

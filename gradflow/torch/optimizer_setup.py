@@ -20,6 +20,7 @@ from .. import _runtime
 from ..collectives import Adasum, Average, check_adasum_options, reduce_op
 from ..elastic import worker as _elastic_worker
 from ..process_sets import member_id, process_set_size
+from . import hyperparameter_check as _hyper_check
 from .compression import split as split_compression
 from .functions import check_same_everywhere
 from .optimizer_groups import GroupTracker, form_groups
@@ -36,6 +37,7 @@ def setup_optimizer(wrapper, named_parameters, compression, backward_passes_per_
     """Checks the arguments (ValueError on every rank alike) and registers
     `wrapper`'s parameters and hooks; see DistributedOptimizer()."""
     s = wrapper._gradflow = _State()
+    _hyper_check.reset(s)  # counted from 0 on every rank (and after each join())
     if not isinstance(overlap, bool):
         raise ValueError(f"gradflow: overlap must be True or False, got {overlap!r}")
     s.overlap = overlap

@@ -10,6 +10,7 @@ import torch
 
 from .. import _handles, _native
 from ..collectives import native_reduce_op
+from . import hyperparameter_check as _hyper_check
 from .functions import allgather_object
 from .ops import dtype_code
 from .optimizer_groups import GroupTracker
@@ -68,6 +69,9 @@ class _State:
         self.named: Dict[int, str] = {}           # id(param) -> name from named_parameters
         self.frozen: List[torch.Tensor] = []      # in param_groups, requires_grad=False (Note [Late parameters])
         self.hook = None                          # the post-accumulate-grad hook (weakly bound)
+        self.hyper_rounds = 0                     # reduction rounds counted by hyperparameter_check
+        self.hyper_crc = 0                        # running CRC of the hyperparameters
+        self.step_tag = ""                        # this round's step tag (Note [Step tags]) or ""
 
 
 def parameter_names(s, param_groups, named_parameters) -> List[str]:
@@ -252,6 +256,7 @@ def rebind_after_elastic_reset(self) -> None:
     s.fired = s.synchronized = s.auto_synced = s.callback_queued = False
     s.complete = s.passes_done = 0
     s.loss_scale = 1.0
+    _hyper_check.reset(s)  # every rank, newcomers included, counts rounds from 0
     if s.groups is not None:
         s.groups = GroupTracker(s.groups.groups)
     # The group may have shrunk to one worker or grown from one (Note [One rank]).

@@ -146,6 +146,27 @@ def test_torch_broadcast_optimizer_state_initialises_as_horovod(n):
 
 
 @pytest.mark.parametrize("n", [2, 3])
+def test_torch_optimizer_hyperparameters_agreeing_raise_nothing(n):
+    # gradflow/torch/hyperparameter_check.py: equal rates (schedules on every
+    # path, averaged metrics, own keys, join(), a late broadcast) pass
+    out = run_mpi(n, "torch_hyperparameter_script.py", "equal", timeout=240)
+    assert len(_oks(out, n)) == 5, out.stdout
+
+
+@pytest.mark.parametrize("n,case", [(2, "plateau-pool"), (3, "plateau-pool"),
+                                    (3, "transient-copy"), (2, "transient-groups"),
+                                    (2, "transient-csc")])
+def test_torch_optimizer_hyperparameters_differing_between_ranks_fail_the_job(n, case):
+    # Rank-local learning rates (ReduceLROnPlateau on each rank's own loss, or
+    # one step's rate on one rank) fail the job on every rank through the
+    # step tag of every 16th round (native Note [Step tags]); default timeouts
+    out = run_mpi(n, "torch_hyperparameter_script.py", case, timeout=180, expect_fail=True,
+                  mpi_args=("-disable-auto-cleanup",))
+    for r in range(n):
+        assert f"path raised on rank {r} of {n}" in out.stdout, out.stdout + out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("n", [2, 3])
 def test_torch_alltoall_argument_errors_as_horovod(n):
     # Horovod's torch suite (test_horovod_alltoall_*_error): ValueError at submit
     out = run_mpi(n, "torch_alltoall_args_script.py", timeout=120)

@@ -1,0 +1,125 @@
+# hyperparameter_check.py — catches ranks that train with different optimizer
+# hyperparameters (learning rate, momentum, weight decay, ...), at no traffic.
+"""Every rank applies the same averaged gradient, so the ranks' weights stay
+identical only if every rank's optimizer uses the same hyperparameters.
+Nothing in data-parallel training enforces that: ``ReduceLROnPlateau``
+stepped on each rank's own validation loss, or a scheduler restored on rank 0
+only, gives the ranks different learning rates, and their weights drift
+apart silently (under DDP and Horovod too).
+
+The first gradient of each reduction round (``begin_round``, from the
+wrapper's hook) folds the standard hyperparameters of every param group
+into a running CRC (~6 µs a round for one param group, ~3 µs for each
+further one), so a difference that lasted a single step is still seen.
+Every ``CHECK_EVERY``-th round, every allreduce the round submits (pool
+buckets, copy-path gradients, groups) carries the step tag
+``hyperparameters #<crc> now <current values>`` (native Note [Step tags]).
+The tag is part of the collective's signature: when two ranks' tags differ,
+rank 0 aborts the job at once and every rank raises ``GradflowError``
+naming both ranks' current values. Nothing extra is sent: the tagged round
+and the one after it miss the response cache (two slow-path negotiations
+every ``CHECK_EVERY`` rounds).
+
+Alignment: the tag goes out in the same round on every rank because every
+rank takes part in every round (a round is a set of collectives all ranks
+submit); ranks that called ``join()`` submit nothing and are not compared.
+The count restarts with the optimizer, after an elastic reset (``reset``),
+on newcomers and old workers alike, and after ``join()``, where ranks that
+ran out of data earlier counted fewer rounds (an epoch per ``join()``, as
+Horovod's examples do); ``broadcast_optimizer_state`` (which makes the
+values equal) restarts the CRC. Only the keys below are
+hashed: a key a user keeps in a param group for their own purposes may
+legitimately differ. Tensor-valued hyperparameters (fused or capturable
+optimizers' tensor lr) are not compared (see _plain). Sparse gradients
+travel by allgather, which carries no tag: a model whose every gradient is
+sparse is not checked.
+"""
+from __future__ import annotations
+
+import weakref
+import zlib
+from typing import Any, Iterable, List
+
+import torch
+
+from .. import _native, collectives
+
+CHECK_EVERY = 16
+# The hyperparameters of torch.optim's optimizers.
+KEYS = ("lr", "momentum", "dampening", "weight_decay", "nesterov", "betas", "eps", "amsgrad",
+        "maximize", "alpha", "centered", "lr_decay", "initial_accumulator_value", "rho",
+        "lambd", "t0", "etas", "step_sizes", "momentum_decay", "decoupled_weight_decay")
+_KEY_SET = frozenset(KEYS)
+_DESCRIBE_CHARS = 240  # the tag travels in every request of a tagged round
+
+
+def _plain(v: Any) -> Any:
+    """A tensor value (a tensor lr or betas: fused or capturable optimizers)
+    is not compared: reading it would synchronize its device every step,
+    and its repr names the device, another one per rank on GPUs."""
+    if isinstance(v, torch.Tensor):
+        return "tensor"
+    if type(v) is tuple:
+        return tuple("tensor" if isinstance(x, torch.Tensor) else x for x in v)
+    return v
+
+
+def _values(param_groups: Iterable[dict]) -> List[List[Any]]:
+    return [[(k, _plain(v)) for k, v in group.items() if k in _KEY_SET] for group in param_groups]
+
+
+def fold(crc: int, param_groups: Iterable[dict]) -> int:
+    """`crc` updated with the current hyperparameters: the CRC of their repr,
+    which is the same text on every rank for equal floats, bools, None and
+    tuples (no hash(), whose value for None differs between processes)."""
+    return zlib.crc32(repr(_values(param_groups)).encode("utf-8"), crc)
+
+
+def describe(param_groups: Iterable[dict]) -> str:
+    """'group 0: lr=0.1, momentum=0.9; group 1: ...', cut to a bounded length."""
+    text = "; ".join(f"group {g}: " + ", ".join(f"{k}={v!r}" for k, v in items)
+                     for g, items in enumerate(_values(param_groups)))
+    return text if len(text) <= _DESCRIBE_CHARS else text[:_DESCRIBE_CHARS - 3] + "..."
+
+
+_LIVE: "weakref.WeakSet" = weakref.WeakSet()  # every wrapper's state, for after_join
+
+
+def reset(s) -> None:
+    """A new optimizer or a new runtime (elastic reset): count from 0 again."""
+    s.hyper_rounds = 0
+    s.hyper_crc = 0
+    s.step_tag = ""
+    _LIVE.add(s)
+
+
+def _after_join() -> None:
+    """Every rank returns from join() together, whatever rounds it ran before."""
+    for s in list(_LIVE):
+        s.hyper_rounds = 0
+        s.hyper_crc = 0
+
+
+collectives.after_join.append(_after_join)
+
+
+def restart_crc(s) -> None:
+    """The ranks' values were just made equal (broadcast_optimizer_state):
+    differences before it no longer matter. Collective, so every rank does
+    it at the same point of its rounds."""
+    s.hyper_crc = 0
+
+
+def begin_round(s, param_groups: List[dict]) -> None:
+    """First gradient of a reduction round, before anything is submitted:
+    fold the current values in and choose this round's step tag."""
+    if s.solo:
+        return
+    s.hyper_crc = fold(s.hyper_crc, param_groups)
+    s.hyper_rounds += 1
+    tag = (f"hyperparameters #{s.hyper_crc:08x} now {describe(param_groups)}"
+           if s.hyper_rounds % CHECK_EVERY == 0 else "")
+    if tag or s.step_tag:  # pools built since the last tagged round start untagged
+        for pool in s.pools:
+            _native.pool_set_step_tag(pool.id, tag)
+    s.step_tag = tag
