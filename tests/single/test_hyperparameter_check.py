@@ -1,0 +1,60 @@
+# test_hyperparameter_check.py — the torch hyperparameter check's folding
+# (gradflow/torch/hyperparameter_check.py), without ranks: which values count
+# as equal, which keys are compared, and the tag of a check round.
+import numpy as np
+import pytest
+import torch
+
+from gradflow.torch import hyperparameter_check as hc
+
+
+def group(**kw):
+    return [dict({"params": [], "lr": 0.1, "momentum": 0.9, "weight_decay": 0,
+                  "nesterov": False, "betas": (0.9, 0.999)}, **kw)]
+
+
+@pytest.mark.parametrize("same", [
+    {"lr": np.float64(0.1)}, {"lr": torch.tensor(0.1, dtype=torch.float64)},
+    {"weight_decay": 0.0}, {"weight_decay": np.int64(0)}, {"nesterov": np.bool_(False)},
+    {"betas": [0.9, 0.999]}, {"params": [torch.zeros(2)]},
+    {"my_rank": 3}, {"initial_lr": 7.0}, {"foreach": True}])
+def test_values_that_act_alike_fold_alike(same):
+    assert hc.fold(0, group(**same)) == hc.fold(0, group())
+
+
+@pytest.mark.parametrize("other", [
+    {"lr": 0.1000001}, {"momentum": 0.0}, {"weight_decay": 1e-4}, {"nesterov": True},
+    {"betas": (0.9, 0.99)}, {"lr": torch.tensor(0.1)}, {"eps": 1e-8}])
+def test_a_different_value_folds_differently(other):
+    # torch.tensor(0.1) is float32: another learning rate than 0.1 in fact
+    assert hc.fold(0, group(**other)) != hc.fold(0, group())
+
+
+def test_crc_keeps_a_past_difference():
+    a = hc.fold(hc.fold(0, group(lr=0.2)), group())
+    b = hc.fold(hc.fold(0, group()), group())
+    assert a != b
+
+
+def test_tag_only_on_check_rounds_and_join_restarts_the_count():
+    class State:
+        solo, pools = False, []
+    s = State()
+    hc.reset(s)
+    tags = []
+    for _ in range(2 * hc.CHECK_EVERY):
+        hc.begin_round(s, group())
+        tags.append(s.step_tag)
+    tagged = [i + 1 for i, t in enumerate(tags) if t]
+    assert tagged == [hc.CHECK_EVERY, 2 * hc.CHECK_EVERY], tagged
+    assert tags[hc.CHECK_EVERY - 1].startswith("hyperparameters #")
+    assert "now group 0: lr=0.1, momentum=0.9" in tags[hc.CHECK_EVERY - 1]
+    for _ in range(5):
+        hc.begin_round(s, group())
+    hc._after_join()
+    assert s.hyper_rounds == 0 and s.hyper_crc == 0
+
+
+def test_description_is_bounded():
+    text = hc.describe([{"lr": 0.1 * i, "momentum": 0.9} for i in range(100)])
+    assert len(text) <= 240 and text.endswith("...")
