@@ -9,6 +9,7 @@ wrapper (run by path) and gradflow/__init__.py both import it.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import stat
@@ -26,6 +27,11 @@ _MAX_MESSAGE = 4096
 # failed first (its collective raised after the runtime failed fatally), so
 # gradflowrun blames the peer even when this rank's exit is seen first.
 PEER_FAILURE_ENV = "GRADFLOWRUN_PEER_FAILURE_FILE"
+# Diagnostics: with this set to 1, a rank that gradflowrun stops (SIGTERM:
+# the grace period after a failure, or the user's stop) first prints every
+# Python thread's stack to stderr (faulthandler), then dies as before. For a
+# rank that stays silent after a peer failed: where was it?
+STACKS_ENV = "GRADFLOWRUN_STACKS_ON_STOP"
 
 _watching = False
 _lock = threading.Lock()
@@ -101,6 +107,10 @@ def watch(on_notice: Callable[[str], None], environ=None) -> bool:
         if fd is None:
             return False
         _watching = True
+    if ((os.environ if environ is None else environ).get(STACKS_ENV) == "1"
+            and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+            and threading.current_thread() is threading.main_thread()):
+        faulthandler.register(signal.SIGTERM, file=sys.stderr, all_threads=True, chain=True)
 
     def run() -> None:
         with os.fdopen(fd, "rb", buffering=0) as f:

@@ -63,8 +63,11 @@ ALGO_WAIT = {"recursive-doubling": "in recursive-doubling allreduce",
 def sigkill_run(n, victim, mode, algo):
     how = [] if algo == "adasum" else ["--allreduce-algo", algo]
     op = ["adasum"] if algo == "adasum" else []
+    # A survivor the grace period has to stop prints its Python stacks first
+    # (runner/notice.py STACKS_ENV): the one CI failure here had a silent one.
     r = gradflowrun("-np", str(n), *how, sys.executable,
-                    os.path.join(HERE, "sigkill_rank_script.py"), str(victim), mode, *op)
+                    os.path.join(HERE, "sigkill_rank_script.py"), str(victim), mode, *op,
+                    env={"GRADFLOWRUN_STACKS_ON_STOP": "1"})
     return r, time.time()
 
 
