@@ -114,6 +114,9 @@ def check_sigkill(r, ended, n, victim, mode):
         assert f"gradflowrun: stopped rank(s) {', '.join(map(str, survivors))} after the failure" \
             in r.stderr, report
         assert "still running" not in r.stdout, report
+        for rank in survivors:  # GRADFLOWRUN_STACKS_ON_STOP: where the stopped ranks were
+            assert re.search(rf"^\[{rank}\]<stderr>:   File .*sigkill_rank_script.py", r.stderr,
+                             re.M), report
     else:
         check_survivors(r, survivors, died, report)
     if mode == "idle":  # nothing but the notice ends this wait early
