@@ -53,7 +53,7 @@ namespace gradflow {
 //    up to GRADFLOW_IDLE_CYCLE_MAX (20 ms). Every cycle is an exchange with
 //    all peers, and in training most cycles are idle (the forward pass, the
 //    optimizer step): at 1 ms they cost the loop ~25-40 ms of CPU per MLP
-//    step on cores the compute needs (docs/performance.md, "Idle cycles").
+//    step on cores the compute needs (docs/performance.md, "Idle backoff of the coordination loop").
 //    It adds no latency to collectives the idle rank will take part in:
 //    taking part means submitting, and a submit wakes the loop at once; a
 //    rank with anything pending (a join() included) is not idle. What may
