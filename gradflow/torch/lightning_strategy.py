@@ -155,6 +155,9 @@ def _build(package: str) -> Tuple[type, type]:
             super().__init__(accelerator=accelerator, parallel_devices=None,
                              cluster_environment=env, checkpoint_io=checkpoint_io,
                              precision_plugin=precision_plugin)
+            # Lightning's connector sets Trainer(num_nodes=...) here only if
+            # the attribute exists; set_world_ranks refuses anything but 1.
+            self.num_nodes = 1
             self._optimizer_kwargs = dict(
                 compression=compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
                 sparse_ratio=sparse_ratio, use_pool=use_pool, bucket_mb=bucket_mb,

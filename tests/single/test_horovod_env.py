@@ -139,3 +139,13 @@ def test_setting_error_names_the_horovod_variable():
         C.reraise_with_origin(err, {"GRADFLOW_CYCLE_TIME": "HOROVOD_CYCLE_TIME"})
     assert info.value.__cause__ is err
     C.reraise_with_origin(err, {"GRADFLOW_TIMELINE": "HOROVOD_TIMELINE"})  # unrelated: returns
+
+
+def test_unprovided_module_names_the_provided_ones():
+    # with the mode on, horovod.spark (no gradflow counterpart) fails at import
+    # with a message that says what the mode does provide
+    from gradflow.horovod_compat import _AliasFinder
+    with pytest.raises(ModuleNotFoundError) as e:
+        _AliasFinder().find_spec("horovod.spark")
+    assert "horovod.spark" in str(e.value) and "provides horovod.torch" in str(e.value), e.value
+    assert e.value.name == "horovod.spark"

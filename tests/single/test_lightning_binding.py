@@ -68,6 +68,13 @@ try:
 except ValueError as e:
     assert "devices=1" in str(e), e
     print("DEVICES OK")
+try:  # num_nodes is only known when the strategy sets up
+    pl.Trainer(strategy=GradflowStrategy(), accelerator="cpu", devices=1, num_nodes=2,
+               logger=False, enable_progress_bar=False, enable_checkpointing=False,
+               default_root_dir={str(tmp_path)!r}).fit(m, DataLoader(TensorDataset(x, y), batch_size=8))
+except ValueError as e:
+    assert "num_nodes=2" in str(e), e
+    print("NODES OK")
 try:
     t.strategy.reduce(torch.tensor(1.0), reduce_op="prod")
 except ValueError as e:
@@ -85,7 +92,7 @@ except NotImplementedError as e:
 """
     out = _run(code)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    for word in ("FIT OK", "DEVICES OK", "REDUCE OK", "GROUP OK", "SYNC_GRADS OK"):
+    for word in ("FIT OK", "DEVICES OK", "NODES OK", "REDUCE OK", "GROUP OK", "SYNC_GRADS OK"):
         assert word in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
 
 
