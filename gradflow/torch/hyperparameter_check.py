@@ -52,7 +52,6 @@ CHECK_EVERY = 16
 KEYS = ("lr", "momentum", "dampening", "weight_decay", "nesterov", "betas", "eps", "amsgrad",
         "maximize", "alpha", "centered", "lr_decay", "initial_accumulator_value", "rho",
         "lambd", "t0", "etas", "step_sizes", "momentum_decay", "decoupled_weight_decay")
-_KEY_SET = frozenset(KEYS)
 _DESCRIBE_CHARS = 240  # the tag travels in every request of a tagged round
 
 
@@ -81,7 +80,9 @@ def _plain(v: Any) -> Any:
 
 
 def _values(param_groups: Iterable[dict]) -> List[List[Any]]:
-    return [[(k, _plain(v)) for k, v in group.items() if k in _KEY_SET] for group in param_groups]
+    """In KEYS' order, not the dict's: a group rebuilt by load_state_dict
+    (a checkpoint of another torch version) may hold its keys in another."""
+    return [[(k, _plain(group[k])) for k in KEYS if k in group] for group in param_groups]
 
 
 def fold(crc: int, param_groups: Iterable[dict]) -> int:

@@ -58,3 +58,8 @@ def test_tag_only_on_check_rounds_and_join_restarts_the_count():
 def test_description_is_bounded():
     text = hc.describe([{"lr": 0.1 * i, "momentum": 0.9} for i in range(100)])
     assert len(text) <= 240 and text.endswith("...")
+
+
+def test_key_order_does_not_matter():
+    g = group(eps=1e-8, alpha=0.99)
+    assert hc.fold(0, [dict(reversed(list(g[0].items())))]) == hc.fold(0, g)
