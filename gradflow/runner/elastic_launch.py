@@ -20,8 +20,12 @@ except ImportError:  # run as a script
     from elastic_hosts import HostManager, parse_cooldown  # type: ignore[no-redef]
 
 
+ELASTIC_TIMEOUT_DEFAULT = 600.0
+
+
 def add_elastic_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("elastic training (docs/elastic.md; any of these turns it on)")
+    g = p.add_argument_group("elastic training (docs/elastic.md; any of these but "
+                             "--elastic-timeout turns it on)")
     g.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N",
                    help="fewest workers to train with; below it for --elastic-timeout the job "
                         "ends (default: -np)")
@@ -32,7 +36,7 @@ def add_elastic_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--host-discovery-script", metavar="SCRIPT",
                    help="executable printing the usable hosts, one 'host:slots' per line; run "
                         "every second")
-    g.add_argument("--elastic-timeout", type=float, default=600.0, metavar="S",
+    g.add_argument("--elastic-timeout", type=float, default=None, metavar="S",
                    help="seconds to wait for enough workers / a rendezvous (default 600)")
     g.add_argument("--reset-limit", type=int, metavar="N",
                    help="end the job after more than N resets caused by failures (default: "
@@ -66,6 +70,8 @@ def check_elastic(args: argparse.Namespace) -> HostManager:
         raise ValueError(f"elastic mode needs 1 <= --min-np ({min_np}) <= -np ({np_}) <= "
                          f"--max-np ({max_np})")
     args.np, args.min_np, args.max_np = np_, min_np, max_np
+    if args.elastic_timeout is None:
+        args.elastic_timeout = ELASTIC_TIMEOUT_DEFAULT
     if not args.elastic_timeout > 0:
         raise ValueError(f"--elastic-timeout must be > 0, got {args.elastic_timeout}")
     if args.reset_limit is not None and args.reset_limit < 0:

@@ -430,6 +430,11 @@ def main(argv: Optional[Sequence[str]] = None, config_keys: Optional[Sequence[An
     try:
         if is_elastic(args):
             return _main_elastic(args, config_keys, status_dir)
+        if args.elastic_timeout is not None:  # said, not silently dropped
+            print("gradflowrun: warning: --elastic-timeout has no effect: the job is not elastic "
+                  "(elastic mode needs --min-np, --max-np, --host-discovery-script, "
+                  "--slots-per-host, --reset-limit or --blacklist-cooldown-range)",
+                  file=sys.stderr)
         try:
             rank_hosts = validate(args)
             mpiexec, flavor = choose_launcher(args)

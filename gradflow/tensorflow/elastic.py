@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -85,8 +86,11 @@ class TensorFlowState(ObjectState):
                              "TensorFlow 2 has no global variable collection to default to")
         self.variables: List[tf.Variable] = list(variables)
         for v in self.variables:
-            if not isinstance(v, tf.Variable):
-                raise TypeError(f"gradflow: TensorFlowState keeps tf.Variables, got {type(v).__name__}")
+            # Keras 3 Variables (model.variables, optimizer.variables) are
+            # not tf.Variables but save, assign and broadcast alike.
+            if not (isinstance(v, (tf.Variable, keras.Variable))):
+                raise TypeError("gradflow: TensorFlowState keeps tf.Variables or Keras "
+                                f"Variables, got {type(v).__name__}")
         self._saved_variables: List[np.ndarray] = []
         self._save_variables()
         super().__init__(bcast_object=lambda obj: broadcast_object(

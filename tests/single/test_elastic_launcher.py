@@ -48,6 +48,15 @@ def test_defaults_and_spellings():
     assert (args.np, args.min_np, args.max_np) == (2, 2, 4)
     assert hosts.discover() == {"localhost": 4}
     assert not is_elastic(parse(["-np", "2", "python", "x.py"]))
+    assert args.elastic_timeout == 600
+
+
+def test_elastic_timeout_alone_is_not_elastic_and_says_so(capsys):
+    argv = ["--elastic-timeout", "5", "-np", "0", "python", "x.py"]  # -np 0: stops before launching
+    assert not is_elastic(parse(argv))
+    assert launch.main(argv, config_keys=[]) == 2
+    err = capsys.readouterr().err
+    assert "--elastic-timeout has no effect: the job is not elastic" in err, err
 
 
 def test_discovery_output():

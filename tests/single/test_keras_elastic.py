@@ -107,3 +107,17 @@ def test_tensorflow_state_commits_and_restores_variables():
     with pytest.raises(TypeError, match="tf.Variables"):
         tf_elastic.TensorFlowState([np.zeros(2)])
     assert tf_elastic.TensorFlowKerasState is elastic.KerasState
+
+
+def test_tensorflow_state_takes_keras_variables():
+    # its own docstring's recipe: TensorFlowState(model.variables + optimizer.variables);
+    # Keras 3 Variables are not tf.Variables (before 2026-11-27: TypeError)
+    import gradflow.tensorflow.elastic as tf_elastic
+    model = _model()
+    _fit_one(model)
+    state = tf_elastic.TensorFlowState(model.variables + model.optimizer.variables, epoch=0)
+    saved = [keras.ops.convert_to_numpy(v).copy() for v in state.variables]
+    _fit_one(model)
+    state.restore()
+    for want, v in zip(saved, state.variables):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(v), want)
