@@ -78,7 +78,7 @@ std::vector<KeySpec> make_specs() {
   // 1 Gbit/s, 2 ranks, dense fp32: 64 MiB 54.8-55.1 samples/s, 8 MiB
   // 55.9-61.7 (docs/performance.md, "Pool bucket size").
   add_int("GRADFLOW_POOL_BUCKET_BYTES", "--pool-bucket-mb", 8ll << 20, 1048576.0, 4096, 1e12,
-          "bytes per gradient-pool bucket (flag in MiB); integer >= 4096",
+          "bytes per gradient-pool bucket (flag in MiB); at least 4096 bytes",
           [](Config& c, int64_t v) { c.pool_bucket_bytes = v; });
   // Off by default until measured on an idle machine (docs/performance.md,
   // issue 16 target 3): a model smaller than one bucket reduces nothing

@@ -161,7 +161,10 @@ def build_parser(config_keys: Sequence[Any], native_note: str = "") -> argparse.
             kwargs.update(action="store_const", const=True)
         else:
             kwargs["metavar"] = {"int": "N", "float": "X"}.get(key["type"], "VALUE")
-        kwargs["help"] = (f"{key['help']} [{key['env']}; default: {_default_in_flag_unit(key)}]"
+        text, env = key["help"], key["env"]
+        if key["type"] == "bool":  # the flag takes no value; "1 | 0" is the variable's
+            text, env = text.removeprefix("1 | 0: "), f"{env}=1|0"
+        kwargs["help"] = (f"{text} [{env}; default: {_default_in_flag_unit(key)}]"
                           .replace("%", "%%"))
         try:
             settings.add_argument(key["flag"], **kwargs)
