@@ -1,7 +1,9 @@
 // background_loop.h — the communication thread. Each cycle: drain the
 // submit queue, negotiate with the coordinator, plan fusion, execute the
 // agreed responses in order, complete handles. It is the only thread that
-// calls MPI (Note [Execution order] in coordinator.h says why order is safe).
+// runs its engine's collectives (init() and add_process_set() create the
+// communicators on the caller's thread; each process set has its own loop)
+// (Note [Execution order] in coordinator.h says why order is safe).
 #pragma once
 
 #include <atomic>

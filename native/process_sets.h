@@ -13,7 +13,8 @@
 //    each engine negotiates and executes on its own communicator and thread
 //    (MPI is initialized at MPI_THREAD_MULTIPLE; engines share no MPI state);
 //  * everything the core does on the global set works in a set unchanged
-//    (fusion, pools, CSC, wire codec, every algorithm, join), with ranks and
+//    (fusion, pools, CSC, wire codec, every algorithm; join() is global only),
+//    with ranks and
 //    sizes those of the set: Average divides by the set's size, allgather
 //    concatenates in set order, alltoall takes one split per set member.
 //    Only broadcast's root is a *global* rank (as in Horovod), translated here;
@@ -29,7 +30,7 @@
 //    an abort (uncaught exception) goes to all of them, so a dead or failing
 //    rank fails pending collectives in every set, on every rank, within the
 //    timeout. shutdown() stops every set engine, then the global one.
-// Errors from a set's engine name the set (Runtime::label()).
+// Errors from a set's engine name the set (Runtime::in_set()).
 #pragma once
 
 #include <cstdint>
