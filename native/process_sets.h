@@ -14,8 +14,9 @@
 //    (MPI is initialized at MPI_THREAD_MULTIPLE; engines share no MPI state);
 //  * everything the core does on the global set works in a set unchanged
 //    (fusion, pools, CSC, wire codec, every algorithm; join() is global
-//    only), with ranks and sizes those of the set: Average divides by the set's size, allgather
-//    concatenates in set order, alltoall takes one split per set member.
+//    only), with ranks and sizes those of the set: Average divides by the
+//    set's size, allgather concatenates in set order, alltoall takes one
+//    split per set member.
 //    Only broadcast's root is a *global* rank (as in Horovod), translated here;
 //  * the set id is the same on every rank because registration is agreed:
 //    add/remove are collective over the global set; every rank allgathers
