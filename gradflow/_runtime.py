@@ -210,7 +210,9 @@ def cross_size() -> int:
 def mpi_comm() -> MPI.Comm:
     """The mpi4py communicator gradflow was initialized with."""
     if _comm is None or not is_initialized():
-        raise GradflowError("gradflow has not been initialized: call gradflow.init() first")
+        # The type and words every other call before init() raises (native).
+        raise _native.GradflowValueError(
+            "gradflow has not been initialized: call gradflow.init() (or hvd.init()) first")
     return _comm
 
 

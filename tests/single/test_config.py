@@ -74,11 +74,13 @@ def test_init_rejects_invalid_environment():
 
 def test_use_before_init_raises():
     code = ("import numpy as np, gradflow as gf\n"
-            "for f in (gf.rank, gf.size, lambda: gf.allreduce(np.ones(2)), lambda: gf.barrier()):\n"
+            "for f in (gf.rank, gf.size, lambda: gf.allreduce(np.ones(2)), lambda: gf.barrier(),\n"
+            "          gf.mpi_comm):\n"
             "  try:\n    f()\n    print('NO ERROR')\n"
-            "  except gf.GradflowError as e:\n    assert 'init' in str(e); print('OK')\n")
+            "  except gf.GradflowValueError as e:\n"
+            "    assert 'call gradflow.init() (or hvd.init()) first' in str(e); print('OK')\n")
     p = _run(code)
-    assert p.stdout.split() == ["OK"] * 4, p.stdout + p.stderr
+    assert p.stdout.split() == ["OK"] * 5, p.stdout + p.stderr
 
 
 def test_single_process_without_launcher_and_reinit():
