@@ -77,7 +77,8 @@ def test_use_before_init_raises():
             "for f in (gf.rank, gf.size, lambda: gf.allreduce(np.ones(2)), lambda: gf.barrier(),\n"
             "          gf.mpi_comm):\n"
             "  try:\n    f()\n    print('NO ERROR')\n"
-            "  except gf.GradflowValueError as e:\n"
+            "  except gf.GradflowError as e:\n"
+            "    assert isinstance(e, ValueError), type(e)\n"
             "    assert 'call gradflow.init() (or hvd.init()) first' in str(e); print('OK')\n")
     p = _run(code)
     assert p.stdout.split() == ["OK"] * 5, p.stdout + p.stderr
