@@ -9,9 +9,10 @@ new arrays in native byte order.
 from __future__ import annotations
 
 import enum
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import _dtypes
 from ._handles import Handle
@@ -112,9 +113,9 @@ def _result_array(result: dict, dtype: np.dtype) -> np.ndarray:
     return result["data"].view(dtype).reshape(result["shape"])
 
 
-def allreduce_async(array, op: ReduceOp = Average, name: Optional[str] = None,
+def allreduce_async(array: ArrayLike, op: ReduceOp = Average, name: Optional[str] = None,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                    compression=None, sparse_ratio: Optional[float] = None,
+                    compression: Any = None, sparse_ratio: Optional[float] = None,
                     process_set: Optional[ProcessSet] = None, *, step_tag: str = "") -> Handle:
     """Start an allreduce of `array` over `process_set` (default: all ranks);
     `synchronize(handle)` returns the reduced copy. `step_tag` (for
@@ -132,9 +133,9 @@ def allreduce_async(array, op: ReduceOp = Average, name: Optional[str] = None,
                   process_set=process_set, step_tag=step_tag)
 
 
-def allreduce(array, op: ReduceOp = Average, name: Optional[str] = None,
+def allreduce(array: ArrayLike, op: ReduceOp = Average, name: Optional[str] = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-              compression=None, sparse_ratio: Optional[float] = None,
+              compression: Any = None, sparse_ratio: Optional[float] = None,
               process_set: Optional[ProcessSet] = None) -> np.ndarray:
     """Reduce `array` across the ranks of `process_set` (default: all ranks;
     Average divides by the set's size); every member gets the same,
@@ -143,7 +144,7 @@ def allreduce(array, op: ReduceOp = Average, name: Optional[str] = None,
                            sparse_ratio, process_set).wait()
 
 
-def allgather_async(array, name: Optional[str] = None,
+def allgather_async(array: ArrayLike, name: Optional[str] = None,
                     process_set: Optional[ProcessSet] = None) -> Handle:
     """Start an allgather; the first dimension may differ between ranks."""
     a = _prepare(array)
@@ -154,13 +155,13 @@ def allgather_async(array, name: Optional[str] = None,
                   lambda r: _result_array(r, a.dtype), process_set=process_set)
 
 
-def allgather(array, name: Optional[str] = None,
+def allgather(array: ArrayLike, name: Optional[str] = None,
               process_set: Optional[ProcessSet] = None) -> np.ndarray:
     """Concatenate every member's `array` along the first dimension, in rank order."""
     return allgather_async(array, name, process_set).wait()
 
 
-def broadcast_async(array, root_rank: int, name: Optional[str] = None,
+def broadcast_async(array: ArrayLike, root_rank: int, name: Optional[str] = None,
                     process_set: Optional[ProcessSet] = None) -> Handle:
     """Start a broadcast of root's `array`; the result is a new array.
     `root_rank` is a global rank (a member of `process_set`), as in Horovod."""
@@ -171,13 +172,13 @@ def broadcast_async(array, root_rank: int, name: Optional[str] = None,
                   a.shape, (a, out), lambda r: out, root=int(root_rank), process_set=process_set)
 
 
-def broadcast(array, root_rank: int, name: Optional[str] = None,
+def broadcast(array: ArrayLike, root_rank: int, name: Optional[str] = None,
               process_set: Optional[ProcessSet] = None) -> np.ndarray:
     """Root's `array` on every member (shapes and dtypes must match)."""
     return broadcast_async(array, root_rank, name, process_set).wait()
 
 
-def reducescatter_async(array, op: ReduceOp = Average, name: Optional[str] = None,
+def reducescatter_async(array: ArrayLike, op: ReduceOp = Average, name: Optional[str] = None,
                         process_set: Optional[ProcessSet] = None,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
     """Start a reducescatter: reduce `prescale_factor * array` across the
@@ -194,7 +195,7 @@ def reducescatter_async(array, op: ReduceOp = Average, name: Optional[str] = Non
                   prescale=prescale_factor, postscale=postscale_factor, process_set=process_set)
 
 
-def reducescatter(array, op: ReduceOp = Average, name: Optional[str] = None,
+def reducescatter(array: ArrayLike, op: ReduceOp = Average, name: Optional[str] = None,
                   process_set: Optional[ProcessSet] = None,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
     """Reduce `prescale_factor * array` across the members and return this
@@ -205,7 +206,8 @@ def reducescatter(array, op: ReduceOp = Average, name: Optional[str] = None,
                                postscale_factor).wait()
 
 
-def alltoall_async(array, splits: Optional[Sequence[int]] = None, name: Optional[str] = None,
+def alltoall_async(array: ArrayLike, splits: Optional[Sequence[int]] = None,
+                   name: Optional[str] = None,
                    process_set: Optional[ProcessSet] = None) -> Handle:
     """Start an alltoall; the result is (array, received_splits)."""
     a = _prepare(array)
@@ -220,7 +222,7 @@ def alltoall_async(array, splits: Optional[Sequence[int]] = None, name: Optional
                   splits=sp, process_set=process_set)
 
 
-def alltoall(array, splits: Optional[Sequence[int]] = None, name: Optional[str] = None,
+def alltoall(array: ArrayLike, splits: Optional[Sequence[int]] = None, name: Optional[str] = None,
              process_set: Optional[ProcessSet] = None) -> Tuple[np.ndarray, np.ndarray]:
     """Send `splits[p]` rows to member p (default: even split; one split per
     member of `process_set`, in set order); returns the rows received from
@@ -257,7 +259,7 @@ def join() -> int:
     return int(r["shape"][0])
 
 
-def synchronize(handle: Handle):
+def synchronize(handle: Handle) -> Any:
     """Wait for an async handle and return its result."""
     return handle.wait()
 

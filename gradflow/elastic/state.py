@@ -53,6 +53,7 @@ class State:
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
+        """After the group re-formed: reset(), then the registered reset callbacks."""
         self._handled_updates = 0
         self.reset()
         for callback in self._reset_callbacks:

@@ -22,7 +22,7 @@ so the compiled train function keeps working after the group re-forms.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import keras
 import numpy as np
@@ -68,7 +68,7 @@ def _is_tf_error(e: BaseException) -> bool:
     return isinstance(e, tf.errors.OpError)
 
 
-def run(func):
+def run(func: Callable[..., Any]) -> Callable[..., Any]:
     """Run `func(state, ...)` elastically (it typically calls model.fit):
     on a lost peer the state rolls back to its last commit, the survivors
     re-form and call `func` again; when hosts are added or removed the group

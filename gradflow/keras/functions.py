@@ -32,7 +32,7 @@ def _host(value: Any) -> np.ndarray:
 
 def allreduce(value: Any, name: Optional[str] = None, average: Optional[bool] = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-              op: Optional[ReduceOp] = None, compression=Compression.none) -> Any:
+              op: Optional[ReduceOp] = None, compression: Any = Compression.none) -> Any:
     """Reduce `value` across ranks (default: average; `average` is Horovod's
     deprecated flag, not together with `op`)."""
     if _tf_backend():
@@ -122,7 +122,7 @@ def _wrap_loaded(opt: keras.optimizers.Optimizer, model: keras.Model,
 
 
 def load_model(filepath: Any, custom_optimizers: Optional[Iterable[type]] = None,
-               custom_objects: Optional[Dict[str, Any]] = None, compression=Compression.none,
+               custom_objects: Optional[Dict[str, Any]] = None, compression: Any = Compression.none,
                legacy_opts: bool = False) -> keras.Model:
     """Load a saved Keras 3 model (`.keras` file) whose optimizer comes back
     wrapped in a gradflow DistributedOptimizer, with its saved state (slots,

@@ -304,7 +304,7 @@ def _reduce_eager_numpy(grads: List[Any], names: List[str], opt: _DistributedMix
 
 def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[str] = None,
                          device_dense: str = "", device_sparse: str = "",
-                         compression=Compression.none, sparse_as_dense: bool = False,
+                         compression: Any = Compression.none, sparse_as_dense: bool = False,
                          gradient_predivide_factor: float = 1.0, op: ReduceOp = Average,
                          backward_passes_per_step: int = 1,
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
@@ -372,7 +372,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
 
 def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[str] = None,
                                 device_dense: str = "", device_sparse: str = "",
-                                compression=Compression.none, sparse_as_dense: bool = False,
+                                compression: Any = Compression.none, sparse_as_dense: bool = False,
                                 gradient_predivide_factor: float = 1.0, op: ReduceOp = Average,
                                 groups: Optional[Any] = None,
                                 process_set: Optional[ProcessSet] = global_process_set,

@@ -20,7 +20,7 @@ the generation really lost a peer, so the loop rolls back.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import keras
 import numpy as np
@@ -56,7 +56,7 @@ def _as_internal_error(func):
     return wrapper
 
 
-def run(func):
+def run(func: Callable[..., Any]) -> Callable[..., Any]:
     """Run `func(state, ...)` elastically: on a lost peer the state rolls back
     to its last commit, the survivors re-form and call `func` again; when
     hosts are added or removed the group re-forms at the next commit and new

@@ -34,7 +34,7 @@ from .overlap import start_allreduce
 
 
 def reduce_gradients(grads: Sequence[Any], names: Sequence[str], op: ReduceOp = Average,
-                     compression=Compression.none, sparse_ratio: SparseRatio = None,
+                     compression: Any = Compression.none, sparse_ratio: SparseRatio = None,
                      sparse_as_dense: bool = False,
                      gradient_predivide_factor: float = 1.0,
                      process_set: Optional[ProcessSet] = None) -> List[Any]:
@@ -137,7 +137,7 @@ class DistributedGradientTape:
     Every other attribute is the wrapped tape's."""
 
     def __init__(self, gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
-                 compression=Compression.none, sparse_as_dense: bool = False,
+                 compression: Any = Compression.none, sparse_as_dense: bool = False,
                  op: ReduceOp = Average, gradient_predivide_factor: float = 1.0,
                  num_groups: int = 0, groups: Any = None,
                  process_set: Optional[ProcessSet] = global_process_set,
@@ -179,8 +179,10 @@ class DistributedGradientTape:
         not reduced (only divided by size with `scale_local_gradients`)."""
         self._local_sources.add(_source_key(source))
 
-    def gradient(self, target, sources, output_gradients=None, use_generic_names: bool = False,
-                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
+                 use_generic_names: bool = False,
+                 unconnected_gradients: tf.UnconnectedGradients = tf.UnconnectedGradients.NONE
+                 ) -> Any:
         """The wrapped tape's gradient, reduced across ranks (same structure).
         `use_generic_names` changes nothing: gradflow's names are always
         positional (`<name>.<i>`), identical on every rank."""
@@ -217,7 +219,8 @@ class DistributedGradientTape:
             flat, shared, lambda i: tf.zeros(sources[i].shape, sources[i].dtype),
             f"{self.name}.has_gradient", self.process_set)
 
-    def get_local_and_global_gradients(self, target, sources, output_gradients=None,
+    def get_local_and_global_gradients(self, target: Any, sources: Any,
+                                       output_gradients: Any = None,
                                        use_generic_names: bool = False
                                        ) -> Tuple[List[Tuple[Any, Any]], List[Tuple[Any, Any]]]:
         """`gradient()` split as Horovod: ([(local source, grad)], [(shared
@@ -239,7 +242,7 @@ def _divide(grad: Any, n: int) -> Any:
 
 
 def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
-                                   device_sparse: str = "", compression=Compression.none,
+                                   device_sparse: str = "", compression: Any = Compression.none,
                                    sparse_as_dense: bool = False, op: ReduceOp = Average,
                                    gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                                    groups: Any = None,

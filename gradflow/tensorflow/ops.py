@@ -150,7 +150,7 @@ def _resolve_ratio(sparse_ratio: SparseRatio) -> Optional[float]:
 # ---- allreduce ----
 
 def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op: ReduceOp = Average,
-                          compression=Compression.none, prescale_factor: float = 1.0,
+                          compression: Any = Compression.none, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0, sparse_ratio: SparseRatio = None,
                           process_set: Optional[ProcessSet] = None,
                           count_step: bool = False, step_tag: str = "") -> List[tf.Tensor]:
@@ -196,7 +196,7 @@ def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: ReduceOp, name: str,
 
 
 def allreduce(tensor: Union[TensorLike, tf.IndexedSlices], average: Optional[bool] = None,
-              device_dense: str = "", device_sparse: str = "", compression=Compression.none,
+              device_dense: str = "", device_sparse: str = "", compression: Any = Compression.none,
               op: Optional[ReduceOp] = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, name: Optional[str] = None,
               process_set: Optional[ProcessSet] = global_process_set,
@@ -235,7 +235,7 @@ def allreduce(tensor: Union[TensorLike, tf.IndexedSlices], average: Optional[boo
 
 def grouped_allreduce(tensors: Sequence[TensorLike], average: Optional[bool] = None,
                       device_dense: str = "", device_sparse: str = "",
-                      compression=Compression.none, op: Optional[ReduceOp] = None,
+                      compression: Any = Compression.none, op: Optional[ReduceOp] = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: Optional[ProcessSet] = global_process_set,
                       ignore_name_scope: bool = False, name: Optional[str] = None, *,

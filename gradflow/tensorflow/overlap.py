@@ -38,7 +38,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -144,7 +144,7 @@ class PendingReduction:
 
 
 def start_allreduce(tensors: Sequence[tf.Tensor], names: Sequence[str], op: ReduceOp,
-                    compression=Compression.none, prescale_factor: float = 1.0,
+                    compression: Any = Compression.none, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0, sparse_ratio: SparseRatio = None,
                     process_set: Optional[ProcessSet] = None,
                     count_step: bool = False, step_tag: str = "") -> PendingReduction:

@@ -77,7 +77,7 @@ def local_size_op(name: Optional[str] = None) -> tf.Tensor:
 
 def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking: bool = False,
                          device_dense: str = "", device_sparse: str = "",
-                         compression=Compression.none, sparse_as_dense: bool = False,
+                         compression: Any = Compression.none, sparse_as_dense: bool = False,
                          backward_passes_per_step: int = 1, op: ReduceOp = Average,
                          gradient_predivide_factor: float = 1.0,
                          average_aggregated_gradients: bool = False, num_groups: int = 0,

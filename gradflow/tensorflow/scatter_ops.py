@@ -101,7 +101,7 @@ def _check_device(device_dense: Any, what: str) -> None:
                         f"order), got {device_dense!r}; pass the reduce op as op=")
 
 
-def reducescatter(tensor: TensorLike, device_dense: str = "", compression=Compression.none,
+def reducescatter(tensor: TensorLike, device_dense: str = "", compression: Any = Compression.none,
                   op: ReduceOp = Average, name: Optional[str] = None,
                   process_set: Optional[ProcessSet] = global_process_set,
                   ignore_name_scope: bool = False, prescale_factor: float = 1.0,
@@ -124,7 +124,7 @@ def reducescatter(tensor: TensorLike, device_dense: str = "", compression=Compre
 
 
 def grouped_reducescatter(tensors: Sequence[TensorLike], device_dense: str = "",
-                          compression=Compression.none, op: ReduceOp = Average,
+                          compression: Any = Compression.none, op: ReduceOp = Average,
                           process_set: Optional[ProcessSet] = global_process_set,
                           prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> List[tf.Tensor]:

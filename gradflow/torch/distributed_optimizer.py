@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import Iterable, Optional, Tuple
+from typing import Any, Iterable, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -21,9 +21,11 @@ __all__ = ["DistributedOptimizer"]
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
-                         compression=Compression.none, backward_passes_per_step: int = 1,
+                         compression: Any = Compression.none, backward_passes_per_step: int = 1,
                          op: int = Average, gradient_predivide_factor: float = 1.0,
-                         num_groups: int = 0, groups=None, sparse_as_dense: bool = False,
+                         num_groups: int = 0,
+                         groups: Optional[Union[int, Sequence[Sequence[torch.Tensor]]]] = None,
+                         sparse_as_dense: bool = False,
                          process_set: Optional[ProcessSet] = global_process_set, *,
                          sparse_ratio: Optional[float] = None,
                          use_pool: bool = True, bucket_mb: Optional[float] = None,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import math
 import random
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.utils.data
@@ -35,7 +35,7 @@ from .functions import broadcast_object, broadcast_optimizer_state, broadcast_pa
 __all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler"]
 
 
-def run(func):
+def run(func: Callable[..., Any]) -> Callable[..., Any]:
     """Run `func(state, ...)` elastically: on a lost peer the state rolls
     back to its last commit, the survivors re-form and go on; when hosts are
     added or removed the group re-forms at the next commit. Do not call a
@@ -74,9 +74,11 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.processed_num += batch_size * self.num_replicas
 
     def state_dict(self) -> Dict[str, int]:
+        """The epoch and how many samples of it all ranks have processed."""
         return {"epoch": self.epoch, "processed_num": self.processed_num}
 
     def load_state_dict(self, state: Dict[str, int]) -> None:
+        """Restore state_dict()'s values and re-partition the rest of the epoch."""
         self.epoch, self.processed_num = int(state["epoch"]), int(state["processed_num"])
         self.reset()
 

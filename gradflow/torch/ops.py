@@ -118,7 +118,7 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
                      op: Optional[int] = None, prescale_factor: float = 1.0,
                      postscale_factor: float = 1.0,
                      process_set: Optional[ProcessSet] = global_process_set,
-                     compression=Compression.none, sparse_ratio: Optional[float] = None,
+                     compression: Any = Compression.none, sparse_ratio: Optional[float] = None,
                      *, step_tag: str = "") -> Handle:
     """Start an in-place allreduce of `tensor` over `process_set`;
     `synchronize(handle)` returns it. A user Compressor compresses before and
@@ -145,7 +145,8 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: 
                     op: Optional[int] = None, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0,
                     process_set: Optional[ProcessSet] = global_process_set,
-                    compression=Compression.none, sparse_ratio: Optional[float] = None) -> Handle:
+                    compression: Any = Compression.none,
+                    sparse_ratio: Optional[float] = None) -> Handle:
     """Start an allreduce over `process_set` into a new tensor;
     `synchronize(handle)` returns it. A user Compressor (Horovod's interface)
     compresses the input and decompresses the result, as Horovod's does."""
@@ -188,7 +189,7 @@ class _AllreduceFn(torch.autograd.Function):
 
 
 def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
-              compression=Compression.none, op: Optional[int] = None,
+              compression: Any = Compression.none, op: Optional[int] = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: Optional[ProcessSet] = global_process_set) -> torch.Tensor:
     """Reduce `tensor` across the ranks of `process_set` (default: all;
@@ -202,7 +203,7 @@ def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optio
                op: Optional[int] = None, prescale_factor: float = 1.0,
                postscale_factor: float = 1.0,
                process_set: Optional[ProcessSet] = global_process_set,
-               compression=Compression.none) -> torch.Tensor:
+               compression: Any = Compression.none) -> torch.Tensor:
     """In-place allreduce over `process_set`; returns `tensor`."""
     return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
                             process_set, compression=compression).wait()
@@ -246,7 +247,8 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[
                              name: Optional[str] = None, op: Optional[int] = None,
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: Optional[ProcessSet] = global_process_set,
-                             compression=Compression.none, *, step_tag: str = "") -> GroupHandle:
+                             compression: Any = Compression.none, *,
+                             step_tag: str = "") -> GroupHandle:
     """In-place allreduce of a list of tensors over `process_set` (the core
     fuses them); `step_tag` as allreduce_async_'s."""
     return _grouped(allreduce_async_, tensors, average, name, op, prescale_factor,
@@ -257,7 +259,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[b
                             name: Optional[str] = None, op: Optional[int] = None,
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: Optional[ProcessSet] = global_process_set,
-                            compression=Compression.none) -> GroupHandle:
+                            compression: Any = Compression.none) -> GroupHandle:
     """Allreduce of a list of tensors over `process_set` into new tensors."""
     return _grouped(allreduce_async, tensors, average, name, op, prescale_factor,
                     postscale_factor, process_set, compression)
@@ -281,7 +283,7 @@ class _GroupedAllreduceFn(torch.autograd.Function):
 
 
 def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
-                      name: Optional[str] = None, compression=Compression.none,
+                      name: Optional[str] = None, compression: Any = Compression.none,
                       op: Optional[int] = None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0,
                       process_set: Optional[ProcessSet] = global_process_set) -> List[torch.Tensor]:
@@ -294,7 +296,7 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] 
                        name: Optional[str] = None, op: Optional[int] = None,
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: Optional[ProcessSet] = global_process_set,
-                       compression=Compression.none) -> List[torch.Tensor]:
+                       compression: Any = Compression.none) -> List[torch.Tensor]:
     """In-place grouped allreduce over `process_set`; returns the tensors."""
     return grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
                                     process_set, compression=compression).wait()

@@ -5,7 +5,7 @@
 """Reducescatter and grouped allgather/reducescatter for ``import gradflow.torch as hvd``."""
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import torch
 
@@ -59,7 +59,8 @@ class _ReducescatterFn(torch.autograd.Function):
         return full, None, None, None, None, None
 
 
-def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression=Compression.none,
+def reducescatter(tensor: torch.Tensor, name: Optional[str] = None,
+                  compression: Any = Compression.none,
                   op: int = Average, process_set: Optional[ProcessSet] = global_process_set,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
     """Reduce `prescale_factor * tensor` across ranks; this rank keeps its
@@ -149,7 +150,7 @@ class _GroupedReducescatterFn(torch.autograd.Function):
 
 
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
-                          compression=Compression.none, op: int = Average,
+                          compression: Any = Compression.none, op: int = Average,
                           process_set: Optional[ProcessSet] = global_process_set,
                           prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> List[torch.Tensor]:
