@@ -31,8 +31,10 @@ bool test_bit(const std::vector<uint64_t>& w, size_t base, int32_t bit) {
 
 // Note [Step tags]: what two different tags of one name mean, per tag kind.
 static std::string step_tag_mismatch(const char* kind, const std::string& name, int rank_a,
-                                     const std::string& tag_a, int rank_b, const std::string& tag_b) {
-  const bool hyper = tag_a.rfind("hyperparameters", 0) == 0 || tag_b.rfind("hyperparameters", 0) == 0;
+                                     const std::string& tag_a, int rank_b,
+                                     const std::string& tag_b) {
+  const bool hyper =
+      tag_a.rfind("hyperparameters", 0) == 0 || tag_b.rfind("hyperparameters", 0) == 0;
   std::ostringstream why;
   why << (hyper ? "the ranks' optimizer hyperparameters differ: rank "
                 : "the ranks reduce different sets of gradients in one step: rank ")
@@ -41,11 +43,11 @@ static std::string step_tag_mismatch(const char* kind, const std::string& name, 
   if (hyper)
     why << "Ranks that update with different learning rates, momentum or weight decay end with "
            "different weights (the tag's #crc covers every step since the last check, 'now' "
-           "the current values; {} names a rank whose round was not a check round). Usual causes: "
-           "an LR scheduler stepped on a rank-local value (ReduceLROnPlateau on each rank's "
-           "own validation loss: average it first, e.g. with gradflow.torch.allreduce), or a "
-           "scheduler or optimizer state restored on some ranks only (restore it everywhere, "
-           "or use broadcast_optimizer_state / broadcast_object)";
+           "the current values; {} names a rank whose round was not a check round). Usual "
+           "causes: an LR scheduler stepped on a rank-local value (ReduceLROnPlateau on each "
+           "rank's own validation loss: average it first, e.g. with gradflow.torch.allreduce), "
+           "or a scheduler or optimizer state restored on some ranks only (restore it "
+           "everywhere, or use broadcast_optimizer_state / broadcast_object)";
   else
     why << "A gradient is None on some ranks only: inside a tf.function traced differently "
            "per rank (Python control flow on the rank's data), pass "

@@ -88,7 +88,7 @@ class TensorFlowState(ObjectState):
         for v in self.variables:
             # Keras 3 Variables (model.variables, optimizer.variables) are
             # not tf.Variables but save, assign and broadcast alike.
-            if not (isinstance(v, (tf.Variable, keras.Variable))):
+            if not isinstance(v, (tf.Variable, keras.Variable)):
                 raise TypeError("gradflow: TensorFlowState keeps tf.Variables or Keras "
                                 f"Variables, got {type(v).__name__}")
         self._saved_variables: List[np.ndarray] = []
