@@ -236,8 +236,8 @@ def barrier(process_set: Optional[ProcessSet] = None) -> None:
            process_set=process_set).wait()
 
 
-# Called after every join() with no argument: per-step counters that must
-# agree across ranks start again there (the torch hyperparameter check's).
+# Callbacks (no arguments) run after every join(): per-step counters that
+# must agree across ranks start again there (the torch hyperparameter check's).
 after_join: List[Callable[[], None]] = []
 
 

@@ -37,7 +37,8 @@ def add_elastic_flags(p: argparse.ArgumentParser) -> None:
                    help="executable printing the usable hosts, one 'host:slots' per line; run "
                         "every second")
     g.add_argument("--elastic-timeout", type=float, default=None, metavar="S",
-                   help="seconds to wait for enough workers / a rendezvous (default 600)")
+                   help="seconds to wait for enough workers / a rendezvous "
+                        f"(default {ELASTIC_TIMEOUT_DEFAULT:g})")
     g.add_argument("--reset-limit", type=int, metavar="N",
                    help="end the job after more than N resets caused by failures (default: "
                         "no limit)")

@@ -102,29 +102,33 @@ def describe(param_groups: Iterable[dict]) -> str:
 _LIVE: "weakref.WeakSet" = weakref.WeakSet()  # every wrapper's state, for after_join
 
 
-def reset(s) -> None:
-    """A new optimizer or a new runtime (elastic reset): count from 0 again."""
-    s.hyper_rounds = 0
-    s.hyper_crc = 0
-    s.step_tag = ""
-    _LIVE.add(s)
-
-
-def _after_join() -> None:
-    """Every rank returns from join() together, whatever rounds it ran before."""
-    for s in list(_LIVE):
-        s.hyper_rounds = 0
-        s.hyper_crc = 0
-
-
-collectives.after_join.append(_after_join)
-
-
 def restart_crc(s) -> None:
     """The ranks' values were just made equal (broadcast_optimizer_state):
     differences before it no longer matter. Collective, so every rank does
     it at the same point of its rounds."""
     s.hyper_crc = 0
+
+
+def _restart_count(s) -> None:
+    s.hyper_rounds = 0
+    restart_crc(s)
+
+
+def reset(s) -> None:
+    """A new optimizer or a new runtime (elastic reset): count from 0 again."""
+    _restart_count(s)
+    s.step_tag = ""
+    _LIVE.add(s)
+
+
+def _after_join() -> None:
+    """Every rank returns from join() together, whatever rounds it ran
+    before. The step tag stays: the next begin_round clears it from the pools."""
+    for s in list(_LIVE):
+        _restart_count(s)
+
+
+collectives.after_join.append(_after_join)
 
 
 def begin_round(s, param_groups: List[dict]) -> None:
