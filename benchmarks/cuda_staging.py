@@ -9,6 +9,10 @@ Systems, interleaved per iteration (so drift hits all alike), medians of the
 slowest rank's time, barrier before each:
   gradflow-cuda  gradflow.torch.allreduce_ of a CUDA tensor (device -> host
                  copy, the core's allreduce over shared memory, host -> device)
+  gradflow-cuda-pinned  the alternative, by hand: a pinned host buffer
+                 (torch's caching host allocator), copy in, allreduce_ of
+                 it, copy back. Measured slower from 16 MiB up on an H100
+                 (docs/gpu.md), so gradflow stages to pageable memory.
   gradflow-cpu   the same on a CPU tensor (no staging): the staging cost is
                  the difference
   gloo-cuda      torch.distributed.all_reduce of the CUDA tensor on a gloo
@@ -40,7 +44,7 @@ def parse_size(s: str) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", default="1MiB,16MiB,64MiB")
+    ap.add_argument("--sizes", default="1MiB,16MiB,64MiB,256MiB")
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args()
     hvd.init()
@@ -58,6 +62,11 @@ def main() -> None:
         t0 = time.perf_counter()
         if system == "gloo-cuda":
             dist.all_reduce(buf)
+        elif system == "gradflow-cuda-pinned":
+            host = torch.empty(buf.shape, dtype=buf.dtype, pin_memory=True)
+            host.copy_(buf)
+            hvd.allreduce_(host, op=hvd.Sum, name=f"bench.{system}.{buf.numel()}")
+            buf.copy_(host)
         else:
             hvd.allreduce_(buf, op=hvd.Sum, name=f"bench.{system}.{buf.numel()}")
         if buf.is_cuda:
@@ -66,7 +75,7 @@ def main() -> None:
         return max(hvd.allgather_object(mine))  # the slowest rank's time
 
     rows = []
-    systems = ("gradflow-cuda", "gradflow-cpu", "gloo-cuda")
+    systems = ("gradflow-cuda", "gradflow-cuda-pinned", "gradflow-cpu", "gloo-cuda")
     for size in (parse_size(s) for s in args.sizes.split(",")):
         count = size // 4
         base = (torch.arange(count) % 7).float()
@@ -84,12 +93,14 @@ def main() -> None:
     if r == 0:
         print(f"ranks {n}, GPU {torch.cuda.get_device_name(dev)}, torch {torch.__version__}, "
               f"{args.iters} iterations (medians of the slowest rank)")
-        print("| size | gradflow-cuda ms | gradflow-cpu ms | gloo-cuda ms | cuda / cpu | gloo / gradflow-cuda |")
-        print("|---|---|---|---|---|---|")
+        print("| size | gradflow-cuda ms | gradflow-cuda-pinned ms | gradflow-cpu ms | gloo-cuda ms"
+              " | pinned / cuda | cuda / cpu | gloo / gradflow-cuda |")
+        print("|---|---|---|---|---|---|---|---|")
         for size, med in rows:
-            g, c, gl = med["gradflow-cuda"], med["gradflow-cpu"], med["gloo-cuda"]
-            print(f"| {size >> 20} MiB | {g * 1e3:.2f} | {c * 1e3:.2f} | {gl * 1e3:.2f} | "
-                  f"{g / c:.2f} | {gl / g:.2f} |")
+            g, pn = med["gradflow-cuda"], med["gradflow-cuda-pinned"]
+            c, gl = med["gradflow-cpu"], med["gloo-cuda"]
+            print(f"| {size >> 20} MiB | {g * 1e3:.2f} | {pn * 1e3:.2f} | {c * 1e3:.2f} | "
+                  f"{gl * 1e3:.2f} | {pn / g:.2f} | {g / c:.2f} | {gl / g:.2f} |")
     dist.destroy_process_group()
 
 

@@ -3,7 +3,8 @@
 # Owns only the tensor <-> raw-buffer translation; all communication is the
 # native core's (through gradflow._runtime.submit, which also translates
 # every `process_set=`, Horovod's last parameter). CUDA tensors are staged
-# through a CPU copy (never run on this machine: no GPU here).
+# through a CPU copy (run on a GPU machine: docs/gpu.md, which also says why
+# the copy is to pageable, not pinned, memory).
 """Tensor collectives for ``import gradflow.torch as hvd``."""
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ def _op_of(average: Optional[bool], op: Optional[int]) -> ReduceOp:
 
 def _staged(tensor: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU tensor with the same values: `tensor` itself when it
-    already is one, else a copy (CUDA: device -> host, not run here)."""
+    already is one, else a copy (CUDA: device -> host into pageable memory;
+    pinned staging measured slower from 16 MiB up, docs/gpu.md)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"gradflow: expected a torch.Tensor, got {type(tensor).__name__}")
     if tensor.is_sparse:

@@ -10,7 +10,7 @@ import pytest
 
 from _launch import run_mpi
 
-SECTIONS = 13
+SECTIONS = 14
 
 
 def _cuda_available() -> bool:

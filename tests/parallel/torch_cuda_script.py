@@ -89,6 +89,19 @@ def _():
     assert torch.equal(on_dev(hvd.allreduce(val(R).to(DEV), op=hvd.Max)), val(N - 1))
 
 
+@section("staging: CUDA tensors copied to host memory, CPU tensors used in place")
+def _():
+    from gradflow.torch.ops import _staged
+    t = val(R).to(DEV)
+    host = _staged(t)
+    assert host.device.type == "cpu" and host.is_contiguous() and torch.equal(host, val(R))
+    if DEV.type == "cuda":
+        nc = _staged(t.t())  # non-contiguous on the device: a contiguous host copy
+        assert nc.is_contiguous() and torch.equal(nc, val(R).t())
+    else:
+        assert host.data_ptr() == t.data_ptr(), "a contiguous CPU tensor is used in place"
+
+
 @section("grouped allreduce on the device")
 def _():
     ts = [val(R, (k + 1, 2)).to(DEV) for k in range(4)]
