@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The GPU checks (docs/gpu.md): on a machine with a CUDA device and a Python
-# that has a CUDA build of torch (plus pytest, pybind11, setuptools,
-# scikit-learn), build gradflow in place against the mpich wheel and run
+# that has a CUDA build of torch (plus pytest, pybind11 and setuptools),
+# build gradflow in place against the mpich wheel and run
 #   tests/parallel/test_torch_cuda.py   (CUDA tensors at 2 and 3 ranks)
 #   benchmarks/cuda_staging.py          (what staging through host memory costs)
 # CI has no GPU and does not run this. The mpich and mpi4py wheels come from
 # PyPI, or from WHEELS=dir where the machine cannot reach it. Logs go to
-# $LOGS (default: a new temporary folder), printed at the end.
+# $LOGS (default: a new temporary folder), printed at the end. CC, CXX and
+# LDSHARED choose the compiler as for any setuptools build (docs/gpu.md:
+# the lent machine needed the system g++).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
