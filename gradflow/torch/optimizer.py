@@ -124,7 +124,8 @@ Invariants:
     also across load_state_dict() (which torch would give new groups), so an
     LR scheduler made on either drives both.
   * The pool lives on CPU. With CUDA parameters the wrapper stays on the copy
-    path, which stages through host memory (not run here: no GPU).
+    path, which stages through host memory (ran on a lent H100:
+    tests/parallel/test_torch_cuda.py, docs/gpu.md).
 """
 from __future__ import annotations
 
