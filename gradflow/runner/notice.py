@@ -57,13 +57,17 @@ def open_channel() -> Tuple[int, int, Dict[str, str]]:
     return r, w, {FD_ENV: str(r), ID_ENV: f"{st.st_dev}:{st.st_ino}"}
 
 
-def send(fd: int, message: str) -> None:
-    """Wrapper side: deliver one notice (a single line); never raises."""
+def send(fd: int, message: str) -> bool:
+    """Wrapper side: deliver one notice (a single line); never raises.
+    Returns whether it was delivered: False when no process holds the read
+    end any more (the rank is dead, EPIPE), so a rank that died before the
+    notice is not taken for one that was told (rank_wrapper.py)."""
     data = (" ".join(message.split())[:_MAX_MESSAGE] + "\n").encode("utf-8", "replace")
     try:
         os.write(fd, data)  # < PIPE_BUF: one atomic write, the pipe is empty
     except OSError:
-        pass
+        return False
+    return True
 
 
 def report_peer_failure(environ=None) -> None:

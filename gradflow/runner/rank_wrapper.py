@@ -140,8 +140,12 @@ def _watch_peers(status_dir: Optional[str], rank: str, hydra_said: threading.Eve
         if not message and hydra:
             message = _hydra_notice(status_dir, rank)
         if message:
-            notified.set()
-            _notice.send(fd, "gradflowrun reports that " + message)
+            # Counted as told only if the command could still read it: a
+            # rank killed before the notice, whose wrapper a busy machine
+            # scheduled only after it, must stay the one that failed first
+            # (tests/parallel/test_faults.py, the "mid" SIGKILL cases).
+            if _notice.send(fd, "gradflowrun reports that " + message):
+                notified.set()
             return
 
 

@@ -471,6 +471,32 @@ def test_failure_notice_reaches_the_watcher():
     assert N.describe_exit(2, 3) == "rank 2 exited with code 3"
 
 
+def test_a_notice_the_rank_could_not_read_does_not_count_as_told(tmp_path):
+    """A rank SIGKILLed before gradflowrun's notice, whose wrapper a busy
+    machine ran only after the notice was written, was marked "notified"
+    and so was not blamed first (a CI failure of test_faults.py's
+    3-1-mid-ring case). Only a notice the rank could still read counts."""
+    import threading
+    from gradflow.runner import notice as N
+    (tmp_path / W.NOTICE_FILE).write_text("rank 2 exited with code 1\n")
+    for alive in (True, False):
+        r, w = os.pipe()
+        if not alive:
+            os.close(r)  # the rank is dead: nobody holds the read end
+        told = threading.Event()
+        W._watch_peers(str(tmp_path), "1", threading.Event(), w, told)
+        assert told.is_set() == alive
+        if alive:
+            assert os.read(r, 200).startswith(b"gradflowrun reports that rank 2 exited")
+            os.close(r)
+        os.close(w)
+    r, w = os.pipe()
+    assert N.send(w, "x")
+    os.close(r)
+    assert not N.send(w, "x")  # EPIPE: never raises
+    os.close(w)
+
+
 def test_ranks_told_of_a_failure_are_blamed_after_it():
     # Rank 0 failed at the same instant, but only after it was told of rank 2's failure.
     statuses = {0: (1, False, True), 2: (3, False, False)}
