@@ -32,14 +32,7 @@ import torch
 import torch.distributed as dist
 
 import gradflow.torch as hvd
-
-
-def parse_size(s: str) -> int:
-    s = s.strip().lower()
-    for suffix, mult in (("kib", 1 << 10), ("mib", 1 << 20)):
-        if s.endswith(suffix):
-            return int(float(s[:-len(suffix)]) * mult)
-    return int(s)
+from _benchutil import fmt_size, parse_size  # run as a script: benchmarks/ is on sys.path
 
 
 def main() -> None:
@@ -79,12 +72,12 @@ def main() -> None:
     for size in (parse_size(s) for s in args.sizes.split(",")):
         count = size // 4
         base = (torch.arange(count) % 7).float()
+        want = base * n + n * (n - 1) / 2
         times = {s: [] for s in systems}
         for it in range(args.iters + 2):  # two warm-ups
             for s in systems:
                 buf = (base + r).to(dev if s.endswith("cuda") else "cpu")
                 t = run(s, buf)
-                want = base * n + n * (n - 1) / 2
                 assert torch.equal(buf.cpu(), want), s
                 if it >= 2:
                     times[s].append(t)
@@ -99,7 +92,7 @@ def main() -> None:
         for size, med in rows:
             g, pn = med["gradflow-cuda"], med["gradflow-cuda-pinned"]
             c, gl = med["gradflow-cpu"], med["gloo-cuda"]
-            print(f"| {size >> 20} MiB | {g * 1e3:.2f} | {pn * 1e3:.2f} | {c * 1e3:.2f} | "
+            print(f"| {fmt_size(size)} | {g * 1e3:.2f} | {pn * 1e3:.2f} | {c * 1e3:.2f} | "
                   f"{gl * 1e3:.2f} | {pn / g:.2f} | {g / c:.2f} | {gl / g:.2f} |")
     dist.destroy_process_group()
 
