@@ -370,6 +370,21 @@ def save_sweep_json(a, info, cmdline: str, status: str, **records) -> None:
                    "args": {k: portable_path(v) for k, v in vars(a).items()}, **records}, f, indent=1)
 
 
+def report_check_modes(name: str, ranks: int, steps: int, times: Dict[str, List[float]],
+                       check: str, other: str, extra: Dict[str, float], extra_text: str) -> None:
+    """Print the median ms/step of two interleaved modes and their ratio, and
+    write every block to results/<name>-<ranks>.json (the hyperparameter
+    check cost benchmarks)."""
+    for mode, ts in times.items():
+        print(f"{mode:>16}: {statistics.median(ts):.3f} ms/step (median of {len(ts)} blocks)")
+    ratio = statistics.median(times[check]) / statistics.median(times[other])
+    print(f"{check} / {other}: {ratio:.3f}; {extra_text}")
+    with open(os.path.join(HERE, "results", f"{name}-{ranks}.json"), "w") as f:
+        json.dump({"ranks": ranks, "steps_per_block": steps, "ms_per_step": times, **extra,
+                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                   "load_1min": os.getloadavg()[0]}, f, indent=1)
+
+
 def median(xs: Sequence[float]) -> float:
     return statistics.median(xs)
 

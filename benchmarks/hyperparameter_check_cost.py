@@ -23,16 +23,15 @@ benchmarks/results/hyperparameter_check_cost-<N>.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
 import time
 import timeit
 
 import torch
 import torch.nn.functional as F
+from _benchutil import report_check_modes  # run as a script: benchmarks/ is on sys.path
 
 import gradflow.torch as hvd
+from gradflow import hyperparameter_tag as tag
 from gradflow.torch import hyperparameter_check as hc
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -56,7 +55,7 @@ y = torch.randint(0, 10, (32,), generator=gen)
 
 
 def block(check_every: int) -> float:
-    hc.CHECK_EVERY = check_every
+    tag.CHECK_EVERY = check_every  # read by both frameworks' checks
     t0 = time.perf_counter()
     for _ in range(args.steps):
         opt.zero_grad()
@@ -73,13 +72,6 @@ for b in range(args.blocks):
         times[mode].append(block(MODES[mode]))
 fold_us = timeit.timeit(lambda: hc.fold(0, opt.param_groups), number=2000) / 2000 * 1e6
 if R == 0:
-    for mode, ts in times.items():
-        print(f"{mode:>16}: {statistics.median(ts):.3f} ms/step (median of {len(ts)} blocks)")
-    ratio = statistics.median(times["check every 16"]) / statistics.median(times["no tagged round"])
-    print(f"check / no tagged round: {ratio:.3f}; the fold: {fold_us:.1f} us per round")
-    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                       f"hyperparameter_check_cost-{N}.json")
-    with open(out, "w") as f:
-        json.dump({"ranks": N, "steps_per_block": args.steps, "ms_per_step": times,
-                   "fold_us": fold_us, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                   "load_1min": os.getloadavg()[0]}, f, indent=1)
+    report_check_modes("hyperparameter_check_cost", N, args.steps, times, "check every 16",
+                       "no tagged round", {"fold_us": fold_us},
+                       f"the fold: {fold_us:.1f} us per round")

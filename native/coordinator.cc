@@ -29,12 +29,35 @@ bool test_bit(const std::vector<uint64_t>& w, size_t base, int32_t bit) {
 
 }  // namespace
 
+// Note [Step tags]: a tag may join several checks with " & " (a traced
+// Keras step: its gradient list, and on check rounds its hyperparameters).
+static std::vector<std::string> tag_parts(const std::string& tag) {
+  std::vector<std::string> parts;
+  size_t from = 0;
+  for (size_t at; (at = tag.find(" & ", from)) != std::string::npos; from = at + 3)
+    parts.push_back(tag.substr(from, at - from));
+  parts.push_back(tag.substr(from));
+  return parts;
+}
+
+// Whether the first check in which two tags differ is the hyperparameter one
+// (a part missing on one side counts as differing: a rank whose round was
+// not a check round).
+static bool hyperparameters_differ(const std::string& tag_a, const std::string& tag_b) {
+  const std::vector<std::string> a = tag_parts(tag_a), b = tag_parts(tag_b);
+  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    const std::string& pa = i < a.size() ? a[i] : std::string();
+    const std::string& pb = i < b.size() ? b[i] : std::string();
+    if (pa != pb) return pa.rfind("hyperparameters", 0) == 0 || pb.rfind("hyperparameters", 0) == 0;
+  }
+  return false;
+}
+
 // Note [Step tags]: what two different tags of one name mean, per tag kind.
 static std::string step_tag_mismatch(const char* kind, const std::string& name, int rank_a,
                                      const std::string& tag_a, int rank_b,
                                      const std::string& tag_b) {
-  const bool hyper =
-      tag_a.rfind("hyperparameters", 0) == 0 || tag_b.rfind("hyperparameters", 0) == 0;
+  const bool hyper = hyperparameters_differ(tag_a, tag_b);
   std::ostringstream why;
   why << (hyper ? "the ranks' optimizer hyperparameters differ: rank "
                 : "the ranks reduce different sets of gradients in one step: rank ")
@@ -43,11 +66,14 @@ static std::string step_tag_mismatch(const char* kind, const std::string& name, 
   if (hyper)
     why << "Ranks that update with different learning rates, momentum or weight decay end with "
            "different weights (the tag's #crc covers every step since the last check, 'now' "
-           "the current values; {} names a rank whose round was not a check round). Usual "
+           "the current values; a tag without a hyperparameters part names a rank whose round "
+           "was not a check round). Usual "
            "causes: an LR scheduler stepped on a rank-local value (ReduceLROnPlateau on each "
-           "rank's own validation loss: average it first, e.g. with gradflow.torch.allreduce), "
+           "rank's own validation loss: average it first, e.g. with gradflow.torch.allreduce or "
+           "Keras's MetricAverageCallback placed before the scheduler), "
            "or a scheduler or optimizer state restored on some ranks only (restore it "
-           "everywhere, or use broadcast_optimizer_state / broadcast_object)";
+           "everywhere, or use broadcast_optimizer_state / broadcast_object; Keras: "
+           "BroadcastGlobalVariablesCallback, which broadcasts the learning rate too)";
   else
     why << "A gradient is None on some ranks only: inside a tf.function traced differently "
            "per rank (Python control flow on the rank's data), pass "

@@ -41,9 +41,13 @@
 //   list differs per rank (a gradient None on some ranks only, fixed when
 //   each rank traced its step) submits different names on different ranks;
 //   before tags every rank stalled for GRADFLOW_TIMEOUT.
-// - "hyperparameters #<crc> ..." (torch DistributedOptimizer, every 16th
-//   step): a running CRC of the optimizer's learning rate, momentum, ...;
-//   ranks that update with different ones end with different weights.
+// - "hyperparameters #<crc> ..." (torch and Keras DistributedOptimizer,
+//   every 16th step): a running CRC of the optimizer's learning rate,
+//   momentum, ...; ranks that update with different ones end with different
+//   weights.
+// A tag may join several of these with " & " (a traced Keras step: its
+// gradient list & its hyperparameters); the first part that differs between
+// the two tags decides the wording.
 // A tagged step misses the response cache (its signature changed) and so
 // does the next untagged one: two slow-path cycles, no extra collective.
 #pragma once

@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import collectives as _c
 from .._runtime import GradflowError, rank, size
+from .hyperparameter_check import restart_crc_of
 from .optimizer import is_distributed
 from .stats_callback import TensorBoardStatsCallback  # noqa: F401  (gradflow.keras.callbacks.*)
 
@@ -99,6 +100,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         local = {id(v) for v in self.local_variables}
         variables = [v for v in _variables_of(self.model) if id(v) not in local]
         broadcast_keras_variables(variables, self.root_rank, "BroadcastGlobalVariablesCallback")
+        restart_crc_of(self.model.optimizer)  # the learning rate was broadcast too
         self.broadcast_done = True
 
 

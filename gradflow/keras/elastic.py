@@ -33,6 +33,7 @@ from ..elastic.run import _peer_lost, reset_runtime
 from ..elastic.state import broadcast_object
 from .._basics import HorovodInternalError
 from .callbacks import broadcast_keras_variables
+from .hyperparameter_check import restart_crc_of
 
 __all__ = ["run", "KerasState", "TensorFlowKerasState", "CommitStateCallback",
            "UpdateBatchStateCallback", "UpdateEpochStateCallback"]
@@ -147,6 +148,7 @@ class KerasState(ObjectState):
         model_vars, opt_vars = self._variables()
         broadcast_keras_variables(model_vars + opt_vars, root_rank=0,
                                   name="gradflow.elastic.keras_variables")
+        restart_crc_of(self.optimizer)  # the learning rate was broadcast too
         super().sync()
 
 

@@ -30,6 +30,10 @@ accumulation), and nothing crosses to the core (gradflow/one_rank.py;
 decided when the step is traced, except in elastic mode where the world may
 re-form under a compiled step). The argument checks stay.
 
+Ranks whose optimizers use different hyperparameters (a learning rate
+lowered by ReduceLROnPlateau on a rank-local metric) fail the job with
+GradflowError on every rank within 16 steps (hyperparameter_check.py).
+
 `optimizer.sparse_ratio` is read on every step (so `SparseWarmupCallback` can
 change it between epochs without retracing): None follows
 GRADFLOW_SPARSE_RATIO, 1.0 is dense, r < 1 sends the top r fraction of chunks.
@@ -50,6 +54,7 @@ from ..missing_gradients import fill_zeros, start_presence_sum, zeros_where_othe
 from ..one_rank import check_sparse_ratio, gradients_are_local
 from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
 from . import loss_scale as _loss_scale
+from .hyperparameter_check import HyperparameterCheck
 
 
 class _DistributedMixin:
@@ -88,6 +93,8 @@ class _DistributedMixin:
         # Inside a LossScaleOptimizer's apply(), which reduced already when
         # backward_passes_per_step is 1 (Note [LossScaleOptimizer], loss_scale.py).
         self._gradflow_in_loss_scale = False
+        # Ranks whose learning rates (...) differ fail the job (hyperparameter_check.py).
+        self._gradflow_hyper = HyperparameterCheck(self)
 
     def register_local_var(self, var: Any) -> None:
         """Mark `var` as local to this rank (Horovod 0.28): its gradient is not
@@ -208,7 +215,8 @@ class _DistributedMixin:
             from ..tensorflow.gradient_tape import reduce_gradients
             return reduce_gradients(grads, names, self.op, self.compression,
                                     lambda: self.sparse_ratio, self.sparse_as_dense,
-                                    self.gradient_predivide_factor, self.process_set)
+                                    self.gradient_predivide_factor, self.process_set,
+                                    round_tag=self._gradflow_hyper)
         if backend == "torch":
             return _reduce_eager_numpy(grads, names, self)
         raise NotImplementedError(
@@ -275,6 +283,7 @@ def _reduce_eager_numpy(grads: List[Any], names: List[str], opt: _DistributedMix
     _monitor.count_step()  # one reduction = one update (gradflowrun --monitor)
     if gradients_are_local(opt.process_set, "DistributedOptimizer", traced=False):
         return list(grads)
+    tag = opt._gradflow_hyper.begin_eager()  # this round's hyperparameter tag, or ""
     sum_handle = None
     if presence is not None:
         indices, zeros_for = presence
@@ -287,7 +296,8 @@ def _reduce_eager_numpy(grads: List[Any], names: List[str], opt: _DistributedMix
     def submit(i: int, g: Any) -> None:
         a = np.ascontiguousarray(keras.ops.convert_to_numpy(g))
         handles.append((i, g, _c.allreduce_async(a, opt.op, names[i], 1.0 / f, f, opt.compression,
-                                                 opt.sparse_ratio, opt.process_set)))
+                                                 opt.sparse_ratio, opt.process_set,
+                                                 step_tag=tag)))
 
     for i, g in enumerate(grads):
         if g is not None:

@@ -37,7 +37,7 @@ def reduce_gradients(grads: Sequence[Any], names: Sequence[str], op: ReduceOp = 
                      compression: Any = Compression.none, sparse_ratio: SparseRatio = None,
                      sparse_as_dense: bool = False,
                      gradient_predivide_factor: float = 1.0,
-                     process_set: Optional[ProcessSet] = None) -> List[Any]:
+                     process_set: Optional[ProcessSet] = None, round_tag: Any = None) -> List[Any]:
     """Reduce a flat list of gradients (None entries stay None) across the
     ranks of `process_set` (default: all).
 
@@ -46,7 +46,9 @@ def reduce_gradients(grads: Sequence[Any], names: Sequence[str], op: ReduceOp = 
     position in the variable list). `sparse_ratio` may be a callable read on
     every step (the Keras wrapper's mutable setting). Over a one-member set
     the gradients come back as they are, nothing crossing to the core
-    (gradflow/one_rank.py; decided when traced, except in elastic mode)."""
+    (gradflow/one_rank.py; decided when traced, except in elastic mode).
+    `round_tag`: a per-round tag of the dense allreduces (the Keras
+    hyperparameter check; see ops.grouped_allreduce_raw)."""
     op = reduce_op(op)
     if op not in (Sum, Average, Adasum):
         raise ValueError(f"gradflow: gradients can be reduced with Sum, Average or Adasum, not "
@@ -75,7 +77,8 @@ def reduce_gradients(grads: Sequence[Any], names: Sequence[str], op: ReduceOp = 
     # do not hold the submits back, and the dense results are waited for last.
     pending = start_allreduce([out[i] for i in dense], [names[i] for i in dense], op,
                               compression, prescale, postscale, sparse_ratio, process_set,
-                              count_step=True, step_tag=step_tag(grads, dense, sliced))
+                              count_step=True, step_tag=step_tag(grads, dense, sliced),
+                              round_tag=round_tag if dense else None)
     for i in sliced:
         out[i] = _allreduce_indexed_slices(grads[i], op, names[i], process_set)
     reduced = pending.finish()

@@ -56,6 +56,7 @@ from .._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCESCATTER
 from ..collectives import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, op_from_average,
                            reduce_op)
 from ..compression import Compression, wire_code
+from ..hyperparameter_tag import combine
 from ..process_sets import (ProcessSet, global_process_set, process_set_id, process_set_rank,
                             process_set_size)
 
@@ -153,13 +154,17 @@ def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op
                           compression: Any = Compression.none, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0, sparse_ratio: SparseRatio = None,
                           process_set: Optional[ProcessSet] = None,
-                          count_step: bool = False, step_tag: str = "") -> List[tf.Tensor]:
+                          count_step: bool = False, step_tag: str = "",
+                          round_tag: Any = None) -> List[tf.Tensor]:
     """Allreduce several dense tensors over `process_set` in one crossing
     (no gradient): every tensor is submitted before any is waited on, so the
     core can fuse them. `sparse_ratio` may be a callable, read at run time
     on every call. `count_step`: each run is one optimizer update for
     gradflowrun --monitor (counted at run time, not when traced). `step_tag`:
-    see `collectives.allreduce_async`."""
+    see `collectives.allreduce_async`. `round_tag` (e.g. the Keras
+    hyperparameter check): its `inputs()` go into the crossing after the
+    tensors, and `begin(*their values)` at run time gives a tag that every
+    allreduce of this run carries too (hyperparameter_tag.combine)."""
     if not tensors:
         return []
     tensors = [_as_tensor(t) for t in tensors]
@@ -167,18 +172,21 @@ def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op
         _check_dtype(t, "allreduce")
     op = reduce_op(op)
     wire_code(compression)  # validate now, not inside the callback
+    round_inputs = list(round_tag.inputs()) if round_tag is not None else []
+    count = len(tensors)
 
     def fn(*arrays):
         if count_step:
             _monitor.count_step()
+        tag = combine(step_tag, round_tag.begin(*arrays[count:]) if round_inputs else "")
         ratio = _resolve_ratio(sparse_ratio)
         handles = [_c.allreduce_async(a, op, n, prescale_factor, postscale_factor, compression,
-                                      ratio, process_set, step_tag=step_tag)
-                   for a, n in zip(arrays, names)]
+                                      ratio, process_set, step_tag=tag)
+                   for a, n in zip(arrays[:count], names)]
         return [h.wait() for h in handles]
 
-    return _cross(fn, tensors, [t.dtype for t in tensors], [t.shape for t in tensors],
-                  f"allreduce {names[0]!r}")
+    return _cross(fn, tensors + round_inputs, [t.dtype for t in tensors],
+                  [t.shape for t in tensors], f"allreduce {names[0]!r}")
 
 
 def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: ReduceOp, name: str,

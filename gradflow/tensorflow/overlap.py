@@ -47,6 +47,7 @@ from .. import collectives as _c
 from .. import monitor as _monitor
 from ..collectives import ReduceOp, reduce_op
 from ..compression import Compression, wire_code
+from ..hyperparameter_tag import combine
 from ..process_sets import ProcessSet
 from .ops import SparseRatio, _check_dtype, _check_not_xla, _resolve_ratio, grouped_allreduce_raw
 
@@ -85,15 +86,21 @@ def overlapped_submits() -> int:
 
 def _submit_fn(name: str, op: ReduceOp, compression, prescale: float, postscale: float,
                sparse_ratio: SparseRatio, process_set: Optional[ProcessSet], count_step: bool,
-               step_tag: str):
-    def submit(array: np.ndarray) -> np.ndarray:
+               step_tag: str, round_tag: Any, round_cell: List[str]):
+    """The callback of one submit node. The round's first submit
+    (`count_step`) also begins `round_tag`'s round with the values given to
+    its node after the gradient, and leaves the round's tag in `round_cell`
+    for the submits after it (they run after it: see Ordering above)."""
+    def submit(array: np.ndarray, *round_values: np.ndarray) -> np.ndarray:
         if count_step:
             _monitor.count_step()
+            if round_tag is not None:
+                round_cell[0] = round_tag.begin(*round_values)
         shape = tuple(array.shape)
         try:
             handle = _c.allreduce_async(array, op, name, prescale, postscale, compression,
                                         _resolve_ratio(sparse_ratio), process_set,
-                                        step_tag=step_tag)
+                                        step_tag=combine(step_tag, round_cell[0]))
         except BaseException:
             _drop_pending()
             raise
@@ -147,9 +154,11 @@ def start_allreduce(tensors: Sequence[tf.Tensor], names: Sequence[str], op: Redu
                     compression: Any = Compression.none, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0, sparse_ratio: SparseRatio = None,
                     process_set: Optional[ProcessSet] = None,
-                    count_step: bool = False, step_tag: str = "") -> PendingReduction:
+                    count_step: bool = False, step_tag: str = "",
+                    round_tag: Any = None) -> PendingReduction:
     """Start the allreduce of dense gradients `tensors` (in variable order)
-    with the arguments of `grouped_allreduce_raw`. While tracing (unless
+    with the arguments of `grouped_allreduce_raw` (`round_tag` needs
+    `count_step`). While tracing (unless
     GRADFLOW_TF_OVERLAP=0): one submit node per tensor now, in reverse order,
     so each allreduce starts as soon as its gradient exists; `finish()` adds
     one wait node per tensor (build other collectives of the step between
@@ -158,7 +167,7 @@ def start_allreduce(tensors: Sequence[tf.Tensor], names: Sequence[str], op: Redu
     if tf.executing_eagerly() or not overlap_enabled() or len(tensors) < 2:
         return PendingReduction(lambda: grouped_allreduce_raw(
             tensors, names, op, compression, prescale_factor, postscale_factor, sparse_ratio,
-            process_set, count_step, step_tag))
+            process_set, count_step, step_tag, round_tag))
     for t in tensors:
         _check_dtype(t, "allreduce")
     op = reduce_op(op)
@@ -169,11 +178,15 @@ def start_allreduce(tensors: Sequence[tf.Tensor], names: Sequence[str], op: Redu
     # calls it, and cannot make an annotated name nonlocal for finish() (it
     # warned on every trace). One submit key (int64 tensor) per tensor.
     keys = [None] * len(tensors)
+    round_inputs = list(round_tag.inputs()) if round_tag is not None and count_step else []
+    round_cell = [""]  # this site's current round tag, written by its first submit
     for i in range(last, -1, -1):  # backward order: the last variable's gradient comes first
+        first = i == last
         fn = _submit_fn(names[i], op, compression, prescale_factor, postscale_factor,
-                        sparse_ratio, process_set, count_step and i == last, step_tag)
-        keys[i] = tf.numpy_function(fn, [tensors[i]], tf.int64, stateful=True,
-                                    name="gradflow_submit")
+                        sparse_ratio, process_set, count_step and first, step_tag,
+                        round_tag if round_inputs else None, round_cell)
+        keys[i] = tf.numpy_function(fn, [tensors[i]] + (round_inputs if first else []),
+                                    tf.int64, stateful=True, name="gradflow_submit")
 
     def finish() -> List[tf.Tensor]:
         outs = []

@@ -39,20 +39,19 @@ from __future__ import annotations
 
 import numbers
 import weakref
-import zlib
 from typing import Any, Iterable, List
 
 import numpy as np
 import torch
 
 from .. import _native, collectives
+from .. import hyperparameter_tag as _tag
+from ..hyperparameter_tag import CHECK_EVERY  # noqa: F401  (tests and docs name it here)
 
-CHECK_EVERY = 16
 # The hyperparameters of torch.optim's optimizers.
 KEYS = ("lr", "momentum", "dampening", "weight_decay", "nesterov", "betas", "eps", "amsgrad",
         "maximize", "alpha", "centered", "lr_decay", "initial_accumulator_value", "rho",
         "lambd", "t0", "etas", "step_sizes", "momentum_decay", "decoupled_weight_decay")
-_DESCRIBE_CHARS = 240  # the tag travels in every request of a tagged round
 
 
 def _plain(v: Any) -> Any:
@@ -86,17 +85,13 @@ def _values(param_groups: Iterable[dict]) -> List[List[Any]]:
 
 
 def fold(crc: int, param_groups: Iterable[dict]) -> int:
-    """`crc` updated with the current hyperparameters: the CRC of their repr,
-    which is the same text on every rank for equal floats, bools, None and
-    tuples (no hash(), whose value for None differs between processes)."""
-    return zlib.crc32(repr(_values(param_groups)).encode("utf-8"), crc)
+    """`crc` updated with the current hyperparameters (hyperparameter_tag.fold)."""
+    return _tag.fold(crc, _values(param_groups))
 
 
 def describe(param_groups: Iterable[dict]) -> str:
     """'group 0: lr=0.1, momentum=0.9; group 1: ...', cut to a bounded length."""
-    text = "; ".join(f"group {g}: " + ", ".join(f"{k}={v!r}" for k, v in items)
-                     for g, items in enumerate(_values(param_groups)))
-    return text if len(text) <= _DESCRIBE_CHARS else text[:_DESCRIBE_CHARS - 3] + "..."
+    return _tag.describe(_values(param_groups))
 
 
 _LIVE: "weakref.WeakSet" = weakref.WeakSet()  # every wrapper's state, for after_join
@@ -138,8 +133,8 @@ def begin_round(s, param_groups: List[dict]) -> None:
         return
     s.hyper_crc = fold(s.hyper_crc, param_groups)
     s.hyper_rounds += 1
-    tag = (f"hyperparameters #{s.hyper_crc:08x} now {describe(param_groups)}"
-           if s.hyper_rounds % CHECK_EVERY == 0 else "")
+    tag = (_tag.tag(s.hyper_crc, _values(param_groups))
+           if _tag.is_check_round(s.hyper_rounds) else "")
     if tag or s.step_tag:  # pools built since the last tagged round start untagged
         for pool in s.pools:
             _native.pool_set_step_tag(pool.id, tag)

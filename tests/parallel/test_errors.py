@@ -80,3 +80,13 @@ def test_different_step_tags_abort_at_once(n, launch):
                 "error" in out.stderr), out.stderr[-3000:]
         assert "failed first" not in out.stderr, out.stderr[-3000:]
     assert out.stdout.count("step tags OK") == n, out.stdout + out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("variant", ["hyper", "both"])
+def test_step_tags_of_two_checks_name_the_first_that_differs(variant):
+    """A traced Keras step's tag joins its gradient list and (every 16th
+    round) its hyperparameters with " & ": the message names the first part
+    that differs (gradient list before hyperparameters), 3 ranks."""
+    out = run_mpi(3, "step_tag_script.py", variant, timeout=120, expect_fail=True,
+                  mpi_args=("-disable-auto-cleanup",))
+    assert out.stdout.count("step tags OK") == 3, out.stdout + out.stderr[-3000:]

@@ -66,6 +66,38 @@ def test_keras_torch_backend():
     assert out.stdout.count("keras torch backend OK") == 2, out.stdout
 
 
+_KERAS_PATHS = ["traced", "nooverlap", "eager", "lso", "bpps2",
+                pytest.param("torch", marks=pytest.mark.skipif(
+                    importlib.util.find_spec("torch") is None, reason="torch is not installed"))]
+
+
+@pytest.mark.parametrize("path", _KERAS_PATHS)
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_keras_optimizer_hyperparameters_agreeing_raise_nothing(ranks, path):
+    """gradflow/keras/hyperparameter_check.py: a schedule and an averaged
+    ReduceLROnPlateau moving the rate alike, rates equal only after the
+    broadcast, and join() after uneven epochs raise nothing; weights bitwise
+    identical."""
+    out = run_mpi(ranks, "keras_hyperparameter_script.py", "equal", path, env=TF_ENV,
+                  timeout=300)
+    oks = 2 if path == "traced" else 1
+    assert out.stdout.count("ok ") == oks * ranks, out.stdout
+
+
+@pytest.mark.parametrize("path", _KERAS_PATHS)
+@pytest.mark.parametrize("case,ranks", [("plateau", 2), ("transient", 3)])
+def test_keras_optimizer_hyperparameters_differing_between_ranks_fail_the_job(case, ranks, path):
+    """ReduceLROnPlateau on a rank-local metric (rank 0 lowers its rate), or
+    one update with another rate on the last rank: every rank's fit raises
+    GradflowError naming both ranks' rates (step tag of every 16th round,
+    native Note [Step tags]); default timeouts. Before: silent drift."""
+    out = run_mpi(ranks, "keras_hyperparameter_script.py", case, path, env=TF_ENV, timeout=300,
+                  expect_fail=True, mpi_args=("-disable-auto-cleanup",))
+    for r in range(ranks):
+        assert f"{case} on the {path} path raised on rank {r} of {ranks}" in out.stdout, \
+            out.stdout + out.stderr[-3000:]
+
+
 @pytest.mark.parametrize("case,ranks", [("tape", 3), ("keras", 2)])
 def test_tf_tape_gradient_none_on_some_ranks(case, ranks):
     """A variable used on some ranks only: eagerly reduced with zeros from

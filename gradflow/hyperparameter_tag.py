@@ -1,0 +1,55 @@
+# gradflow/hyperparameter_tag.py — the text of the hyperparameter check's step tag,
+# shared by the torch (gradflow/torch/hyperparameter_check.py) and Keras
+# (gradflow/keras/hyperparameter_check.py) optimizer wrappers.
+"""Both wrappers fold their optimizer's current hyperparameters into a
+running CRC on every reduction round and, every `CHECK_EVERY`-th round, tag
+the round's allreduces with ``hyperparameters #<crc> now <values>`` (native
+Note [Step tags]): ranks whose tags differ fail the job at once, naming both.
+What the values are (param groups, Keras attributes) is the wrapper's; the
+text is made here, so the two frameworks' tags read alike and the core's
+message fits both.
+
+`values` is a list of groups, each a list of (key, value) pairs whose values
+are already plain (floats, bools, None, strings, tuples of those): their
+repr is the same text on every rank for equal values (no hash(), whose value
+for None differs between processes).
+"""
+from __future__ import annotations
+
+import zlib
+from typing import Any, Sequence, Tuple
+
+CHECK_EVERY = 16
+_DESCRIBE_CHARS = 240  # the tag travels in every request of a tagged round
+
+Values = Sequence[Sequence[Tuple[str, Any]]]
+
+
+def fold(crc: int, values: Values) -> int:
+    """`crc` updated with `values`."""
+    return zlib.crc32(repr(values).encode("utf-8"), crc)
+
+
+def describe(values: Values) -> str:
+    """'group 0: lr=0.1, momentum=0.9; group 1: ...', cut to a bounded length."""
+    text = "; ".join(f"group {g}: " + ", ".join(f"{k}={v!r}" for k, v in items)
+                     for g, items in enumerate(values))
+    return text if len(text) <= _DESCRIBE_CHARS else text[:_DESCRIBE_CHARS - 3] + "..."
+
+
+def tag(crc: int, values: Values) -> str:
+    """The step tag of a check round."""
+    return f"hyperparameters #{crc:08x} now {describe(values)}"
+
+
+def is_check_round(rounds: int) -> bool:
+    """Whether the `rounds`-th round since the count restarted carries the tag."""
+    return rounds % CHECK_EVERY == 0
+
+
+def combine(step_tag: str, round_tag: str) -> str:
+    """One step tag of two checks (native Note [Step tags]: " & " joins
+    them; the first part that differs decides the core's wording)."""
+    if not round_tag:
+        return step_tag
+    return f"{step_tag} & {round_tag}" if step_tag else round_tag
