@@ -66,7 +66,7 @@ def test_keras_torch_backend():
     assert out.stdout.count("keras torch backend OK") == 2, out.stdout
 
 
-_KERAS_PATHS = ["traced", "nooverlap", "eager", "lso", "bpps2",
+_KERAS_PATHS = ["traced", "nooverlap", "eager", "lso", "bpps2", "spe4",
                 pytest.param("torch", marks=pytest.mark.skipif(
                     importlib.util.find_spec("torch") is None, reason="torch is not installed"))]
 
