@@ -121,13 +121,15 @@ def flat(params) -> torch.Tensor:
 
 
 def digest(t: torch.Tensor) -> np.ndarray:
-    h = hashlib.sha256(t.detach().contiguous().numpy().tobytes()).digest()
+    """SHA-256 of the tensor's bytes (a CUDA tensor is copied to the host)."""
+    h = hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes()).digest()
     return np.frombuffer(h, np.uint8).copy()
 
 
 def assert_identical(params, what: str) -> None:
-    """Parameters bitwise identical on every rank (allgather of a hash)."""
-    mine = digest(torch.cat([p.detach().reshape(-1).float() for p in params]))
+    """Parameters bitwise identical on every rank (allgather of a hash: every
+    rank sees every rank's hash, so all raise alike). CPU or CUDA tensors."""
+    mine = digest(torch.cat([p.detach().reshape(-1).float().cpu() for p in params]))
     every = hvd.allgather_object(mine.tobytes())
     assert all(e == every[0] for e in every), f"{what}: parameters differ between ranks"
 

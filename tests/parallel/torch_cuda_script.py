@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import gradflow.torch as hvd
-from _torch_common import ok
+from _torch_common import assert_identical, ok
 
 DEV = torch.device(os.environ.get("GRADFLOW_TEST_DEVICE", "cuda"))
 hvd.init()
@@ -57,16 +57,6 @@ def total(shape=(5, 3), dtype=torch.float32):
 def on_dev(t):
     assert t.device == DEV, f"result on {t.device}, input on {DEV}"
     return t.cpu()
-
-
-def same_on_every_rank(tensors):
-    """Bitwise: rank 0's bytes broadcast and compared on every rank; the
-    verdict is agreed (Max) so every rank raises alike and the sections
-    after it stay in step."""
-    flat = torch.cat([t.detach().reshape(-1).float().cpu() for t in tensors])
-    root = hvd.broadcast(flat, 0)
-    differs = int(not torch.equal(flat.view(torch.int32), root.view(torch.int32)))
-    assert hvd.allreduce(torch.tensor([differs]), op=hvd.Max).item() == 0, "ranks differ"
 
 
 @section("allreduce on the device")
@@ -208,7 +198,7 @@ def distributed(kind, passes=1, **kw):
         opt.step()
     params = [p.detach() for p in m.parameters()]
     assert all(p.device == DEV for p in params)
-    same_on_every_rank(params)
+    assert_identical(params, "DistributedOptimizer paths")
     return params
 
 
@@ -245,7 +235,7 @@ def _():
         loss.backward()
         opt.step()
         first = loss.item() if first is None else first
-    same_on_every_rank(list(m.parameters()))
+    assert_identical(list(m.parameters()), "after the section's training")
     assert loss.item() < 0.5 * first, (first, loss.item())
     assert hvd.stats()["sparse.chunks_sent"] > 0
 
@@ -273,7 +263,7 @@ def _():
         scaler.update()
         scales.append(scaler.get_scale())
     assert scales[3] == scales[2] / 2, scales  # every rank skipped step 3
-    same_on_every_rank(list(m.parameters()) + [torch.tensor(scales)])
+    assert_identical(list(m.parameters()) + [torch.tensor(scales)], "AMP weights and scales")
     assert all(torch.isfinite(p).all() for p in m.parameters())
 
 
