@@ -23,6 +23,9 @@ Systems (one name each; the driver sets GRADFLOW_* in the environment):
   nocomm          N plain-torch processes side by side, no gradient exchange (gloo
                   only for the barrier before each repetition and the slowest
                   rank's time): the machine's measured compute ceiling for N ranks
+  nocomm-sync     nocomm with a gloo barrier after each backward: no gradient
+                  exchange, but every step waits for the slowest rank, as a
+                  synchronous data-parallel step does (what that alone costs)
   NAME+fl         any system above with gradflow.torch.fuse_linear_grad_accumulation
                   applied to the model (weight gradients accumulate in place into
                   an existing .grad); torch+fl and nocomm+fl then zero with
@@ -64,7 +67,7 @@ GF_SYSTEMS = {
     "gf-csc0.01": dict(use_pool=True, sparse_ratio=0.01),
     "gf-all": dict(use_pool=True, compression="fp16", sparse_ratio=0.01),
 }
-DDP_SYSTEMS = ("ddp", "ddp-fp16", "nocomm")  # the torch.distributed (gloo) family
+DDP_SYSTEMS = ("ddp", "ddp-fp16", "nocomm", "nocomm-sync")  # the torch.distributed (gloo) family
 ALL_SYSTEMS = ("torch",) + tuple(GF_SYSTEMS) + DDP_SYSTEMS
 
 
@@ -275,7 +278,7 @@ def main(argv=None) -> None:
         if family == "gf":
             opt = _gf_optimizer(hvd, model, system)
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        elif family == "ddp" and base != "nocomm":
+        elif family == "ddp" and not base.startswith("nocomm"):
             from torch.nn.parallel import DistributedDataParallel as DDP
             net = DDP(model)
             if base == "ddp-fp16":
@@ -285,9 +288,13 @@ def main(argv=None) -> None:
         else:
             opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
+        per_step_barrier = base == "nocomm-sync"
+
         def step():
             opt.zero_grad(set_to_none=not fused)  # gradflow's pool keeps its views either way
             F.cross_entropy(net(x), y).backward()
+            if per_step_barrier:
+                dist.barrier()  # where a synchronous step waits for the slowest rank
             opt.step()
 
         r = {"system": system, "params": sum(p.numel() for p in model.parameters())}

@@ -28,6 +28,8 @@ Systems (--systems; further rows = further names in _trainbench.py):
               exchange: what the machine's cores and memory deliver to N
               ranks at best (the measured ceiling; with 2 cores and one
               memory system it is below min(N, cores) x one process)
+  nocomm-sync nocomm with a barrier after each backward (only when named):
+              what waiting for the slowest rank every step costs alone
   gf-all+fl, nocomm+fl  gf-all and nocomm with FusedLinear layers
               (gradflow.torch.fuse_linear_grad_accumulation: weight gradients
               accumulated in place into .grad; nocomm+fl keeps .grad between
@@ -66,6 +68,7 @@ from cluster import Cluster, ClusterError  # noqa: E402
 
 GF = ["gf-fp32", "gf-fp16", "gf-csc0.1", "gf-csc0.01", "gf-all"]
 DDP = ["ddp", "ddp-fp16", "nocomm"]  # torch.distributed family (the cluster's raw mode)
+DDP_EXTRA = ["nocomm-sync"]  # the same family, run only when named in --systems
 FUSED = ["gf-all+fl", "nocomm+fl"]  # with FusedLinear layers (issue 16 target 1)
 KERAS = ["keras-fp32", "keras-fp32-seq", "keras-all", "keras-all-seq"]  # _kerasbench.py, MPI ranks
 LABELS = {
@@ -80,6 +83,7 @@ LABELS = {
     "ddp": "(e) DDP gloo",
     "ddp-fp16": "(f) DDP gloo + fp16 hook",
     "nocomm": "N plain-torch processes side by side, no communication (measured compute ceiling)",
+    "nocomm-sync": "N plain-torch processes, no communication, a barrier after each backward",
     "gf-pool": "gradflow pool", "gf-copy": "gradflow copy path",
     "keras": "plain Keras (TF backend), 1 process (Keras baseline)",
     "keras-fp32": "Keras + gradflow dense fp32, overlapped",
@@ -149,7 +153,7 @@ def main() -> None:
     info = bu.machine_info()
     info["cores"] = os.cpu_count() or 1
     gf = [s for s in a.systems if s.startswith("gf-")]
-    ddp = [s for s in a.systems if s.removesuffix("+fl") in DDP]
+    ddp = [s for s in a.systems if s.removesuffix("+fl") in DDP + DDP_EXTRA]
     kr = [s for s in a.systems if s in KERAS]
     groups = []  # (model, N, family systems, mode)
     for m in a.models:
