@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from typing import Callable
 
 import numpy as np
@@ -154,5 +155,6 @@ def expect_error(fn: Callable, *needles: str, exc: type = hvd.GradflowError) -> 
 
 def ok(name: str) -> None:
     if hvd.rank() == 0:
-        print(f"ok {name} (size {hvd.size()})", flush=True)
+        sys.stdout.write(f"ok {name} (size {hvd.size()})\n")  # one write: other ranks print too
+        sys.stdout.flush()
 

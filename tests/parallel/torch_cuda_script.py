@@ -11,6 +11,7 @@
 # Each section reports "ok <what> (size N)" or "FAIL <what>: <error>" and the
 # script goes on, so one device run reports every section.
 import os
+import sys
 import traceback
 import warnings
 
@@ -288,5 +289,6 @@ def _():
     close([sbn.running_mean, sbn.running_var], [bn.running_mean, bn.running_var], 1e-5)
 
 
-print(f"done (size {N}) failed={len(FAILED)}", flush=True)
+sys.stdout.write(f"done (size {N}) failed={len(FAILED)}\n")  # one write: lines of ranks interleave
+sys.stdout.flush()
 raise SystemExit(1 if FAILED else 0)
