@@ -16,13 +16,35 @@ for None differs between processes).
 """
 from __future__ import annotations
 
+import numbers
 import zlib
-from typing import Any, Sequence, Tuple
+from typing import Any, Callable, Sequence, Tuple
+
+import numpy as np
 
 CHECK_EVERY = 16
 _DESCRIBE_CHARS = 240  # the tag travels in every request of a tagged round
 
 Values = Sequence[Sequence[Tuple[str, Any]]]
+
+
+def plain(v: Any, other: Callable[[Any], Any]) -> Any:
+    """The value as it acts: a number as a float (1, 1.0 and numpy's
+    float64(1) are the same learning rate, and their reprs differ), a bool
+    as a bool, a tuple or list item by item; any other kind of value as the
+    framework's `other` makes it (a tensor, a variable)."""
+    t = type(v)
+    if t is float or t is bool or v is None:  # the usual case, first (it runs every step)
+        return v
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, str):
+        return v
+    if isinstance(v, numbers.Real):
+        return float(v)
+    if isinstance(v, (tuple, list)):
+        return tuple(plain(x, other) for x in v)
+    return other(v)
 
 
 def fold(crc: int, values: Values) -> int:

@@ -38,7 +38,6 @@ travel by allgather, which carries no tag: such a model is not checked.
 """
 from __future__ import annotations
 
-import numbers
 import weakref
 from typing import Any, List, Optional
 
@@ -58,20 +57,11 @@ KEYS = ("momentum", "nesterov", "beta_1", "beta_2", "epsilon", "amsgrad", "weigh
 
 
 def _plain(v: Any) -> Any:
-    """The value as it acts (1 and 1.0 alike); a tuple item by item. An
-    object of another kind (a tensor, a variable) is compared by its type's
-    name only: reading a tensor here could run a TensorFlow op inside a
-    numpy callback, and its repr would differ between ranks."""
-    t = type(v)
-    if t is float or t is bool or v is None or t is str:
-        return v
-    if isinstance(v, (bool, np.bool_)):
-        return bool(v)
-    if isinstance(v, numbers.Real):
-        return float(v)
-    if isinstance(v, (tuple, list)):
-        return tuple(_plain(x) for x in v)
-    return t.__name__
+    """hyperparameter_tag.plain; an object of another kind (a tensor, a
+    variable) is compared by its type's name only: reading a tensor here
+    could run a TensorFlow op inside a numpy callback, and its repr would
+    differ between ranks."""
+    return _tag.plain(v, lambda other: type(other).__name__)
 
 
 def _shortest(x: float) -> float:

@@ -37,11 +37,9 @@ sparse is not checked.
 """
 from __future__ import annotations
 
-import numbers
 import weakref
 from typing import Any, Iterable, List
 
-import numpy as np
 import torch
 
 from .. import _native, collectives
@@ -54,28 +52,18 @@ KEYS = ("lr", "momentum", "dampening", "weight_decay", "nesterov", "betas", "eps
         "lambd", "t0", "etas", "step_sizes", "momentum_decay", "decoupled_weight_decay")
 
 
-def _plain(v: Any) -> Any:
-    """The value as it acts: a number as a float (1, 1.0, numpy's float64(1)
-    and a CPU scalar tensor are the same learning rate, and their reprs
-    differ), a tuple item by item. A tensor on another device (a fused or
+def _other(v: Any) -> Any:
+    """A CPU scalar tensor is the number it holds (0.1 and tensor(0.1) are
+    the same learning rate). A tensor on another device (a fused or
     capturable optimizer's lr) is not compared: reading it would
     synchronize that device every step."""
-    t = type(v)
-    if t is float or t is bool or v is None:  # the usual case, first (it runs every step)
-        return v
-    if t is int:
-        return float(v)
-    if isinstance(v, np.bool_):
-        return bool(v)
-    if isinstance(v, str):
-        return v
     if isinstance(v, torch.Tensor):
         return float(v) if v.device.type == "cpu" and v.numel() == 1 else "tensor"
-    if isinstance(v, numbers.Real):
-        return float(v)
-    if isinstance(v, (tuple, list)):
-        return tuple(_plain(x) for x in v)
     return v
+
+
+def _plain(v: Any) -> Any:
+    return _tag.plain(v, _other)
 
 
 def _values(param_groups: Iterable[dict]) -> List[List[Any]]:
@@ -131,10 +119,10 @@ def begin_round(s, param_groups: List[dict]) -> None:
     fold the current values in and choose this round's step tag."""
     if s.solo:
         return
-    s.hyper_crc = fold(s.hyper_crc, param_groups)
+    values = _values(param_groups)
+    s.hyper_crc = _tag.fold(s.hyper_crc, values)
     s.hyper_rounds += 1
-    tag = (_tag.tag(s.hyper_crc, _values(param_groups))
-           if _tag.is_check_round(s.hyper_rounds) else "")
+    tag = _tag.tag(s.hyper_crc, values) if _tag.is_check_round(s.hyper_rounds) else ""
     if tag or s.step_tag:  # pools built since the last tagged round start untagged
         for pool in s.pools:
             _native.pool_set_step_tag(pool.id, tag)
