@@ -180,11 +180,15 @@ def broadcast(array: ArrayLike, root_rank: int, name: Optional[str] = None,
 
 def reducescatter_async(array: ArrayLike, op: ReduceOp = Average, name: Optional[str] = None,
                         process_set: Optional[ProcessSet] = None,
-                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                        compression: Any = None) -> Handle:
     """Start a reducescatter: reduce `prescale_factor * array` across the
     members, rank r keeps block r of the first dimension, times
     `postscale_factor` (the core scales, as for allreduce). Parameter order
-    as Horovod's reducescatter (process_set before the scale factors)."""
+    as Horovod's reducescatter (process_set before the scale factors).
+    `compression` selects the wire as for `allreduce` (Compression.fp16 /
+    .bf16: float32 travels as 16 bits, each hop's partial sum added in fp32;
+    None: the GRADFLOW_WIRE_DTYPE setting)."""
     code = native_reduce_op(op)
     a = _prepare(array)
     if a.ndim == 0:
@@ -192,18 +196,20 @@ def reducescatter_async(array: ArrayLike, op: ReduceOp = Average, name: Optional
     name = auto_name(REDUCESCATTER, name, process_set)
     return submit(REDUCESCATTER, name, a.ctypes.data, 0, _dtypes.code_of_numpy(a.dtype), a.shape,
                   (a,), lambda r: _result_array(r, a.dtype), op=code,
-                  prescale=prescale_factor, postscale=postscale_factor, process_set=process_set)
+                  wire=wire_code(compression), prescale=prescale_factor,
+                  postscale=postscale_factor, process_set=process_set)
 
 
 def reducescatter(array: ArrayLike, op: ReduceOp = Average, name: Optional[str] = None,
                   process_set: Optional[ProcessSet] = None,
-                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                  compression: Any = None) -> np.ndarray:
     """Reduce `prescale_factor * array` across the members and return this
     rank's block of rows (one block per member in set order, rows split as
     evenly as possible, earlier ranks get the remainder), times
-    `postscale_factor`."""
+    `postscale_factor`. `compression` as for `reducescatter_async`."""
     return reducescatter_async(array, op, name, process_set, prescale_factor,
-                               postscale_factor).wait()
+                               postscale_factor, compression).wait()
 
 
 def alltoall_async(array: ArrayLike, splits: Optional[Sequence[int]] = None,

@@ -68,13 +68,14 @@ def _reducescatter_grad(dys: Sequence[tf.Tensor], names: Sequence[str], op: Redu
 
 
 def _scatter(xs: List[tf.Tensor], names: List[str], op: ReduceOp, pre: float, post: float,
-             process_set: Optional[ProcessSet], what: str) -> List[tf.Tensor]:
-    """The differentiable grouped reducescatter under both public forms."""
+             process_set: Optional[ProcessSet], what: str, compression: Any) -> List[tf.Tensor]:
+    """The differentiable grouped reducescatter under both public forms
+    (`compression` picks the wire; the gradient travels uncompressed)."""
 
     @tf.custom_gradient
     def _fn(*xs):
         def fn(*arrays):
-            handles = [_c.reducescatter_async(a, op, n, process_set, pre, post)
+            handles = [_c.reducescatter_async(a, op, n, process_set, pre, post, compression)
                        for a, n in zip(arrays, names)]
             return [h.wait() for h in handles]
 
@@ -110,8 +111,9 @@ def reducescatter(tensor: TensorLike, device_dense: str = "", compression: Any =
     (default: all ranks) and return this rank's block of rows (one block per
     member in set order, rows split as evenly as possible, earlier members get
     the remainder), times `postscale_factor`. Horovod 0.28's signature:
-    `device_dense` is accepted and ignored (CPU), `compression` is validated
-    and otherwise ignored (no 16-bit wire for reducescatter), `ignore_name_scope`
+    `device_dense` is accepted and ignored (CPU); `compression=Compression.fp16
+    /bf16` sends float32 as 16 bits on the wire, each hop's partial sum added
+    in fp32 (Horovod casts to fp16 and sums in fp16); `ignore_name_scope`
     changes nothing. Scaling needs a floating-point tensor. Gradient: allgather
     of the upstream gradient, times prescale * postscale (and / members for
     Average)."""
@@ -120,7 +122,7 @@ def reducescatter(tensor: TensorLike, device_dense: str = "", compression: Any =
     op = reduce_op(op)
     name = op_name("reducescatter", name, process_set)
     return _scatter(_checked_inputs([tensor], "reducescatter"), [name], op, float(prescale_factor),
-                    float(postscale_factor), process_set, "reducescatter")[0]
+                    float(postscale_factor), process_set, "reducescatter", compression)[0]
 
 
 def grouped_reducescatter(tensors: Sequence[TensorLike], device_dense: str = "",
@@ -140,7 +142,7 @@ def grouped_reducescatter(tensors: Sequence[TensorLike], device_dense: str = "",
         return []
     base = op_name("reducescatter", None, process_set)
     return _scatter(xs, [f"{base}.{i}" for i in range(len(xs))], op, float(prescale_factor),
-                    float(postscale_factor), process_set, "grouped_reducescatter")
+                    float(postscale_factor), process_set, "grouped_reducescatter", compression)
 
 
 def grouped_allgather(tensors: Sequence[TensorLike], name: Optional[str] = None,

@@ -12,7 +12,7 @@ import torch
 from .._handles import Handle
 from .._runtime import ALLGATHER, REDUCESCATTER, auto_name, submit
 from ..collectives import Average, native_reduce_op
-from .compression import Compression
+from .compression import Compression, split as split_compression
 from ..process_sets import ProcessSet, global_process_set, process_set_size
 from .ops import (GroupHandle, _from_result, _op_of, _set_rank, _staged, allgather_async,
                   dtype_code, grouped_allreduce_async)
@@ -28,6 +28,16 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: in
     of `prescale_factor * tensor`, multiplied by `postscale_factor` (and by
     1/size for Average). Blocks are per member of `process_set` (default:
     all ranks), in set order. Scaling needs a floating-point tensor."""
+    return _start_reducescatter(tensor, name, op, process_set, prescale_factor, postscale_factor)
+
+
+def _start_reducescatter(tensor: torch.Tensor, name: Optional[str], op: int,
+                         process_set: Optional[ProcessSet], prescale_factor: float,
+                         postscale_factor: float, wire: int = -1) -> Handle:
+    """reducescatter_async with a native wire code (-1: GRADFLOW_WIRE_DTYPE;
+    1/2: float32 travels as fp16/bf16 and is summed in fp32, as allreduce's
+    `compression=`). Horovod's async signature has no `compression`, so the
+    synchronous forms reach the wire through here."""
     code = native_reduce_op(_op_of(None, op))  # before naming: errors leave counters alone
     src = _staged(tensor)
     if src.dim() == 0:
@@ -35,7 +45,7 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: in
     name = auto_name(REDUCESCATTER, name, process_set)
     dtype, device = src.dtype, tensor.device
     return submit(REDUCESCATTER, name, src.data_ptr(), 0, dtype_code(dtype), src.shape, (src,),
-                  lambda r: _from_result(r, dtype, device), op=code,
+                  lambda r: _from_result(r, dtype, device), op=code, wire=wire,
                   prescale=prescale_factor, postscale=postscale_factor, process_set=process_set)
 
 
@@ -44,9 +54,9 @@ class _ReducescatterFn(torch.autograd.Function):
     (pre * post, and 1/size for Average), as in Horovod."""
 
     @staticmethod
-    def forward(ctx, tensor, name, op, pre, post, process_set):
+    def forward(ctx, tensor, name, op, pre, post, process_set, wire):
         ctx.name, ctx.op, ctx.scale, ctx.process_set = name, op, pre * post, process_set
-        return reducescatter_async(tensor, name, op, process_set, pre, post).wait()
+        return _start_reducescatter(tensor, name, op, process_set, pre, post, wire).wait()
 
     @staticmethod
     def backward(ctx, grad):
@@ -56,7 +66,7 @@ class _ReducescatterFn(torch.autograd.Function):
             full = full / process_set_size(ctx.process_set, "reducescatter")
         if ctx.scale != 1.0:
             full = full * ctx.scale
-        return full, None, None, None, None, None
+        return full, None, None, None, None, None, None
 
 
 def reducescatter(tensor: torch.Tensor, name: Optional[str] = None,
@@ -65,10 +75,16 @@ def reducescatter(tensor: torch.Tensor, name: Optional[str] = None,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
     """Reduce `prescale_factor * tensor` across ranks; this rank keeps its
     block of dim-0 rows (earlier ranks get the remainder), multiplied by
-    `postscale_factor`. `compression` is accepted for Horovod compatibility
-    and ignored. Differentiable."""
-    return _ReducescatterFn.apply(tensor, name, _op_of(None, op), float(prescale_factor),
-                                  float(postscale_factor), process_set)
+    `postscale_factor`. `compression=Compression.fp16/bf16` sends float32
+    as 16 bits on the wire, each hop's partial sum added in fp32 (as
+    allreduce's; Horovod casts the tensor to fp16 and sums in fp16); a user
+    Compressor runs around the collective, as in Horovod. Differentiable
+    (the gradient travels uncompressed, as in Horovod)."""
+    wire, user = split_compression(compression)
+    sent, cctx = user.compress(tensor) if user is not None else (tensor, None)
+    out = _ReducescatterFn.apply(sent, name, _op_of(None, op), float(prescale_factor),
+                                 float(postscale_factor), process_set, wire)
+    return user.decompress(out, cctx) if user is not None else out
 
 
 # ---------------------------------------------------------------- grouped allgather, reducescatter
@@ -125,11 +141,19 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
                                 postscale_factor: float = 1.0) -> GroupHandle:
     """Start a reducescatter of every tensor of the list (as
     `reducescatter_async`); `synchronize` returns the list of results."""
+    return _start_grouped_reducescatter(tensors, name, op, process_set, prescale_factor,
+                                        postscale_factor)
+
+
+def _start_grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str], op: int,
+                                 process_set: Optional[ProcessSet], prescale_factor: float,
+                                 postscale_factor: float, wire: int = -1) -> GroupHandle:
     tensors = _tensor_list(tensors, "grouped_reducescatter")
     op = _op_of(None, op)
     base = auto_name(REDUCESCATTER, name, process_set)
-    return GroupHandle([reducescatter_async(t, f"{base}.{i}", op, process_set, prescale_factor,
-                                            postscale_factor) for i, t in enumerate(tensors)])
+    return GroupHandle([_start_reducescatter(t, f"{base}.{i}", op, process_set, prescale_factor,
+                                             postscale_factor, wire)
+                        for i, t in enumerate(tensors)])
 
 
 class _GroupedReducescatterFn(torch.autograd.Function):
@@ -138,11 +162,11 @@ class _GroupedReducescatterFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, args, *tensors):
         ctx.args = args
-        return tuple(grouped_reducescatter_async(tensors, *args).wait())
+        return tuple(_start_grouped_reducescatter(tensors, *args).wait())
 
     @staticmethod
     def backward(ctx, *grads):
-        name, op, ps, pre, post = ctx.args
+        name, op, ps, pre, post, _wire = ctx.args
         g = None if name is None else name + ".grad"
         scale = pre * post / (process_set_size(ps, "grouped_reducescatter") if op == Average else 1)
         full = grouped_allgather_async(grads, g, ps).wait()
@@ -154,9 +178,15 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] =
                           process_set: Optional[ProcessSet] = global_process_set,
                           prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> List[torch.Tensor]:
-    """Reducescatter every tensor of the list (as `reducescatter`; dim 0 of
-    each is split separately); `compression` is accepted and ignored.
-    Differentiable."""
+    """Reducescatter every tensor of the list (as `reducescatter`, with its
+    `compression`; dim 0 of each is split separately). Differentiable."""
     tensors = _tensor_list(tensors, "grouped_reducescatter")
-    args = (name, _op_of(None, op), process_set, float(prescale_factor), float(postscale_factor))
-    return list(_GroupedReducescatterFn.apply(args, *tensors))
+    wire, user = split_compression(compression)
+    ctxs = None
+    if user is not None:
+        pairs = [user.compress(t) for t in tensors]
+        tensors, ctxs = [p[0] for p in pairs], [p[1] for p in pairs]
+    args = (name, _op_of(None, op), process_set, float(prescale_factor), float(postscale_factor),
+            wire)
+    out = list(_GroupedReducescatterFn.apply(args, *tensors))
+    return [user.decompress(o, c) for o, c in zip(out, ctxs)] if user is not None else out

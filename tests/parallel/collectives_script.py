@@ -157,6 +157,14 @@ def check_reducescatter():
             counts = [rows // N + (1 if p < rows % N else 0) for p in range(N)]
             start = sum(counts[:R])
             np.testing.assert_allclose(got.astype(np.float64), red[start:start + counts[R]], rtol=1e-3)
+    # A 16-bit wire (compression=): each peer's share arrives rounded, the
+    # owner's own stays exact, summed in fp32; float64 ignores it.
+    wide = np.full((N * 5, 2), 1 + 2 ** -20, np.float32)
+    for c in (gf.Compression.fp16, gf.Compression.bf16):
+        got = gf.reducescatter(wide, op=gf.Sum, compression=c)
+        np.testing.assert_array_equal(got, np.full((5, 2), N + 2 ** -20, np.float32), err_msg=c.name)
+    got = gf.reducescatter(wide.astype(np.float64), op=gf.Sum, compression=gf.Compression.fp16)
+    np.testing.assert_array_equal(got, np.full((5, 2), N * (1 + 2 ** -20)))
 
 
 def check_alltoall():

@@ -51,6 +51,11 @@ def check_ops(mode, run):
     lo = sum(2 + (1 if p < 1 else 0) for p in range(R))
     close(run(lambda x: gtf.reducescatter(x, op=gtf.Sum), rs_in[R]),
           full[lo:lo + 2 + (1 if R < 1 else 0)], f"{mode} reducescatter")
+    # compression=fp16: each peer's 1 + 2**-20 arrives rounded to 1, the
+    # owner's own stays exact (an ignored compression would keep them all)
+    wide = np.full((N * 3, 2), 1 + 2 ** -20, np.float32)
+    got = run(lambda x: gtf.reducescatter(x, op=gtf.Sum, compression=gtf.Compression.fp16), wide)
+    assert np.array_equal(got, np.full((3, 2), N + 2 ** -20, np.float32)), f"{mode} rs fp16 {got}"
     # alltoall: rank r sends p + 1 rows (valued 1000 r + p) to rank p.
     send = np.concatenate([np.full((p + 1, 2), 1000 * R + p, np.float32) for p in range(N)])
     y, got_splits = run(lambda x: gtf.alltoall(x, splits=[p + 1 for p in range(N)]), send)

@@ -3,6 +3,7 @@
 # int, bool), non-contiguous inputs, autograd gradients, objects, barrier.
 import torch
 
+import gradflow
 import gradflow.torch as hvd
 from _torch_common import ok
 
@@ -84,6 +85,48 @@ ok("alltoall")
 # reducescatter
 rs = hvd.reducescatter(val(R, (N * 2, 3)), op=hvd.Sum)
 assert torch.equal(rs, expected_sum((N * 2, 3))[R * 2:(R + 1) * 2])
+# compression=fp16/bf16: 1 + 2**-20 loses its low bits on a 16-bit wire, so
+# the owner's block is its own exact value plus N - 1 peers' rounded ones
+# (an uncompressed sum keeps every 2**-20), and half the bytes travel.
+wide = torch.full((N * 64, 3), 1 + 2 ** -20)
+sent = {}
+for c in (hvd.Compression.none, hvd.Compression.fp16, hvd.Compression.bf16):
+    before = gradflow.stats().get("bytes_sent", 0.0)
+    got = hvd.reducescatter(wide, op=hvd.Sum, compression=c)
+    sent[c] = gradflow.stats().get("bytes_sent", 0.0) - before
+    exact = N * (1 + 2 ** -20) if c is hvd.Compression.none else N + 2 ** -20
+    assert got.dtype == torch.float32 and torch.equal(got, torch.full((64, 3), exact)), (c, got[0])
+if N > 1:  # one rank sends nothing
+    assert sent[hvd.Compression.fp16] * 2 == sent[hvd.Compression.none] > 0, sent
+    assert sent[hvd.Compression.bf16] == sent[hvd.Compression.fp16], sent
+pair = hvd.grouped_reducescatter([wide, 2 * wide], op=hvd.Sum, compression=hvd.Compression.fp16)
+assert torch.equal(pair[0], torch.full((64, 3), N + 2 ** -20)), pair[0][0]
+assert torch.equal(pair[1], torch.full((64, 3), 2 * N + 2 ** -19)), pair[1][0]
+
+
+class Halver:
+    """A user Compressor (Horovod's interface): runs around the collective."""
+    calls = []
+
+    @staticmethod
+    def compress(t):
+        Halver.calls.append("compress")
+        return t / 2, "ctx"
+
+    @staticmethod
+    def decompress(t, ctx):
+        Halver.calls.append("decompress:" + ctx)
+        return t * 2
+
+
+got = hvd.reducescatter(val(R, (N * 2, 3)), op=hvd.Sum, compression=Halver)
+assert torch.equal(got, expected_sum((N * 2, 3))[R * 2:(R + 1) * 2]) and \
+    Halver.calls == ["compress", "decompress:ctx"], Halver.calls
+got = hvd.grouped_reducescatter([val(R, (N, 2))] * 2, op=hvd.Sum, compression=Halver)
+assert all(torch.equal(g, expected_sum((N, 2))[R:R + 1]) for g in got) and len(Halver.calls) == 6
+x = torch.ones(N * 2, 2, requires_grad=True)  # the gradient travels uncompressed, as in Horovod
+hvd.reducescatter(x * (1 + 2 ** -20), op=hvd.Sum, compression=hvd.Compression.fp16).sum().backward()
+assert torch.equal(x.grad, torch.full((N * 2, 2), 1 + 2 ** -20)), x.grad
 ok("reducescatter")
 
 # autograd
