@@ -2,6 +2,7 @@
 // request signature used for validation and the response cache.
 #include "message.h"
 
+#include <charconv>
 #include <cstring>
 #include <sstream>
 
@@ -73,14 +74,27 @@ int64_t Request::num_elements() const {
   return n;
 }
 
+namespace {
+
+// The shortest text that reads back as exactly `v`: ranks whose factors
+// differ in the last bit must not agree (a stream's default 6 digits made
+// prescale 1.0 and 1.000004 "equal", and rank 0's was used everywhere).
+std::string exact(double v) {
+  char buf[32];
+  auto res = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, res.ptr);
+}
+
+}  // namespace
+
 std::string Request::signature() const {
   std::ostringstream os;
   os << op_kind_name(kind) << " dtype=" << dtype_name(dtype);
   switch (kind) {
     case OpKind::kAllreduce:
       os << " shape=" << shape_string(shape) << " op=" << reduce_op_name(op)
-         << " wire=" << wire_dtype_name(wire) << " prescale=" << prescale
-         << " postscale=" << postscale << " sparse_ratio=" << sparse_ratio
+         << " wire=" << wire_dtype_name(wire) << " prescale=" << exact(prescale)
+         << " postscale=" << exact(postscale) << " sparse_ratio=" << exact(sparse_ratio)
          << " in_pool=" << in_pool;
       if (!step_tag.empty()) os << " step={" << step_tag << "}";
       break;
@@ -88,7 +102,10 @@ std::string Request::signature() const {
       os << " shape=" << shape_string(shape) << " root=" << root;
       break;
     case OpKind::kReducescatter:
-      os << " shape=" << shape_string(shape) << " op=" << reduce_op_name(op);
+      // The response carries rank 0's factors and wire: every rank must give the same.
+      os << " shape=" << shape_string(shape) << " op=" << reduce_op_name(op)
+         << " wire=" << wire_dtype_name(wire) << " prescale=" << exact(prescale)
+         << " postscale=" << exact(postscale);
       break;
     case OpKind::kAllgather:
     case OpKind::kAlltoall: {

@@ -228,6 +228,49 @@ void reduce_into_from(void* dst, const void* a, const void* b, size_t count, Dat
   }
 }
 
+namespace {
+
+template <typename T>
+void fill_as(void* buf, size_t count, T value) {
+  T* p = static_cast<T*>(buf);
+  for (size_t i = 0; i < count; ++i) p[i] = value;
+}
+
+template <typename T>
+void fill_extreme(void* buf, size_t count, bool high) {
+  if constexpr (std::numeric_limits<T>::has_infinity) {
+    fill_as<T>(buf, count, high ? std::numeric_limits<T>::infinity()
+                                : -std::numeric_limits<T>::infinity());
+  } else {
+    fill_as<T>(buf, count, high ? std::numeric_limits<T>::max() : std::numeric_limits<T>::lowest());
+  }
+}
+
+}  // namespace
+
+void fill_identity(void* buf, size_t count, DataType dt, ReduceOp op) {
+  if (op != ReduceOp::kMin && op != ReduceOp::kMax && op != ReduceOp::kProduct) {
+    std::memset(buf, 0, count * dtype_size(dt));
+    return;
+  }
+  const bool high = op == ReduceOp::kMin;  // min's identity is the top of the range
+  const bool one = op == ReduceOp::kProduct;
+  switch (dt) {
+    case DataType::kUInt8: one ? fill_as<uint8_t>(buf, count, 1) : fill_extreme<uint8_t>(buf, count, high); break;
+    case DataType::kInt8: one ? fill_as<int8_t>(buf, count, 1) : fill_extreme<int8_t>(buf, count, high); break;
+    case DataType::kInt16: one ? fill_as<int16_t>(buf, count, 1) : fill_extreme<int16_t>(buf, count, high); break;
+    case DataType::kUInt16: one ? fill_as<uint16_t>(buf, count, 1) : fill_extreme<uint16_t>(buf, count, high); break;
+    case DataType::kInt32: one ? fill_as<int32_t>(buf, count, 1) : fill_extreme<int32_t>(buf, count, high); break;
+    case DataType::kInt64: one ? fill_as<int64_t>(buf, count, 1) : fill_extreme<int64_t>(buf, count, high); break;
+    case DataType::kFloat32: one ? fill_as<float>(buf, count, 1.0f) : fill_extreme<float>(buf, count, high); break;
+    case DataType::kFloat64: one ? fill_as<double>(buf, count, 1.0) : fill_extreme<double>(buf, count, high); break;
+    // 16-bit floats by bit pattern: 1.0, +inf, -inf.
+    case DataType::kFloat16: fill_as<uint16_t>(buf, count, one ? 0x3C00 : high ? 0x7C00 : 0xFC00); break;
+    case DataType::kBFloat16: fill_as<uint16_t>(buf, count, one ? 0x3F80 : high ? 0x7F80 : 0xFF80); break;
+    case DataType::kBool: fill_as<uint8_t>(buf, count, high || one ? 1 : 0); break;
+  }
+}
+
 void scale_buffer(void* buf, size_t count, DataType dt, double factor) {
   // factor == 1 is what Sum passes: a no-op for every dtype, bool included.
   if (factor == 1.0) return;

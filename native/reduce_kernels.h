@@ -28,6 +28,12 @@ void reduce_into_from(void* dst, const void* a, const void* b, size_t count, Dat
 // cannot be scaled. No-op if factor == 1, for every dtype.
 void scale_buffer(void* buf, size_t count, DataType dt, double factor);
 
+// buf[i] = the identity of `op` (0 for sum/average, +inf / the type's
+// largest value / true for min, -inf / smallest / false for max, 1 for
+// product): what a rank that has joined contributes, so that it changes no
+// result (zeros made min/max/product of the working ranks 0).
+void fill_identity(void* buf, size_t count, DataType dt, ReduceOp op);
+
 // Whether (dt, op) is supported by reduce_into; `why` explains a refusal.
 bool reduce_supported(DataType dt, ReduceOp op, std::string* why);
 

@@ -223,7 +223,7 @@ void ResponseExecutor::run_allreduces(const std::vector<const Response*>& group,
       }
       work = e->output;
     } else {
-      zeros_.assign(total * esize, 0);
+      zeros_.resize(total * esize);
       work = zeros_.data();
     }
   } else {
@@ -232,11 +232,18 @@ void ResponseExecutor::run_allreduces(const std::vector<const Response*>& group,
     for (size_t i = 0; i < group.size(); ++i) {
       size_t bytes = elements_of(group[i]->shape) * esize;
       if (entries[i]) fusion_.pack(off, entries[i]->input, bytes);
-      else std::memset(static_cast<uint8_t*>(work) + off, 0, bytes);
       off += bytes;
     }
   }
   scale_buffer(work, total, dt, first.prescale);
+  // A rank that has joined has no entry: it contributes the op's identity
+  // (zeros for sum/average, as Horovod), written after the prescale so that
+  // product's 1 stays 1 (fused responses share dtype and op).
+  for (size_t i = 0, off = 0; i < group.size(); ++i) {
+    size_t count = elements_of(group[i]->shape);
+    if (!entries[i]) fill_identity(static_cast<uint8_t*>(work) + off * esize, count, dt, first.op);
+    off += count;
+  }
   double post = first.postscale;
   if (first.op == ReduceOp::kAverage) post /= comm_.size();
   // Sparse even on one rank: training behaves the same at every size.

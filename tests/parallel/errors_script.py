@@ -33,6 +33,21 @@ if N > 1:
     root = 0 if R == 0 else 1
     expect_error(lambda: gf.broadcast(np.ones(2), root, name="bad.root"), "bad.root", "root=")
     expect_error(lambda: gf.allgather(np.ones((2, 3 + (R > 0))), name="bad.ag"), "bad.ag", "trailing_shape")
+    # Scale factors are compared exactly (a 6-digit text made 1.0 and
+    # 1.000004 agree, and rank 0's was used everywhere), for reducescatter too
+    # (it used to compare none and apply rank 0's).
+    pre = 1.0 if R == 0 else 1.000004
+    expect_error(lambda: gf.allreduce(np.ones(3), prescale_factor=pre, name="bad.pre"),
+                 "bad.pre", "prescale=1 ", "prescale=1.000004")
+    expect_error(lambda: gf.reducescatter(np.ones((N, 2)), prescale_factor=1.0 + R, name="rs.pre"),
+                 "rs.pre", "prescale=1 ", "prescale=2")
+    expect_error(lambda: gf.reducescatter(np.ones((N, 2)), postscale_factor=1.0 + R,
+                                          name="rs.post"), "rs.post", "postscale=2")
+    wire = gf.Compression.fp16 if R == 0 else None
+    expect_error(lambda: gf.reducescatter(np.ones((N, 2), np.float32), compression=wire,
+                                          name="rs.wire"), "rs.wire", "wire=fp16")
+    np.testing.assert_array_equal(gf.reducescatter(np.ones((N, 2)), op=gf.Sum, prescale_factor=0.1,
+                                                   name="rs.same"), np.full((1, 2), 0.1 * N))
     # Names that never match: the stall inspector fails them on every rank.
     t0 = time.time()
     expect_error(lambda: gf.allreduce(np.ones(2), name=f"lonely.{R}"), f"lonely.{R}", "missing on ranks")

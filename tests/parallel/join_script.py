@@ -1,5 +1,5 @@
-"""join(): a rank that ran out of data contributes zeros to the others'
-allreduces until every rank has joined; join() returns the rank that joined
+"""join(): a rank that ran out of data contributes the op's identity (zeros
+for sum and average) to the others' allreduces until every rank has joined; join() returns the rank that joined
 last, whatever the order; every other collective kind is refused on every
 rank meanwhile and the runtime (unnamed collectives included) works after.
 argv[1]: join order, e.g. "2,0,1" (rank 2 first, rank 1 last), or "together"."""
@@ -12,6 +12,11 @@ from gradflow.torch import allgather_object, broadcast_object
 
 gf.init()
 R, N = gf.rank(), gf.size()
+try:
+    import ml_dtypes  # numpy's bfloat16
+    BF16 = [ml_dtypes.bfloat16]
+except ImportError:
+    BF16 = []
 
 
 def expect_refused(fn, what):
@@ -42,6 +47,24 @@ else:
         # allreduce sees zeros from them; anything else is refused.
         got = gf.allreduce(np.arange(4, dtype=np.float64), op=gf.Average)
         np.testing.assert_array_equal(got, np.arange(4) / N)
+        # Min / max / product see the op's identity from a joined rank, so
+        # only the working rank's values count (zeros made them 0, and
+        # Horovod's zeros still do): per dtype, submitted together so the
+        # core fuses them, and a product's prescale applied once.
+        x = np.array([5, -3, 2], np.float64)
+        for op in (gf.Min, gf.Max, gf.Product):
+            dts = ["float32", "float64", "float16", "int32", "int64", "int8", "uint8"] + BF16
+            src = [np.abs(x) if dt == "uint8" else x for dt in dts]
+            hs = [gf.allreduce_async(v.astype(dt), op=op, name=f"join.{op}.{dt}")
+                  for v, dt in zip(src, dts)]
+            for h, v, dt in zip(hs, src, dts):
+                got = np.asarray(h.wait(), np.float64)
+                np.testing.assert_array_equal(got, v, err_msg=f"{op} {dt}")
+        for op, want in ((gf.Min, [True, False]), (gf.Max, [True, False])):
+            got = gf.allreduce(np.array([True, False]), op=op, name=f"join.bool.{op}")
+            np.testing.assert_array_equal(got, want, err_msg=f"bool {op}")
+        got = gf.allreduce(np.full(3, 2.0), op=gf.Product, prescale_factor=3.0, name="join.prod")
+        np.testing.assert_array_equal(got, np.full(3, 6.0))
         expect_refused(lambda: gf.allgather(np.zeros((17, 17, 17), np.float32)), "allgather")
         expect_refused(lambda: gf.broadcast(np.zeros(3), R), "broadcast")
         expect_refused(lambda: gf.reducescatter(np.zeros((N, 2)), op=gf.Sum), "reducescatter")
