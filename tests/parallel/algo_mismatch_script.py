@@ -1,7 +1,8 @@
 """Ranks started with different settings that change the protocol (argv:
 `KEY=v0,v1,...` per setting, one value per rank, cycled; a bare value list
 means GRADFLOW_ALLREDUCE_ALGO) would run different protocols on the same
-message: init() must refuse on every rank, with a clear GradflowError."""
+message: init() must refuse on every rank, with a clear GradflowError that
+names every setting that differs and the ranks on each side."""
 import os
 import sys
 
@@ -9,16 +10,20 @@ from mpi4py import MPI
 
 import gradflow as gf
 
-R = MPI.COMM_WORLD.rank
-settings = {}
+R, N = MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size
+settings, differing = {}, []
 for arg in sys.argv[1:]:
     key, values = arg.split("=", 1) if "=" in arg else ("GRADFLOW_ALLREDUCE_ALGO", arg)
     values = values.split(",")
     os.environ[key] = settings[key] = values[R % len(values)]
+    if len({values[r % len(values)] for r in range(N)}) > 1:
+        differing.append(key)
 try:
     gf.init()
 except gf.GradflowError as e:
     assert "settings differ between ranks" in str(e), str(e)
+    for key in differing:  # each named, with the ranks that hold rank 0's value
+        assert f"{key}:" in str(e) and " on rank" in str(e), (key, str(e))
     print(f"rank {R} refused: {e}", flush=True)
 else:
     raise AssertionError(f"rank {R}: init() accepted settings {settings}")
