@@ -17,13 +17,25 @@ namespace gradflow {
 
 namespace {
 std::atomic<int64_t> g_generations{0};
+
+// The settings, or (when a value does not parse) the defaults, with the
+// error kept for check_config_matches_everywhere to report on every rank.
+Config load_config_or_defaults(const std::map<std::string, std::string>& overrides,
+                               std::string* error) {
+  try {
+    return load_config(overrides);
+  } catch (const GradflowError& e) {
+    *error = e.what();
+    return Config{};
+  }
+}
 constexpr int kPoolIndexBits = 32;
 }  // namespace
 
 Runtime::Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>& overrides,
                  int process_set_id, std::vector<int> set_ranks,
                  std::function<void(const std::string&)> on_fatal)
-    : cfg_(load_config(overrides)),
+    : cfg_(load_config_or_defaults(overrides, &config_error_)),
       generation_(++g_generations),
       pid_(::getpid()),
       set_id_(process_set_id),
@@ -100,14 +112,24 @@ std::vector<std::pair<std::string, std::string>> config_fields(const std::string
 // Rank 0's account of which settings differ, from every rank's fields:
 // "GRADFLOW_WIRE_DTYPE: 1 on rank 0, 2; 0 on rank 1" (values as the core
 // holds them: bytes, enum codes, 1/0).
+constexpr const char* kInvalid = "INVALID";
+
 std::string config_difference(const std::vector<std::vector<uint8_t>>& all) {
   std::vector<std::vector<std::pair<std::string, std::string>>> parsed;
   for (const auto& bytes : all) parsed.push_back(config_fields(std::string(bytes.begin(), bytes.end())));
   std::ostringstream why;
-  const auto& ref = parsed[0];
+  std::vector<size_t> valid;  // ranks whose values parsed
+  for (size_t r = 0; r < parsed.size(); ++r) {
+    if (!parsed[r].empty() && parsed[r][0].first == kInvalid)
+      why << "; rank " << r << ": " << parsed[r][0].second;
+    else
+      valid.push_back(r);
+  }
+  if (valid.empty()) return why.str();
+  const auto& ref = parsed[valid[0]];
   for (size_t f = 0; f < ref.size(); ++f) {
     std::vector<std::pair<std::string, std::vector<int>>> groups;  // value -> ranks
-    for (size_t r = 0; r < parsed.size(); ++r) {
+    for (size_t r : valid) {
       const std::string v = f < parsed[r].size() ? parsed[r][f].second : "?";
       auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == v; });
       if (it == groups.end()) groups.push_back({v, {static_cast<int>(r)}});
@@ -135,6 +157,11 @@ void Runtime::check_config_matches_everywhere() {
   // settings can never print the same (e.g. "1000"+"50" vs "10005"+"0").
   std::ostringstream fields;
   fields.precision(17);
+  if (!config_error_.empty()) {
+    std::string text = config_error_;  // one field: no separators inside
+    std::replace(text.begin(), text.end(), ';', ',');
+    fields << kInvalid << "=" << text << ";";
+  } else {
   fields << "GRADFLOW_FUSION_THRESHOLD=" << cfg_.fusion_threshold_bytes
          << ";GRADFLOW_POOL_BUCKET_BYTES=" << cfg_.pool_bucket_bytes
          << ";GRADFLOW_POOL_MERGE=" << cfg_.pool_merge
@@ -153,22 +180,31 @@ void Runtime::check_config_matches_everywhere() {
          << ";GRADFLOW_AUTOTUNE=" << cfg_.autotune
          << ";GRADFLOW_AUTOTUNE_WARMUP_SAMPLES=" << cfg_.autotune_warmup_samples
          << ";GRADFLOW_AUTOTUNE_STEPS_PER_SAMPLE=" << cfg_.autotune_steps_per_sample << ";";
+  }
   const std::string s = fields.str();
   uint64_t h = std::hash<std::string>()(s);
   uint64_t words[2] = {h, ~h};
   comm_->allreduce_band(words, 2, "init (configuration check)");
-  if (words[0] == h && words[1] == ~h) return;
+  if (words[0] == h && words[1] == ~h) {
+    if (!config_error_.empty()) throw GradflowError(config_error_);  // the same on every rank
+    return;
+  }
   // Every rank saw the difference: rank 0 names the settings and the ranks
   // from everyone's fields, and every rank raises the same text.
   std::vector<uint8_t> text;
   auto all = comm_->gather_to_root(std::vector<uint8_t>(s.begin(), s.end()), 0,
                                    "init (configuration check)");
   if (comm_->rank() == 0) {
-    std::string why = "gradflow: GRADFLOW_* settings differ between ranks" +
-                      config_difference(all) +
-                      " (values as the core holds them: bytes, choice codes, 1/0). Every rank "
-                      "must use the same settings: set them in the launcher's environment "
-                      "(gradflowrun flags or -x/-genv), not per rank";
+    const std::string diff = config_difference(all);
+    const bool invalid = diff.rfind("; rank ", 0) == 0;  // invalid ranks come first
+    std::string why = std::string(invalid ? "gradflow: GRADFLOW_* settings are invalid on some "
+                                            "ranks"
+                                          : "gradflow: GRADFLOW_* settings differ between ranks") +
+                      diff +
+                      (invalid ? "" : " (values as the core holds them: bytes, choice codes, "
+                                      "1/0)") +
+                      ". Every rank must use the same, valid settings: set them in the "
+                      "launcher's environment (gradflowrun flags or -x/-genv), not per rank";
     text.assign(why.begin(), why.end());
   }
   comm_->bcast_vector(text, 0, "init (configuration check)");

@@ -135,11 +135,15 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   };
   int64_t submit_bucket(PoolState& p, int bucket);
   PoolState& find_pool(int64_t id);  // caller holds pools_mu_
+  // Every rank's settings must agree; a rank whose GRADFLOW_* values did not
+  // parse (config_error_) still takes part, so every rank raises its message
+  // at once instead of waiting out the init timeout.
   void check_config_matches_everywhere();
   void validate_submit(const SubmitArgs& args) const;  // throws InvalidArgumentError
   int64_t submit_checked(const SubmitArgs& args);
   int set_rank_of(int global_rank) const;  // -1 if not a member
 
+  std::string config_error_;  // set before cfg_ is initialised (declared first)
   Config cfg_;
   std::unique_ptr<MpiComm> comm_;
   Stats stats_;

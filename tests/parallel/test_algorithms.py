@@ -8,6 +8,7 @@ sub-communicators. Faults and re-init with two-sync: test_faults.py;
 several hosts: test_multihost.py."""
 import importlib.util
 import re
+import time
 
 import pytest
 
@@ -33,6 +34,20 @@ def test_settings_differ_between_ranks(settings, n):
     out = run_mpi(n, "algo_mismatch_script.py", *settings, timeout=120)
     # Ranks' lines may interleave in the shared stdout: find them anywhere.
     assert sorted(int(r) for r in re.findall(r"rank (\d+) refused", out.stdout)) == list(range(n)), out.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_invalid_setting_on_one_rank_fails_every_rank_at_once(n):
+    # Default GRADFLOW_TIMEOUT (60 s): the other ranks used to wait it out in
+    # init() and blame no one; now every rank names rank 1's setting at once.
+    t0 = time.time()
+    out = run_mpi(n, "algo_mismatch_script.py", "GRADFLOW_CYCLE_TIME=1,abc", timeout=120)
+    assert time.time() - t0 < 30, out.stdout
+    lines = re.findall(r"rank (\d+) refused: ([^\n]*)", out.stdout)
+    assert sorted(int(r) for r, _ in lines) == list(range(n)), out.stdout
+    for _, msg in lines:
+        assert "settings are invalid on some ranks; rank 1: gradflow: invalid value 'abc' for " \
+               "GRADFLOW_CYCLE_TIME" in msg, msg
 
 
 @pytest.mark.parametrize("algo", ["ring", "two-sync", "mpi", "recursive-doubling", "halving-doubling"])
