@@ -26,6 +26,7 @@ class ProcessSet:
 
     def __init__(self, ranks_or_comm: Union[Sequence[int], Any]):
         self.process_set_id: Optional[int] = None
+        self._runtime = 0  # the init() its id belongs to (_runtimes_started at add_process_set)
         self.mpi_comm = None
         if _is_mpi_comm(ranks_or_comm):
             raise NotImplementedError(
@@ -42,7 +43,7 @@ class ProcessSet:
 
     def size(self) -> Optional[int]:
         """Number of ranks in the set, or None if it is not registered."""
-        if self.process_set_id is None:
+        if self.process_set_id is None or _stale(self):
             return None
         return len(_registered_ranks(self.process_set_id))
 
@@ -51,7 +52,7 @@ class ProcessSet:
         if the set is not registered; ValueError if this rank is not a member.
         Collectives still take *global* ranks (broadcast's root_rank), as in
         Horovod."""
-        if self.process_set_id is None:
+        if self.process_set_id is None or _stale(self):
             return None
         ranks = _registered_ranks(self.process_set_id)
         me = _native.rank()
@@ -107,9 +108,22 @@ def _registered_ranks(process_set_id: int) -> List[int]:
     return list(table[process_set_id])
 
 
+# init() calls so far: a set's id is only valid in the runtime that gave it
+# (after shutdown() and init() the ids are handed out again, to other sets).
+_runtimes_started = 0
+
+
 def _after_init() -> None:
     """Called by init(): the global set's ranks are now known."""
+    global _runtimes_started
+    _runtimes_started += 1
     global_process_set.ranks = list(range(_native.size()))
+
+
+def _stale(process_set: "ProcessSet") -> bool:
+    """Registered in a runtime that has since been shut down."""
+    return process_set.process_set_id not in (None, 0) and \
+        process_set._runtime != _runtimes_started
 
 
 def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
@@ -121,9 +135,12 @@ def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet
     Horovod, no HOROVOD_DYNAMIC_PROCESS_SETS setting is needed."""
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
+    if _stale(process_set):  # from a runtime that was shut down: register it anew
+        process_set._invalidate()
     if process_set.process_set_id is not None:
         raise ValueError(f"gradflow: add_process_set: {process_set} is already registered")
     process_set.process_set_id = int(_native.add_process_set(list(process_set.ranks)))
+    process_set._runtime = _runtimes_started
     return process_set
 
 
@@ -136,6 +153,9 @@ def remove_process_set(process_set: ProcessSet) -> bool:
         raise ValueError(f"gradflow: remove_process_set needs a ProcessSet, got {process_set!r}")
     process_set_id = process_set.process_set_id
     if process_set_id is None or process_set_id == 0:
+        return False
+    if _stale(process_set):  # its id is another set's now: nothing of it to remove
+        process_set._invalidate()
         return False
     process_set._invalidate()
     return bool(_native.remove_process_set(int(process_set_id)))
@@ -155,6 +175,11 @@ def process_set_id(process_set: Any, what: str) -> int:
         raise ValueError(f"gradflow: {what}: {process_set} is not registered; call "
                          "add_process_set (or pass it to init(process_sets=...)) on every rank "
                          "first (a removed set cannot be used)")
+    if _stale(process_set):
+        # Its id now belongs to whatever set the new runtime numbered so.
+        raise ValueError(f"gradflow: {what}: {process_set} was registered before shutdown() "
+                         "(or an elastic reset) and is not registered in this runtime; call "
+                         "add_process_set(it) (or init(process_sets=[...])) on every rank again")
     return int(process_set.process_set_id)
 
 

@@ -53,5 +53,40 @@ for round_ in range(3):
 
 gf.init()
 expect_error(stale.wait, "handle")
+
+# A ProcessSet object outlives the runtime that numbered it: after shutdown()
+# and init() its old id may be another set's. Using it raises (it used to run
+# on whichever set now had the id), and registering it again works, also
+# through init(process_sets=[...]) (which used to raise "already registered").
+R, N = gf.rank(), gf.size()
+if N == 1:  # a one-rank job has no set but the global one
+    if R == 0:
+        print(f"reinit OK on {N} ranks", flush=True)
+    raise SystemExit(0)
+first = gf.add_process_set(list(range(N - 1, -1, -1))[:max(1, N - 1)])  # e.g. [1, 2] of 3
+gf.shutdown()
+gf.init()
+other = gf.add_process_set([0])  # takes the id `first` had
+assert other.process_set_id == first.process_set_id, (other, first)
+assert first.size() is None and first.rank() is None
+try:
+    gf.allreduce(np.ones(2), op=gf.Sum, process_set=first, name="stale.set")
+except ValueError as e:
+    assert "was registered before shutdown()" in str(e), e
+else:
+    raise AssertionError("a process set from the previous runtime was accepted")
+assert gf.remove_process_set(first) is False and gf.is_initialized()
+assert other.size() == 1  # untouched by the stale set's removal
+gf.add_process_set(first)
+if first.included():
+    got = gf.allreduce(np.ones(2), op=gf.Sum, process_set=first, name="set.again")
+    np.testing.assert_array_equal(got, np.full(2, first.size()))
+gf.shutdown()
+gf.init(process_sets=[first])
+assert first.size() == len(first.ranks) and first.process_set_id not in (None, 0)
+if first.included():
+    got = gf.allreduce(np.ones(2), op=gf.Sum, process_set=first, name="set.init")
+    np.testing.assert_array_equal(got, np.full(2, first.size()))
+gf.barrier()
 if gf.rank() == 0:
     print(f"reinit OK on {gf.size()} ranks", flush=True)
