@@ -155,7 +155,12 @@ def load_model(filepath: Any, custom_optimizers: Optional[Iterable[type]] = None
         # config has no registered name, and Keras then takes the built-in
         # class without looking at custom_objects. Wrap it here, state included.
         model.optimizer = _wrap_loaded(opt, model, compression)
-    if model.optimizer is not None and not is_distributed(model.optimizer):
+    opt = model.optimizer
+    # Mixed precision: Keras saves the LossScaleOptimizer around the wrapped
+    # one, and it comes back around a wrapped inner optimizer (it used to be
+    # refused here).
+    inner = getattr(opt, "inner_optimizer", None)
+    if opt is not None and not is_distributed(opt) and not is_distributed(inner):
         # A plain optimizer would train without reducing gradients: never
         # hand that back silently.
         raise ValueError(f"gradflow: load_model: the saved optimizer "

@@ -40,7 +40,8 @@ GRADFLOW_SPARSE_RATIO, 1.0 is dense, r < 1 sends the top r fraction of chunks.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional
+import re
+from typing import Any, Dict, List, Optional
 
 import keras
 import numpy as np
@@ -61,6 +62,22 @@ class _DistributedMixin:
     """Methods placed in front of the user's optimizer class (see DistributedOptimizer)."""
 
     _gradflow_wrapped = True
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        """`type(opt).from_config(opt.get_config())` (a copy, as Keras's
+        clone utilities make): the user's optimizer from `config`, wrapped
+        again with the same gradflow settings. It used to build an object
+        that claimed to be distributed and failed at its first step."""
+        config = dict(config)
+        passes = cls._gradflow_passes
+        if passes > 1:  # DistributedOptimizer put it there (a user's own stays)
+            config.pop("gradient_accumulation_steps", None)
+        base = cls._gradflow_base
+        inner = base.from_config(config, custom_objects=custom_objects) \
+            if custom_objects is not None else base.from_config(config)
+        return DistributedOptimizer(inner, backward_passes_per_step=passes,
+                                    **cls._gradflow_settings)
 
     @property
     def sparse_ratio(self) -> Optional[float]:
@@ -359,25 +376,77 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
                          "(gradflow fuses gradients by its own bucket size, "
                          "GRADFLOW_FUSION_THRESHOLD); leave them at 0 / None")
     member_id(process_set, "DistributedOptimizer")  # registered, and this rank a member
-    reduce_op(op)  # an unknown op raises here, at construction
+    if reduce_op(op) != Average and float(gradient_predivide_factor) != 1.0:
+        # At construction, not at the first step inside fit (as Horovod).
+        raise ValueError("gradflow: gradient_predivide_factor needs op=Average")
     _c.check_adasum_options(op, wire_code(compression), sparse_ratio, "DistributedOptimizer")
     check_sparse_ratio(sparse_ratio, "DistributedOptimizer")
     base = optimizer.__class__
+    if int(backward_passes_per_step) > 1 and isinstance(optimizer,
+                                                        keras.optimizers.LossScaleOptimizer):
+        # Keras refuses gradient accumulation on a LossScaleOptimizer itself.
+        raise ValueError("gradflow: DistributedOptimizer(LossScaleOptimizer(...), "
+                         "backward_passes_per_step>1) is not supported (Keras has no gradient "
+                         "accumulation on a LossScaleOptimizer); put the LossScaleOptimizer "
+                         "around instead: LossScaleOptimizer(DistributedOptimizer(opt, "
+                         "backward_passes_per_step=k))")
+    settings = dict(compression=compression, op=op, sparse_ratio=sparse_ratio,
+                    sparse_as_dense=sparse_as_dense,
+                    gradient_predivide_factor=gradient_predivide_factor,
+                    average_aggregated_gradients=average_aggregated_gradients,
+                    process_set=process_set, scale_local_gradients=scale_local_gradients)
     # Same module and name as the user's class: a saved model reloads with the
-    # plain optimizer (wrap it again after loading).
-    cls = type(base.__name__, (_DistributedMixin, base), {"__module__": base.__module__})
+    # plain optimizer (wrap it again after loading). from_config on the
+    # wrapped class wraps again, with these settings (_DistributedMixin).
+    cls = type(base.__name__, (_DistributedMixin, base),
+               {"__module__": base.__module__, "_gradflow_base": base,
+                "_gradflow_settings": settings,
+                "_gradflow_passes": int(backward_passes_per_step)})
     config = optimizer.get_config()
     if backward_passes_per_step > 1:
         if config.get("gradient_accumulation_steps"):
             raise ValueError("gradflow: use backward_passes_per_step or the optimizer's "
                              "gradient_accumulation_steps, not both")
         config["gradient_accumulation_steps"] = int(backward_passes_per_step)
-    dist = cls.from_config(config)
-    dist._gradflow_setup(name or f"DistributedOptimizer.{optimizer.name}", compression, op,
+    dist = super(_DistributedMixin, cls).from_config.__func__(cls, config)
+    dist._gradflow_setup(name or default_name(optimizer), compression, op,
                          sparse_ratio, backward_passes_per_step, sparse_as_dense,
                          gradient_predivide_factor, average_aggregated_gradients, process_set,
                          scale_local_gradients)
     return dist
+
+
+def _snake_case(name: str) -> str:
+    """Keras's auto-name of a class ("SGD" -> "sgd", "AdamW" -> "adam_w")."""
+    try:
+        from keras.src.utils.naming import to_snake_case  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - a Keras without it: its rule
+        def to_snake_case(n: str) -> str:
+            n = re.sub(r"\W+", "", n)
+            n = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", n)
+            return re.sub("([a-z])([A-Z])", r"\1_\2", n).lower()
+    return to_snake_case(name)
+
+
+# DistributedOptimizers made so far in this process, per optimizer class.
+_wrapped_count: Dict[str, int] = {}
+
+
+def default_name(optimizer: keras.optimizers.Optimizer) -> str:
+    """The reduction name prefix of a DistributedOptimizer given no `name`.
+    An optimizer the user named keeps that name. One Keras named itself
+    ("sgd", "sgd_1", ...: a per-process count of *every* optimizer made) is
+    numbered by the DistributedOptimizers of its class made in this process
+    instead, which every rank makes alike: a plain optimizer that one rank
+    alone made (an evaluation-only compile) used to shift that rank's names,
+    and the job stalled."""
+    cls = type(optimizer).__name__
+    auto = re.fullmatch(re.escape(_snake_case(cls)) + r"(_\d+)?", optimizer.name)
+    if not auto:
+        return f"DistributedOptimizer.{optimizer.name}"
+    k = _wrapped_count.get(cls, 0)
+    _wrapped_count[cls] = k + 1
+    return f"DistributedOptimizer.{cls}" + (f".{k}" if k else "")
 
 
 def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[str] = None,

@@ -195,7 +195,74 @@ def check_partial_fit():
         assert not np.array_equal(kernels[0], kernels[1]), "local layer is identical across ranks"
 
 
+def check_wrapper_corners():
+    """Where the wrapper meets Keras's own machinery (2026-11-27 audit): each
+    case failed before its fix."""
+    x, y = data(R)
+    # An optimizer made on one rank only (an evaluation-only compile) used to
+    # shift that rank's Keras auto-names ("sgd_1" against "sgd") and with
+    # them the reduction names: the job stalled.
+    if R == 0:
+        make_model(7).compile(optimizer="sgd", loss="mse")
+    model = make_model(3)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    identical_everywhere([w.numpy() for w in model.weights], "eval-only optimizer on rank 0")
+    # from_config of a wrapped optimizer (a copy) wraps again with the same
+    # settings; it used to claim to be distributed and fail at its first step.
+    # (The 16-bit wire's rounding depends on how a cycle fused the tensors,
+    # so the bitwise comparison below trains in fp32.)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05), backward_passes_per_step=2,
+                                   op=hvd.Sum)
+    copy = type(opt).from_config(opt.get_config())
+    assert hvd.is_distributed(copy) and copy.backward_passes_per_step == 2
+    assert copy.op == hvd.Sum and copy.gradflow_name != opt.gradflow_name
+    fp16 = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05), compression=hvd.Compression.fp16)
+    assert type(fp16).from_config(fp16.get_config()).compression is hvd.Compression.fp16
+    twin = [make_model(4), make_model(4)]
+    for m, o in zip(twin, (opt, copy)):
+        m.compile(optimizer=o, loss="mse")
+        m.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False)
+    for a, b in zip(*(m.weights for m in twin)):
+        assert np.array_equal(a.numpy(), b.numpy()), f"the copy trains differently at {b.path}"
+    identical_everywhere([w.numpy() for w in twin[1].weights], "from_config copy")
+    # Horovod's order with accumulation: a clear gradflow error (Keras's own
+    # named an argument the user never passed).
+    try:
+        hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()),
+                                 backward_passes_per_step=2)
+    except ValueError as e:
+        assert "LossScaleOptimizer(DistributedOptimizer(" in str(e), str(e)
+    else:
+        raise AssertionError("LossScaleOptimizer inside with backward_passes_per_step=2 accepted")
+    # A mixed-precision model saved with its LossScaleOptimizer around the
+    # wrapped one loads (it used to be refused as "came back unwrapped").
+    path = gtf.broadcast_object(os.path.join(tempfile.mkdtemp(), "mixed.keras") if R == 0 else None)
+    policy = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        mixed = make_model(5)
+        mixed.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse")
+        mixed.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+        if R == 0:
+            mixed.save(path)
+        gtf.join()
+        loaded = hvd.load_model(path)
+        assert hvd.is_distributed(loaded.optimizer.inner_optimizer), type(loaded.optimizer)
+        loaded.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+        mixed.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+        for a, b in zip(loaded.weights, mixed.weights):
+            assert np.array_equal(a.numpy(), b.numpy()), f"reloaded mixed model differs at {b.path}"
+        identical_everywhere([w.numpy() for w in loaded.weights], "reloaded mixed model")
+    finally:
+        keras.mixed_precision.set_global_policy(policy)
+    gtf.join()
+    if R == 0:
+        shutil.rmtree(os.path.dirname(path))
+
+
 check_values()
+check_wrapper_corners()
 check_load_model()
 check_partial_step()
 check_partial_fit()
