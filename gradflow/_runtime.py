@@ -280,19 +280,22 @@ def submit(kind: int, name: str, in_ptr: int, out_ptr: int, dtype: int, shape: S
            keep_alive: tuple, finish: Optional[Callable[[dict], Any]] = None, *, op: int = 0,
            root: int = 0, wire: int = -1, prescale: float = 1.0, postscale: float = 1.0,
            splits: Sequence[int] = (), sparse_ratio: float = -1.0,
-           process_set: Any = None, step_tag: str = "") -> Handle:
+           process_set: Any = None, step_tag: str = "",
+           rollback_residual: bool = False) -> Handle:
     """Queue one collective on raw buffers; `keep_alive` holds them until done.
     `process_set` is what the caller passed as `process_set=` (None: all
     ranks); this is where every binding's value is translated. `step_tag`
     (allreduce): the step this collective belongs to, which every rank must
-    give alike (native Note [Step tags])."""
+    give alike (native Note [Step tags]). `rollback_residual` (a named
+    sparse allreduce): its residual first goes back to before its last step,
+    which the optimizer skipped (Note [A skipped step owes its chunks])."""
     if "\x00" in name:  # C strings would cut it short in every error message
         raise ValueError(f"gradflow: collective name {name!r} contains a NUL character")
     ps = _process_sets.process_set_id(process_set, _KIND_NAMES[kind])
     _handles.sweep()
     h = _native.submit(kind, name, in_ptr, out_ptr, dtype, [int(d) for d in shape], op, root,
                        wire, float(prescale), float(postscale), [int(s) for s in splits],
-                       float(sparse_ratio), ps, step_tag)
+                       float(sparse_ratio), ps, step_tag, bool(rollback_residual))
     return Handle(h, keep_alive, finish, name, ps)
 
 

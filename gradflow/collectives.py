@@ -17,7 +17,7 @@ from numpy.typing import ArrayLike
 from . import _dtypes
 from ._handles import Handle
 from ._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, JOIN, REDUCESCATTER,
-                       advance_auto_names, auto_name, auto_name_counts, submit)
+                       GradflowError, advance_auto_names, auto_name, auto_name_counts, rank, submit)
 from .compression import wire_code
 from .process_sets import ProcessSet
 
@@ -263,6 +263,88 @@ def join() -> int:
     for callback in after_join:
         callback()
     return int(r["shape"][0])
+
+
+# ---------------------------------------------------------------- objects
+#
+# Pickled objects travel as a header then the bytes. The header is int64
+# [status, nbytes]: status 0, the bytes are the pickle; status 1, the object
+# could not be pickled and the bytes are the error's text. A rank whose
+# object fails to pickle still takes part in both collectives, so every rank
+# learns of the failure at once and raises (the failing rank its own
+# exception, the others a GradflowError quoting it), and the runtime stays
+# usable: before, the failing rank raised alone and its peers waited in the
+# header collective until GRADFLOW_TIMEOUT. Used by the torch and TensorFlow
+# broadcast_object / allgather_object, each with its own pickler.
+
+_PICKLED, _UNPICKLABLE = 0, 1
+_MAX_ERROR_TEXT = 4096  # bytes of a pickling error's text sent to the peers
+
+
+def _pickle_or_error(obj: Any, dumps: Callable[[Any], bytes]
+                     ) -> Tuple[np.ndarray, Optional[Exception]]:
+    """(obj pickled as uint8, None), or (the pickling error's text as uint8, the error)."""
+    try:
+        return np.frombuffer(dumps(obj), np.uint8), None
+    except Exception as e:  # TypeError, PicklingError, AttributeError, RecursionError, ...
+        text = f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:_MAX_ERROR_TEXT]
+        return np.frombuffer(text or b"?", np.uint8), e
+
+
+def _global_rank(process_set: Optional[ProcessSet], member: int) -> int:
+    ranks = getattr(process_set, "ranks", None)
+    return ranks[member] if ranks and getattr(process_set, "process_set_id", 0) else member
+
+
+def broadcast_pickled(obj: Any, root_rank: int, size_name: str, data_name: str,
+                      process_set: Optional[ProcessSet], dumps: Callable[[Any], bytes],
+                      loads: Callable[[bytes], Any], what: str = "broadcast_object") -> Any:
+    """Root's `obj` on every member of `process_set`, pickled with `dumps`
+    (header broadcast `size_name`, bytes `data_name`); other ranks' `obj` is
+    ignored. When root cannot pickle it, root re-raises its error and every
+    other member raises GradflowError quoting it, all at once."""
+    root = int(root_rank)
+    if rank() == root:
+        data, err = _pickle_or_error(obj, dumps)
+        head = np.array([_UNPICKLABLE if err is not None else _PICKLED, data.size], np.int64)
+    else:
+        data, err, head = None, None, np.zeros(2, np.int64)
+    head = broadcast(head, root, name=size_name, process_set=process_set)
+    if data is None:
+        data = np.empty(int(head[1]), np.uint8)
+    data = broadcast(data, root, name=data_name, process_set=process_set)
+    if err is not None:
+        raise err
+    if int(head[0]) != _PICKLED:
+        text = data.tobytes().decode("utf-8", "replace")
+        raise GradflowError(f"gradflow: {what} '{size_name.rsplit('.', 1)[0]}': root rank {root} "
+                            f"could not pickle its object ({text}); no rank received it")
+    return obj if rank() == root else loads(data.tobytes())
+
+
+def allgather_pickled(obj: Any, size_name: str, data_name: str,
+                      process_set: Optional[ProcessSet], dumps: Callable[[Any], bytes],
+                      loads: Callable[[bytes], Any], what: str = "allgather_object") -> List[Any]:
+    """Every member's `obj` in set order, pickled with `dumps` (headers
+    allgathered as `size_name`, bytes as `data_name`). When some member's
+    object cannot be pickled, that member re-raises its error and every
+    other member raises GradflowError naming it, all at once."""
+    data, err = _pickle_or_error(obj, dumps)
+    head = np.array([[_UNPICKLABLE if err is not None else _PICKLED, data.size]], np.int64)
+    heads = allgather(head, name=size_name, process_set=process_set)
+    gathered = allgather(data, name=data_name, process_set=process_set)
+    offsets = np.concatenate([[0], np.cumsum(heads[:, 1])]).tolist()
+    if err is not None:
+        raise err
+    failed = [i for i in range(len(heads)) if int(heads[i, 0]) != _PICKLED]
+    if failed:
+        i = failed[0]
+        text = gathered[offsets[i]:offsets[i + 1]].tobytes().decode("utf-8", "replace")
+        who = ", ".join(str(_global_rank(process_set, j)) for j in failed)
+        raise GradflowError(f"gradflow: {what} '{size_name.rsplit('.', 1)[0]}': rank(s) {who} "
+                            f"could not pickle their object (rank {_global_rank(process_set, i)}: "
+                            f"{text}); no rank received the list")
+    return [loads(gathered[offsets[i]:offsets[i + 1]].tobytes()) for i in range(len(heads))]
 
 
 def synchronize(handle: Handle) -> Any:

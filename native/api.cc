@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "adasum_allreduce.h"
+#include "config_check.h"
 #include "reduce_kernels.h"
 
 namespace gradflow {
@@ -95,120 +96,8 @@ bool Runtime::failed_fatally() {
   return false;
 }
 
-namespace {
-
-// "NAME=value;" fields -> (NAME, value) pairs, in order.
-std::vector<std::pair<std::string, std::string>> config_fields(const std::string& s) {
-  std::vector<std::pair<std::string, std::string>> out;
-  size_t from = 0;
-  for (size_t semi; (semi = s.find(';', from)) != std::string::npos; from = semi + 1) {
-    std::string field = s.substr(from, semi - from);
-    size_t eq = field.find('=');
-    out.emplace_back(field.substr(0, eq), eq == std::string::npos ? "" : field.substr(eq + 1));
-  }
-  return out;
-}
-
-// Rank 0's account of which settings differ, from every rank's fields:
-// "GRADFLOW_WIRE_DTYPE: 1 on rank 0, 2; 0 on rank 1" (values as the core
-// holds them: bytes, enum codes, 1/0).
-constexpr const char* kInvalid = "INVALID";
-
-std::string config_difference(const std::vector<std::vector<uint8_t>>& all) {
-  std::vector<std::vector<std::pair<std::string, std::string>>> parsed;
-  for (const auto& bytes : all) parsed.push_back(config_fields(std::string(bytes.begin(), bytes.end())));
-  std::ostringstream why;
-  std::vector<size_t> valid;  // ranks whose values parsed
-  for (size_t r = 0; r < parsed.size(); ++r) {
-    if (!parsed[r].empty() && parsed[r][0].first == kInvalid)
-      why << "; rank " << r << ": " << parsed[r][0].second;
-    else
-      valid.push_back(r);
-  }
-  if (valid.empty()) return why.str();
-  const auto& ref = parsed[valid[0]];
-  for (size_t f = 0; f < ref.size(); ++f) {
-    std::vector<std::pair<std::string, std::vector<int>>> groups;  // value -> ranks
-    for (size_t r : valid) {
-      const std::string v = f < parsed[r].size() ? parsed[r][f].second : "?";
-      auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == v; });
-      if (it == groups.end()) groups.push_back({v, {static_cast<int>(r)}});
-      else it->second.push_back(static_cast<int>(r));
-    }
-    if (groups.size() < 2) continue;
-    why << "; " << ref[f].first << ":";
-    for (size_t g = 0; g < groups.size(); ++g) {
-      why << (g ? ";" : "") << " " << groups[g].first << " on rank";
-      const auto& ranks = groups[g].second;
-      if (ranks.size() > 1) why << "s";
-      for (size_t i = 0; i < ranks.size() && i < 8; ++i) why << (i ? ", " : " ") << ranks[i];
-      if (ranks.size() > 8) why << ", ... (" << ranks.size() << " ranks)";
-    }
-  }
-  return why.str();
-}
-
-}  // namespace
-
 void Runtime::check_config_matches_everywhere() {
-  // Settings that change what ranks send (fusion, cache size, wire, ...) must
-  // agree or ranks would disagree on the protocol: compare a hash.
-  // One "NAME=value;" field per setting at full precision, so different
-  // settings can never print the same (e.g. "1000"+"50" vs "10005"+"0").
-  std::ostringstream fields;
-  fields.precision(17);
-  if (!config_error_.empty()) {
-    std::string text = config_error_;  // one field: no separators inside
-    std::replace(text.begin(), text.end(), ';', ',');
-    fields << kInvalid << "=" << text << ";";
-  } else {
-  fields << "GRADFLOW_FUSION_THRESHOLD=" << cfg_.fusion_threshold_bytes
-         << ";GRADFLOW_POOL_BUCKET_BYTES=" << cfg_.pool_bucket_bytes
-         << ";GRADFLOW_POOL_MERGE=" << cfg_.pool_merge
-         << ";GRADFLOW_POOL_FIRST_BUCKET_BYTES=" << cfg_.pool_first_bucket_bytes
-         << ";GRADFLOW_CACHE_CAPACITY=" << cfg_.cache_capacity
-         << ";GRADFLOW_SPARSE_RATIO=" << cfg_.sparse_ratio
-         << ";GRADFLOW_WIRE_DTYPE=" << static_cast<int>(cfg_.wire_dtype)
-         << ";GRADFLOW_ALLREDUCE_ALGO=" << static_cast<int>(cfg_.allreduce_algo)
-         << ";GRADFLOW_SPARSE_CHUNK=" << cfg_.sparse_chunk
-         << ";GRADFLOW_SPARSE_WARMUP_STEPS=" << cfg_.sparse_warmup_steps
-         << ";GRADFLOW_RING_PIPELINE_BYTES=" << cfg_.ring_pipeline_bytes
-         << ";GRADFLOW_SPARSE_MOMENTUM=" << cfg_.sparse_momentum
-         << ";GRADFLOW_CYCLE_TIME=" << cfg_.cycle_time_ms
-         << ";GRADFLOW_IDLE_CYCLE_MAX=" << cfg_.idle_cycle_max_ms
-         << ";GRADFLOW_SPARSE_POLICY=" << cfg_.sparse_policy_auto
-         << ";GRADFLOW_AUTOTUNE=" << cfg_.autotune
-         << ";GRADFLOW_AUTOTUNE_WARMUP_SAMPLES=" << cfg_.autotune_warmup_samples
-         << ";GRADFLOW_AUTOTUNE_STEPS_PER_SAMPLE=" << cfg_.autotune_steps_per_sample << ";";
-  }
-  const std::string s = fields.str();
-  uint64_t h = std::hash<std::string>()(s);
-  uint64_t words[2] = {h, ~h};
-  comm_->allreduce_band(words, 2, "init (configuration check)");
-  if (words[0] == h && words[1] == ~h) {
-    if (!config_error_.empty()) throw GradflowError(config_error_);  // the same on every rank
-    return;
-  }
-  // Every rank saw the difference: rank 0 names the settings and the ranks
-  // from everyone's fields, and every rank raises the same text.
-  std::vector<uint8_t> text;
-  auto all = comm_->gather_to_root(std::vector<uint8_t>(s.begin(), s.end()), 0,
-                                   "init (configuration check)");
-  if (comm_->rank() == 0) {
-    const std::string diff = config_difference(all);
-    const bool invalid = diff.rfind("; rank ", 0) == 0;  // invalid ranks come first
-    std::string why = std::string(invalid ? "gradflow: GRADFLOW_* settings are invalid on some "
-                                            "ranks"
-                                          : "gradflow: GRADFLOW_* settings differ between ranks") +
-                      diff +
-                      (invalid ? "" : " (values as the core holds them: bytes, choice codes, "
-                                      "1/0)") +
-                      ". Every rank must use the same, valid settings: set them in the "
-                      "launcher's environment (gradflowrun flags or -x/-genv), not per rank";
-    text.assign(why.begin(), why.end());
-  }
-  comm_->bcast_vector(text, 0, "init (configuration check)");
-  throw GradflowError(std::string(text.begin(), text.end()));
+  gradflow::check_config_matches_everywhere(*comm_, cfg_, config_error_);
 }
 
 int64_t Runtime::submit(const SubmitArgs& a) {
@@ -263,6 +152,7 @@ int64_t Runtime::submit_checked(const SubmitArgs& a) {
       r.splits.push_back(rows / comm_->size() + (p < rows % comm_->size() ? 1 : 0));
   }
   e.sparse_residual = a.sparse_residual;
+  e.rollback_residual = a.rollback_residual;
   e.pool_residual = a.pool_residual;
   e.input = reinterpret_cast<const void*>(a.input);
   e.output = reinterpret_cast<void*>(a.output);
@@ -482,6 +372,12 @@ void Runtime::pool_set_scale(int64_t pool, double prescale, double postscale) {
 void Runtime::pool_set_step_tag(int64_t pool, const std::string& tag) {
   std::lock_guard<std::mutex> lock(pools_mu_);
   find_pool(pool).bucket_template.step_tag = tag;
+}
+
+void Runtime::pool_rollback_residuals(int64_t pool) {
+  std::lock_guard<std::mutex> lock(pools_mu_);
+  for (auto& r : find_pool(pool).residuals)
+    if (r) r->rollback();
 }
 
 void Runtime::pool_output_dirty(int64_t pool) {

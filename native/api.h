@@ -45,6 +45,7 @@ struct SubmitArgs {
   double sparse_ratio = -1.0;   // < 0: GRADFLOW_SPARSE_RATIO
   bool in_pool = false;         // a gradient-pool bucket: in place, never fused
   std::string step_tag;         // Request::step_tag (allreduce only)
+  bool rollback_residual = false;  // TensorEntry::rollback_residual
   std::shared_ptr<SparseResidual> sparse_residual;  // a sparse pool bucket's (owned by the pool)
   std::shared_ptr<PoolResidual> pool_residual;  // or its in-pool residual's (output != input)
 };
@@ -112,6 +113,9 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // Something other than the core wrote into a residual-in-pool pool's
   // output since its last step: the next step zeroes all of it first.
   void pool_output_dirty(int64_t pool);
+  // Classic CSC pools (not residual-in-pool): every bucket's residual back to
+  // before the last step (SparseResidual::rollback). Called between steps.
+  void pool_rollback_residuals(int64_t pool);
   // Frees its sparse residuals once no bucket is in flight; ids of other
   // runtimes are ignored.
   void pool_destroy(int64_t pool);

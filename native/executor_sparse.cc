@@ -69,6 +69,7 @@ SparseResidual* ResponseExecutor::sparse_residual(const Response& r, TensorEntry
     return nullptr;
   }
   if (!st.residual) st.residual = std::make_unique<SparseResidual>(count, chunk, momentum);
+  if (e && e->rollback_residual) st.residual->rollback();  // the last step was skipped
   return st.residual.get();
 }
 

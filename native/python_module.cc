@@ -178,7 +178,7 @@ PYBIND11_MODULE(_native, m) {
         [](int kind, const std::string& name, uintptr_t input, uintptr_t output, int dtype,
            std::vector<int64_t> shape, int op, int root, int wire, double prescale,
            double postscale, std::vector<int64_t> splits, double sparse_ratio, int process_set,
-           const std::string& step_tag) {
+           const std::string& step_tag, bool rollback_residual) {
           SubmitArgs a;
           a.kind = static_cast<OpKind>(kind);
           a.name = name;
@@ -194,15 +194,18 @@ PYBIND11_MODULE(_native, m) {
           a.splits = std::move(splits);
           a.sparse_ratio = sparse_ratio;
           a.step_tag = step_tag;
+          a.rollback_residual = rollback_residual;
           return engine(process_set)->submit(a);
         },
         py::arg("kind"), py::arg("name"), py::arg("input"), py::arg("output"), py::arg("dtype"),
         py::arg("shape"), py::arg("op"), py::arg("root"), py::arg("wire"), py::arg("prescale"),
         py::arg("postscale"), py::arg("splits"), py::arg("sparse_ratio"),
-        py::arg("process_set") = 0, py::arg("step_tag") = "",
+        py::arg("process_set") = 0, py::arg("step_tag") = "", py::arg("rollback_residual") = false,
         "Queue one collective on caller-owned buffers (raw addresses) in process set "
         "`process_set` (0: all ranks); returns a handle. `step_tag`: the step this allreduce "
-        "belongs to, equal on every rank (a difference aborts the job: Note [Step tags]).");
+        "belongs to, equal on every rank (a difference aborts the job: Note [Step tags]). "
+        "`rollback_residual`: a named sparse allreduce first undoes its residual's last step "
+        "(the optimizer skipped it).");
   m.def("poll", [](int64_t h, int ps) { return engine(ps)->poll(h); }, py::arg("handle"),
         py::arg("process_set") = 0, "True once the handle (of that process set) is done.");
   m.def("wait",
@@ -344,6 +347,10 @@ PYBIND11_MODULE(_native, m) {
   m.def("pool_flush", [](int64_t pool) { return pool_engine(pool)->pool_flush(pool); },
         "Submit every bucket not yet submitted this step; returns their handles.");
   m.def("pool_reset", [](int64_t pool) { pool_engine(pool)->pool_reset(pool); });
+  m.def("pool_rollback_residuals",
+        [](int64_t pool) { pool_engine(pool)->pool_rollback_residuals(pool); },
+        "Every CSC bucket residual of a classic pool back to before the last step "
+        "(a step the optimizer skipped).");
   m.def("pool_set_scale",
         [](int64_t pool, double prescale, double postscale) {
           pool_engine(pool)->pool_set_scale(pool, prescale, postscale);

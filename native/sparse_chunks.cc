@@ -239,11 +239,13 @@ void SparseResidual::absorb(float* grad, std::vector<float>* importance) {
     std::memset(grad + begin, 0, (end - begin) * sizeof(float));
   }
   absorbed_ = true;
+  committed_ = false;  // next_* now hold this step's would-be residual
 }
 
 void SparseResidual::commit(const std::vector<uint32_t>& chunks, float* packed) {
   GF_CHECK(absorbed_, "SparseResidual::commit without absorb");
   absorbed_ = false;
+  committed_ = true;
   residual_.swap(next_residual_);
   velocity_.swap(next_velocity_);
   size_t out = 0;
@@ -255,6 +257,14 @@ void SparseResidual::commit(const std::vector<uint32_t>& chunks, float* packed) 
     out += end - begin;
   }
   clear_sent(chunks);
+}
+
+void SparseResidual::rollback() {
+  if (!committed_) return;
+  // commit swapped the untouched old residual (and velocity) into next_*.
+  residual_.swap(next_residual_);
+  velocity_.swap(next_velocity_);
+  committed_ = false;
 }
 
 void SparseResidual::importance(std::vector<float>* out) const {

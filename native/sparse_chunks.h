@@ -64,6 +64,12 @@ class SparseResidual {
 
   void absorb(float* grad, std::vector<float>* importance);
   void commit(const std::vector<uint32_t>& chunks, float* packed);
+  // Undoes the last commit (a no-op unless commit ran since the last
+  // absorb): the residual and velocity are again what they were before that
+  // step. For a step whose reduced gradient the optimizer never applied (a
+  // GradScaler skip caused by another bucket's overflow): the chunks it sent
+  // stay owed instead of being lost.
+  void rollback();
   void accumulate(const float* grad);
   void importance(std::vector<float>* out) const;
   void clear_sent(const std::vector<uint32_t>& chunks);
@@ -77,6 +83,7 @@ class SparseResidual {
   std::vector<float> velocity_;  // empty unless momentum correction is on
   std::vector<float> next_residual_, next_velocity_;  // absorb's output, swapped in by commit
   bool absorbed_ = false;  // absorb ran and commit has not
+  bool committed_ = false;  // commit ran and absorb has not: next_* hold the step's start
   size_t chunk_elems_;
   float momentum_;
 };

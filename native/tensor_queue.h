@@ -42,6 +42,10 @@ struct TensorEntry {
   // Instead, a sparse pool bucket whose residual is the pool itself (input
   // P; the result goes to output G): its bookkeeping, owned with its pool.
   std::shared_ptr<PoolResidual> pool_residual;
+  // A named sparse allreduce (the optimizer's copy path): undo the residual's
+  // last commit before this step absorbs (a step the optimizer skipped;
+  // SparseResidual::rollback). Local: every rank asks alike.
+  bool rollback_residual = false;
 };
 
 // What a finished handle yields.

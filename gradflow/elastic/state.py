@@ -16,14 +16,12 @@ from . import worker as _worker
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -> Any:
     """`obj` from root_rank on every rank (pickled; framework-neutral)."""
-    from .. import _runtime, collectives  # noqa: PLC0415 - avoid an import cycle
+    from .. import collectives  # noqa: PLC0415 - avoid an import cycle
     name = name or "gradflow.elastic.object"
-    mine = _runtime.rank() == root_rank
-    data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if mine else np.zeros(0, np.uint8)
-    n = collectives.broadcast(np.array([data.size], np.int64), root_rank, name=name + ".size")
-    buf = data.copy() if mine else np.zeros(int(n[0]), np.uint8)
-    out = collectives.broadcast(buf, root_rank, name=name + ".data")
-    return obj if mine else pickle.loads(out.tobytes())
+    # An object root cannot pickle raises on every rank at once (it used to
+    # stall the others in the size broadcast until GRADFLOW_TIMEOUT).
+    return collectives.broadcast_pickled(obj, root_rank, name + ".size", name + ".data", None,
+                                         pickle.dumps, pickle.loads)
 
 
 def _rank() -> int:

@@ -10,17 +10,18 @@
   global variables (graph mode only, as Horovod);
 * `broadcast_object`, `broadcast_object_fn`, `allgather_object`: any
   picklable Python object (cloudpickle when installed, as Horovod, else
-  pickle), sent as a uint8 array: first its length, then its bytes.
+  pickle), sent as a uint8 array: first its length, then its bytes. An
+  object that cannot be pickled raises on every rank at once (the pickling
+  rank its own error, the others a GradflowError quoting it):
+  `gradflow.collectives.broadcast_pickled` / `allgather_pickled`.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, List, Optional, Sequence
 
-import numpy as np
 import tensorflow as tf
 
 from .. import collectives as _c
-from .._runtime import rank
 from ..process_sets import ProcessSet, global_process_set, process_set_id
 from .ops import broadcast_, op_name
 
@@ -61,14 +62,6 @@ def broadcast_global_variables(root_rank: int) -> Any:
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
-def _to_bytes(obj: Any) -> np.ndarray:
-    return np.frombuffer(_pickle.dumps(obj), dtype=np.uint8)
-
-
-def _from_bytes(data: np.ndarray) -> Any:
-    return _pickle.loads(data.tobytes())
-
-
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: Optional[str] = None,
                      process_set: Optional[ProcessSet] = global_process_set) -> Any:
     """Root's `obj` (pickled) on every member of `process_set` (default: all
@@ -79,13 +72,8 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: Op
     objects of different types)."""
     del session
     base = op_name("broadcast", name, process_set)
-    root = int(root_rank)
-    data = _to_bytes(obj) if rank() == root else np.zeros(0, np.uint8)
-    length = _c.broadcast(np.array([data.size], np.int64), root, f"{base}.sz", process_set)
-    if rank() != root:
-        data = np.zeros(int(length[0]), np.uint8)
-    data = _c.broadcast(data, root, f"{base}.t", process_set)
-    return obj if rank() == root else _from_bytes(data)
+    return _c.broadcast_pickled(obj, root_rank, f"{base}.sz", f"{base}.t", process_set,
+                                _pickle.dumps, _pickle.loads, "broadcast_object")
 
 
 def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: Optional[str] = None,
@@ -115,8 +103,5 @@ def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None,
     `broadcast_object`."""
     del session
     base = op_name("allgather", name, process_set)
-    data = _to_bytes(obj)
-    lengths = _c.allgather(np.array([data.size], np.int64), f"{base}.sz", process_set)
-    gathered = _c.allgather(data, f"{base}.t", process_set)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    return [_from_bytes(gathered[offsets[i]:offsets[i + 1]]) for i in range(lengths.size)]
+    return _c.allgather_pickled(obj, f"{base}.sz", f"{base}.t", process_set, _pickle.dumps,
+                                _pickle.loads, "allgather_object")

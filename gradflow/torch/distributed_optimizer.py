@@ -51,7 +51,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       n groups, a list of lists of parameters makes each list a group (and
       each parameter in no list its own). A group's gradients go out
       together, as one grouped allreduce, once all of them are ready. Groups
-      use the copy path (the pool's buckets are the ungrouped equivalent).
+      use the copy path (the pool's buckets are the ungrouped equivalent),
+      and sparse_ratio as the copy path does (one CSC residual per gradient).
     num_groups: deprecated in Horovod (DeprecationWarning); used as `groups`
       when `groups` is None.
     sparse_ratio: CSC sparse communication ratio (None: GRADFLOW_SPARSE_RATIO).
@@ -82,7 +83,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       grad_scaler=, sparse momentum or use_pool=False the classic residual
       is used instead (one per gradient element plus a spare of the same
       size; all chunks' exact norms): on inf/NaN the residual is left as it
-      was, so a GradScaler skip loses nothing.
+      was, and with grad_scaler= a step the scaler skipped because of an
+      overflow in *another* bucket or tensor has the finite buckets'
+      residuals rolled back too (Note [A skipped step owes its chunks]), so
+      a GradScaler skip loses nothing (before 2026-11-27 the chunks those
+      buckets sent in the skipped step were lost).
     grad_scaler: with CSC and AMP, pass the GradScaler whose scale the
       gradients carry: the residual is then kept in unscaled units (the
       reduced gradient still comes back scaled, for scaler.unscale_). Without
@@ -95,6 +100,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       backward order (benchmarks/ablation.py's "no overlap" step): same pool
       and buckets, same values (bitwise on the pool path; copy-path fusion may regroup).
     sparse_as_dense: densify sparse gradients instead of allgathering them.
+      Without it, the ranks agree at the first step which parameters have
+      sparse gradients (some rank's gradient was sparse); those are
+      allgathered from then on, a rank without the gradient in a step
+      contributing an empty one, and any other parameter is reduced dense
+      (an embedding no rank used in the first step included: its sparse
+      gradients are densified, so SparseAdam would then see dense ones).
     op=Adasum: each gradient is Adasum-combined, then the wrapped step runs
       (Horovod Adasum-combines the wrapped step's deltas instead: the same for
       plain SGD, not for momentum/Adam; docs/horovod_compat.md). Copy path

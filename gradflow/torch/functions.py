@@ -8,7 +8,6 @@ from __future__ import annotations
 import pickle
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
-import numpy as np
 import torch
 
 from .. import collectives as _np_coll
@@ -25,34 +24,27 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: Optional[ProcessSet] = global_process_set) -> Any:
     """Root's `obj` (any picklable object) on every member of `process_set`
     (`root_rank` is a global rank); other ranks' `obj` is ignored. Ranks must
-    call it in the same order."""
+    call it in the same order. If root's `obj` cannot be pickled, root raises
+    the pickling error and every other member a GradflowError quoting it, at
+    once (collectives.broadcast_pickled)."""
     base = name or auto_name(BROADCAST, None, process_set)
-    if rank() == root_rank:
-        data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
-        count = np.array([data.size], np.int64)
-    else:
-        data, count = None, np.zeros(1, np.int64)
-    count = _np_coll.broadcast(count, root_rank, name=base + ".size", process_set=process_set)
-    if data is None:
-        data = np.empty(int(count[0]), np.uint8)
-    data = _np_coll.broadcast(data, root_rank, name=base + ".data", process_set=process_set)
-    return obj if rank() == root_rank else pickle.loads(data.tobytes())
+    return _np_coll.broadcast_pickled(obj, root_rank, base + ".size", base + ".data", process_set,
+                                      _dumps, pickle.loads, "broadcast_object")
 
 
 def allgather_object(obj: Any, name: Optional[str] = None,
                      process_set: Optional[ProcessSet] = global_process_set) -> List[Any]:
     """Every member's `obj`, in rank order (pickled, one uint8 allgather);
-    `process_set` is a gradflow extra (Horovod's has none)."""
+    `process_set` is a gradflow extra (Horovod's has none). If some member's
+    `obj` cannot be pickled, every member raises at once (that member its
+    pickling error, the others a GradflowError naming it)."""
     base = name or auto_name(ALLGATHER, None, process_set)
-    data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
-    sizes = _np_coll.allgather(np.array([data.size], np.int64), name=base + ".size",
-                               process_set=process_set)
-    gathered = _np_coll.allgather(data, name=base + ".data", process_set=process_set)
-    out, off = [], 0
-    for n in sizes.tolist():
-        out.append(pickle.loads(gathered[off:off + n].tobytes()))
-        off += n
-    return out
+    return _np_coll.allgather_pickled(obj, base + ".size", base + ".data", process_set, _dumps,
+                                      pickle.loads, "allgather_object")
+
+
+def _dumps(obj: Any) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _describe(entries: List[Tuple[str, Tuple[int, ...], str]]) -> Dict[str, Tuple]:

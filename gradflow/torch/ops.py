@@ -17,6 +17,7 @@ from .._handles import Handle
 from .._runtime import ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, auto_name, rank, submit
 from ..collectives import Average, ReduceOp, Sum, native_reduce_op, op_from_average, reduce_op
 from ..collectives import join as _np_join
+from .aliasing import check_no_aliasing
 from .compression import Compression, split as _split_compression
 from ..process_sets import ProcessSet, global_process_set, process_set_size
 
@@ -68,11 +69,36 @@ def _set_rank(process_set: Optional[ProcessSet]) -> int:
     return process_set.rank()
 
 
+def _bump_version(tensor: torch.Tensor) -> None:
+    """Record an in-place write into `tensor` in its autograd version counter
+    (shared with its views and `.detach()`), as torch's own in-place ops do,
+    so a backward that saved `tensor` raises "modified by an inplace
+    operation" instead of silently using the reduced values. Inference
+    tensors have no counter."""
+    if not tensor.is_inference():
+        torch.autograd.graph.increment_version(tensor)
+
+
 def _write_back(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """Complete an in-place collective: the core wrote `src`; make `dst` hold
+    it. Staged (non-contiguous or CUDA) `dst`: copy_, which bumps the version
+    itself; zero-copy (`src` is `dst`'s memory): bump it here."""
     if src.data_ptr() != dst.data_ptr():
         with torch.no_grad():
             dst.copy_(src)
+    else:
+        _bump_version(dst)
     return dst
+
+
+def _in_place(tensor: torch.Tensor) -> torch.Tensor:
+    """`_staged(tensor)` for an in-place collective, which writes `tensor`
+    from now until it completes: its version moves now, as when torch issues
+    an in-place kernel (a backward run meanwhile raises), and again at
+    completion (_write_back)."""
+    buf = _staged(tensor)
+    _bump_version(tensor)
+    return buf
 
 
 def _from_result(result: dict, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -121,26 +147,30 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
                      postscale_factor: float = 1.0,
                      process_set: Optional[ProcessSet] = global_process_set,
                      compression: Any = Compression.none, sparse_ratio: Optional[float] = None,
-                     *, step_tag: str = "") -> Handle:
+                     *, step_tag: str = "", rollback_residual: bool = False) -> Handle:
     """Start an in-place allreduce of `tensor` over `process_set`;
     `synchronize(handle)` returns it. A user Compressor compresses before and
     decompresses into `tensor` after. `step_tag`: the step this allreduce
-    belongs to, which every rank must give alike (native Note [Step tags])."""
+    belongs to, which every rank must give alike (native Note [Step tags]).
+    `rollback_residual` (with `sparse_ratio`): the name's CSC residual first
+    goes back to before its last step (the DistributedOptimizer's skipped
+    steps)."""
     code = native_reduce_op(_op_of(average, op))  # before naming: errors leave counters alone
     wire, user = _split_compression(compression)
     if user is not None:
         sent, ctx = user.compress(tensor)
         buf = _staged(sent)
+        _bump_version(tensor)
         finish = lambda r: _write_back(tensor, user.decompress(buf, ctx))  # noqa: E731
     else:
-        buf = _staged(tensor)
+        buf = _in_place(tensor)
         finish = lambda r: _write_back(tensor, buf)  # noqa: E731
     name = auto_name(ALLREDUCE, name, process_set)
     return submit(ALLREDUCE, name, buf.data_ptr(), buf.data_ptr(), dtype_code(buf.dtype), buf.shape,
                   (buf, tensor), finish, op=code, wire=wire, prescale=prescale_factor,
                   postscale=postscale_factor,
                   sparse_ratio=-1.0 if sparse_ratio is None else float(sparse_ratio),
-                  process_set=process_set, step_tag=step_tag)
+                  process_set=process_set, step_tag=step_tag, rollback_residual=rollback_residual)
 
 
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
@@ -252,7 +282,10 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[
                              compression: Any = Compression.none, *,
                              step_tag: str = "") -> GroupHandle:
     """In-place allreduce of a list of tensors over `process_set` (the core
-    fuses them); `step_tag` as allreduce_async_'s."""
+    fuses them); `step_tag` as allreduce_async_'s. The tensors must not
+    overlap in memory (ValueError before anything is submitted)."""
+    tensors = list(tensors)  # checked, then submitted
+    check_no_aliasing(tensors, "grouped_allreduce_")
     return _grouped(allreduce_async_, tensors, average, name, op, prescale_factor,
                     postscale_factor, process_set, compression, step_tag=step_tag)
 
@@ -352,7 +385,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] =
                      process_set: Optional[ProcessSet] = global_process_set) -> Handle:
     """Start an in-place broadcast of root's `tensor` (`root_rank` is a
     global rank, a member of `process_set`, as in Horovod)."""
-    buf = _staged(tensor)
+    buf = _in_place(tensor)
     name = auto_name(BROADCAST, name, process_set)
     return submit(BROADCAST, name, buf.data_ptr(), buf.data_ptr(), dtype_code(buf.dtype), buf.shape,
                   (buf, tensor), lambda r: _write_back(tensor, buf), root=int(root_rank),

@@ -20,10 +20,14 @@ Terms:
 Life of the wrapper:
   step 1 (copy path). Hooks (`register_post_accumulate_grad_hook`) fire in
     backward order; each gradient goes out with `allreduce_async_` under the
-    name "<prefix>.<param name>", and the order is recorded. In step(), after
-    waiting, every rank adopts rank 0's order (one small allgather, so all
-    ranks agree), builds one pool per dtype in that order, copies the reduced
-    gradients in and points every `param.grad` at its view.
+    name "<prefix>.<param name>", and the order is recorded. synchronize()
+    first agrees (one small allgather, so all ranks agree) on rank 0's order
+    and on which parameters are reduced as sparse gradients (Note [Sparse
+    gradients agreed once] in optimizer_state.py), then submits zeros for
+    the parameters without a gradient and waits; then every rank builds one
+    pool per dtype in that order, copies the reduced gradients in and points
+    every `param.grad` at its view. The copy path agrees on the sparse set
+    alike (unless sparse_as_dense).
   step >= 2 (pool path). A hook calls `pool_mark_ready(pool, range)`, which
     returns a handle when it completed a bucket; step() calls `pool_flush`
     for the buckets not complete (a parameter no hook marked this step
@@ -101,7 +105,12 @@ Invariants:
     the new gradient into its view and re-points `param.grad` (one copy).
   * Sparse gradients (embedding(sparse=True)) never enter a pool: they are
     densified (sparse_as_dense=True, then pooled like the rest) or reduced
-    by allgathering indices and values, as Horovod does.
+    by allgathering indices and values, as Horovod does. Which parameters
+    go the sparse way is agreed by the ranks at step 1 and then fixed
+    (Note [Sparse gradients agreed once] in optimizer_state.py): a rank
+    without the gradient reduces an empty sparse one of the same layout; a
+    parameter outside the set (an embedding no rank used in step 1) is
+    reduced dense, its sparse gradients densified.
   * Frozen parameters (requires_grad=False at wrap time) are not reduced
     while frozen. Note [Late parameters]: a parameter of the optimizer that
     starts to require grad later (unfrozen for fine-tuning), and the
@@ -144,12 +153,27 @@ from . import hyperparameter_check as _hyper_check
 from . import optimizer_residual as _residual
 from .functions import check_same_everywhere
 from .optimizer_autotune import after_synchronize as _autotune_step
-from .optimizer_groups import submit_group
-from .optimizer_state import (build_pools, clear_padding, rebind_after_elastic_reset,
-                              register_late_parameters)
+from .optimizer_groups import flush_groups, submit_group
+from .optimizer_state import (agree_layout, build_pools, clear_padding,
+                              rebind_after_elastic_reset, register_late_parameters)
 from .ops import allreduce, allreduce_async_, sparse_allreduce_async
 
 __all__ = ["_DistributedOptimizer"]
+
+
+def _sparse_zeros(p: torch.Tensor, sparse_dim: int) -> torch.Tensor:
+    """The zero gradient of `p` as an empty sparse COO tensor with
+    `sparse_dim` sparse dimensions (an embedding's: 1), so its indices and
+    values allgather against the peers' gradients (same trailing shapes)."""
+    return torch.sparse_coo_tensor(torch.zeros(sparse_dim, 0, dtype=torch.int64, device=p.device),
+                                   p.new_zeros((0, *p.shape[sparse_dim:])), p.shape,
+                                   check_invariants=True, is_coalesced=True)
+
+
+def _as_sparse(grad: torch.Tensor, sparse_dim: int) -> torch.Tensor:
+    """`grad` (dense, or sparse with other sparse dims) as a sparse COO
+    tensor with `sparse_dim` sparse dimensions: the agreed layout."""
+    return (grad.to_dense() if grad.is_sparse else grad).to_sparse(sparse_dim)
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -268,6 +292,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             s.loss_scale = scale
             for pool in s.pools:
                 _native.pool_set_scale(pool.id, s.prescale / scale, s.postscale * scale)
+        if s.unapplied and s.scaler is not None and s.csc:
+            # Note [A skipped step owes its chunks]
+            # -------------------------------------
+            # The last reduced step
+            # never reached step() (GradScaler skipped it: an overflow in some
+            # bucket or tensor). The chunks the *finite* buckets sent then
+            # would be lost, and their residual no longer holds them, so
+            # every classic pool's residuals go back to before that step, as
+            # the overflowing buckets' did (every rank skipped alike). The
+            # copy path's named residuals roll back in the core when this
+            # step's allreduce of each name runs (rollback_residual).
+            for pool in s.pools:
+                if pool.out is None:
+                    _native.pool_rollback_residuals(pool.id)
+            s.rollback_residuals = True  # the copy path's, by name, as they are submitted
+        s.unapplied = False
         _hyper_check.begin_round(s, self.param_groups)
         _residual.begin_step(s)
 
@@ -292,11 +332,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not s.pool_built and i not in s.order:
             s.order.append(i)
         grad = p.grad
-        if grad.is_sparse:
-            if not s.sparse_as_dense:
-                s.sparse.add(i)
+        if not s.sparse_as_dense:  # Note [Sparse gradients agreed once] (optimizer_state.py)
+            dim = s.sparse.get(i) if s.sparse_agreed else (grad.sparse_dim() if grad.is_sparse
+                                                           else None)
+            if dim is not None:
+                if not s.sparse_agreed:
+                    s.sparse[i] = min(dim, s.sparse.get(i, dim))
+                elif not (grad.is_sparse and grad.sparse_dim() == dim):
+                    p.grad = grad = _as_sparse(grad, dim)
                 s.handles[id(p)] = sparse_allreduce_async(grad, s.names[i], s.op, s.process_set)
                 return
+        if grad.is_sparse:  # sparse_as_dense, or not agreed sparse: reduced dense
             p.grad = grad = grad.to_dense()
         if s.groups is not None:
             submit_group(s, i)
@@ -309,7 +355,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                             prescale_factor=s.prescale / s.loss_scale,
                                             postscale_factor=s.postscale * s.loss_scale,
                                             compression=s.compression, sparse_ratio=ratio,
-                                            process_set=s.process_set, step_tag=s.step_tag)
+                                            process_set=s.process_set, step_tag=s.step_tag,
+                                            rollback_residual=s.rollback_residuals)
 
     # ------------------------------------------------------------ step protocol
     def synchronize(self) -> None:
@@ -330,14 +377,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         s.deferred.clear()
         if any(p.requires_grad for p in s.frozen):  # unfrozen since: Note [Late parameters]
             register_late_parameters(self)
+        if not s.sparse_agreed and not s.solo and (s.use_pool or not s.sparse_as_dense):
+            # Step 1: which parameters are sparse everywhere (and the pools'
+            # order), before the zeros below: Note [Sparse gradients agreed once].
+            agree_layout(self)
         for p in s.params:  # parameters without a gradient this step: reduce zeros
             if id(p) not in s.handles and id(p) not in s.range_of:
                 i = s.index[id(p)]
                 if p.grad is None:
-                    p.grad = (torch.sparse_coo_tensor(torch.zeros(p.dim(), 0, dtype=torch.int64),
-                                                      torch.zeros((0,), dtype=p.dtype), p.shape)
-                              if i in s.sparse and not s.sparse_as_dense else torch.zeros_like(p))
+                    dim = None if s.sparse_as_dense else s.sparse.get(i)
+                    p.grad = torch.zeros_like(p) if dim is None else _sparse_zeros(p, dim)
                 self._gradflow_submit(p)
+        if s.groups is not None:  # groups whose dense members are all in now
+            flush_groups(s)
         errors: List[BaseException] = []
         for p in s.params:
             h = s.handles.get(id(p))
@@ -380,6 +432,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if s.use_pool and not s.pool_built:
             build_pools(self)
         s.synchronized = True
+        s.unapplied = True  # until step(): Note [A skipped step owes its chunks]
+        s.rollback_residuals = False
         _autotune_step(self)
 
     @contextlib.contextmanager
@@ -414,6 +468,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             elif not s.auto_synced:
                 self.synchronize()
         s.synchronized = s.auto_synced = False
+        s.unapplied = False
         _monitor.count_step()  # for gradflowrun --monitor
         return super(self.__class__, self).step(closure)
 
@@ -461,7 +516,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 slot = s.range_of.get(id(p))
-                if slot is not None and p.grad.data_ptr() == slot[2].data_ptr():
+                if (slot is not None and not p.grad.is_sparse
+                        and p.grad.data_ptr() == slot[2].data_ptr()):
                     continue
                 if set_to_none:
                     p.grad = None

@@ -1,7 +1,9 @@
 # optimizer_groups.py — Horovod's `groups=` for the torch DistributedOptimizer:
 # which parameters form a group (a pure function of the optimizer's parameter
 # order, so every rank forms the same groups) and when a group is complete.
-# A complete group goes out as one grouped allreduce (submit_group).
+# A complete group goes out as one grouped allreduce (submit_group), with the
+# optimizer's sparse_ratio (grouped_allreduce_async_ takes none, so the
+# group's allreduces are issued here, under the grouped op's names).
 """Parameter groups of ``hvd.DistributedOptimizer(groups=...)``."""
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Set
 
 import torch
 
-from .ops import grouped_allreduce_async_
+from .ops import GroupHandle, allreduce_async_
 
 
 def form_groups(params: Sequence[torch.Tensor], groups: Any) -> Optional[List[List[int]]]:
@@ -86,15 +88,42 @@ class Once:
 def submit_group(s, i: int) -> None:
     """Gradient i of the optimizer state `s` is ready: once its whole group
     is, the group goes out as one grouped allreduce (the core fuses it), as
-    Horovod's groups do."""
+    Horovod's groups do. Members reduced as sparse gradients go out on their
+    own and are left out of the group."""
     members = s.groups.mark(i, excluded=s.sparse)
-    if members is None:
-        return
-    h = Once(grouped_allreduce_async_([s.params[j].grad for j in members],
-                                      name=f"{s.prefix}.group{s.groups.group_of[i]}", op=s.op,
-                                      prescale_factor=s.prescale / s.loss_scale,
-                                      postscale_factor=s.postscale * s.loss_scale,
-                                      process_set=s.process_set,
-                                      compression=s.compression, step_tag=s.step_tag))
+    if members is not None:
+        _submit(s, s.groups.group_of[i], members)
+
+
+def flush_groups(s) -> None:
+    """End of synchronize()'s submissions: a group still waiting whose
+    members, less the sparse ones, are all ready goes out now. That happens
+    when a member turned out sparse after the others were marked (its hook
+    came last, or step 1's agreement made it sparse on a rank where it got
+    no gradient: Note [Sparse gradients agreed once] in optimizer_state.py);
+    every rank then sends the group without it, under the same names."""
+    for g in sorted(s.groups.ready):
+        members = [j for j in s.groups.groups[g] if j not in s.sparse]
+        if all(j in s.groups.ready[g] for j in members):
+            del s.groups.ready[g]
+            _submit(s, g, members)
+
+
+def _submit(s, g: int, members: List[int]) -> None:
+    """Group g's `members` as one grouped allreduce: tensor k under the name
+    '<prefix>.group<g>.<k>' (grouped_allreduce_async_'s naming), with the
+    optimizer's sparse_ratio as the copy path passes it (None: the core's
+    GRADFLOW_SPARSE_RATIO; groups never use the pool, so CSC runs from step
+    1 with one residual per tensor name)."""
+    ratio = None if s.sparse_ratio < 0 else s.sparse_ratio
+    base = f"{s.prefix}.group{g}"
+    h = Once(GroupHandle([allreduce_async_(s.params[j].grad, name=f"{base}.{k}", op=s.op,
+                                           prescale_factor=s.prescale / s.loss_scale,
+                                           postscale_factor=s.postscale * s.loss_scale,
+                                           process_set=s.process_set,
+                                           compression=s.compression, sparse_ratio=ratio,
+                                           step_tag=s.step_tag,
+                                           rollback_residual=s.rollback_residuals)
+                          for k, j in enumerate(members)]))
     for j in members:
         s.handles[id(s.params[j])] = h

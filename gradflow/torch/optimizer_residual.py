@@ -38,9 +38,12 @@ def adopt(s, p: torch.Tensor, slot) -> None:
     the pool: the view holds residual + gradient, so a replaced p.grad is
     added in; a p.grad that is the G view (no zero_grad() since the last
     step: autograd accumulated onto last step's result, as torch does) is
-    added in and cleared from G."""
+    added in and cleared from G. A sparse p.grad (an embedding's, under
+    sparse_as_dense or when not agreed sparse: Note [Sparse gradients agreed
+    once] in optimizer_state.py; model.zero_grad() made autograd create it)
+    is densified first: it has no storage to compare or copy."""
     pool, _, view = slot
-    g = p.grad
+    g = None if p.grad is None else _grad_of(p.grad)
     if g is not None and g.data_ptr() == view.data_ptr():
         return
     out_view = s.out_of.get(id(p))
@@ -49,9 +52,9 @@ def adopt(s, p: torch.Tensor, slot) -> None:
             if g is None:
                 view.zero_()
             else:
-                view.copy_(_grad_of(g))
+                view.copy_(g)
         elif g is not None:
-            view.add_(_grad_of(g))
+            view.add_(g)
             if g.data_ptr() == out_view.data_ptr():
                 _write_output(s.pools[pool], out_view.zero_)
     p.grad = view

@@ -43,7 +43,14 @@ class _State:
         self.handles: Dict[int, object] = {}      # id(param) -> copy-path handle
         self.pool_handles: List[int] = []         # native handles of submitted buckets
         self.order: List[int] = []                # step-1 hook order (indices)
-        self.sparse: set = set()                  # indices whose grads are sparse (not pooled)
+        # index -> sparse_dim of the parameters reduced as sparse gradients
+        # (never pooled): locally seen until the step-1 agreement, then the
+        # ranks' agreed set, fixed (Note [Sparse gradients agreed once]).
+        self.sparse: Dict[int, int] = {}
+        self.sparse_agreed = False                # agree_layout() ran in this runtime
+        self.unapplied = False                    # synchronized, step() not called since
+        self.rollback_residuals = False           # this step's named CSC residuals undo the last
+        self.layout_order: List[int] = []         # rank 0's step-1 order, from agree_layout()
         self.pools: List[_Pool] = []
         self.range_of: Dict[int, Tuple[int, int, torch.Tensor]] = {}  # id -> (pool, range, view)
         self.out_of: Dict[int, torch.Tensor] = {}  # id -> view of its pool's G (residual in pool)
@@ -167,14 +174,44 @@ def pool_range_elements(numel: int, dtype: torch.dtype) -> int:
     return -(-numel // per) * per
 
 
+def agree_layout(self) -> None:
+    """Note [Sparse gradients agreed once]: at the first synchronize()
+    (step 1, or the first step after an elastic reset) the ranks agree, in
+    one small allgather, on rank 0's step-1 order (the pools' layout) and
+    on which parameters are reduced as sparse gradients: those whose
+    gradient some rank saw sparse (an nn.Embedding(sparse=True)), with the
+    smallest sparse_dim any rank saw. It runs before the zeros of the
+    parameters without a gradient are submitted, so a rank on which an
+    embedding got no gradient (unused there, or not at all yet) submits
+    sparse zeros like its peers' sparse gradients instead of a dense
+    allreduce they never match. From then on the set is fixed on every
+    rank (optimizer.py's _gradflow_submit): a parameter in it always goes
+    the sparse path, any other always the dense one (a sparse gradient of
+    it is densified, as sparse_as_dense does)."""
+    s = self._gradflow
+    local = dict(s.sparse)
+    if not s.sparse_as_dense:  # sparse gradients not submitted yet (accumulating passes)
+        for i, p in enumerate(s.params):
+            g = p.grad
+            if g is not None and g.is_sparse:
+                local[i] = min(g.sparse_dim(), local.get(i, g.sparse_dim()))
+    everyone = allgather_object((s.order, sorted(local.items())), name=f"{s.prefix}.layout",
+                                process_set=s.process_set)
+    agreed: Dict[int, int] = {}
+    for _, seen in everyone:
+        for i, dim in seen:
+            agreed[i] = min(dim, agreed.get(i, dim))
+    s.sparse, s.layout_order, s.sparse_agreed = agreed, list(everyone[0][0]), True
+
+
 def build_pools(self) -> None:
     """Lay `self`'s (a DistributedOptimizer's) gradients out in rank 0's
-    step-1 order, one pool per dtype, and register the pools with the core."""
+    step-1 order (agreed by agree_layout()), one pool per dtype, and
+    register the pools with the core. Parameters agreed sparse stay out."""
     s = self._gradflow
-    everyone = allgather_object((s.order, sorted(s.sparse)), name=f"{s.prefix}.layout",
-                                process_set=s.process_set)
-    sparse = s.sparse = set().union(*(set(sp) for _, sp in everyone))
-    order = list(everyone[0][0]) + [i for i in range(len(s.params)) if i not in everyone[0][0]]
+    sparse = s.sparse
+    first = s.layout_order
+    order = list(first) + [i for i in range(len(s.params)) if i not in first]
     layout = [i for i in order if i not in sparse and s.params[i].numel() > 0]
     by_dtype: Dict[torch.dtype, List[int]] = {}
     for i in layout:
@@ -248,6 +285,9 @@ def rebind_after_elastic_reset(self) -> None:
     self._gradflow_finalizer.detach()
     self._gradflow_finalizer = weakref.finalize(self, destroy_pools, [])
     s.pools, s.range_of, s.out_of, s.pool_built, s.order = [], {}, {}, False, []
+    # Agreed again at the next synchronize(), newcomers included: from what
+    # each rank sees then, as in a fresh optimizer's step 1.
+    s.sparse, s.sparse_agreed, s.layout_order = {}, False, []
     s.handles.clear()
     s.pool_handles.clear()
     s.passes.clear()

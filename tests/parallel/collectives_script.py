@@ -225,6 +225,23 @@ if "--cache-churn" in sys.argv:
     if R == 0:
         print("cache recycling OK on", N, "ranks")
     sys.exit(0)
+def check_elastic_broadcast_object():
+    # gradflow.elastic's framework-neutral broadcast_object (elastic state
+    # sync): an object root cannot pickle raises on every rank at once (the
+    # others used to stall in the size broadcast until GRADFLOW_TIMEOUT).
+    import threading
+    from gradflow.elastic.state import broadcast_object
+    assert broadcast_object({"r": R}, N - 1, name="eb.ok") == {"r": N - 1}
+    try:
+        broadcast_object(threading.Lock() if R == 0 else None, 0, name="eb.lock")
+    except (TypeError, gf.GradflowError) as e:
+        assert "pickle" in str(e), e
+    else:
+        raise AssertionError("an unpicklable root object was broadcast")
+    assert broadcast_object([R], 0, name="eb.after") == [0]
+
+
+check_elastic_broadcast_object()
 check_allreduce()
 check_shapes_and_scaling()
 check_async_orders_and_fusion()

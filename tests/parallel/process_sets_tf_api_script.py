@@ -3,16 +3,19 @@
 Checks, per set and against numpy (eagerly and inside tf.function where the
 op is graph-capable): grouped_allgather and its gradient, reducescatter /
 grouped_reducescatter with pre/postscale (Horovod's positional order),
-broadcast_ / broadcast_variables, broadcast_object(_fn) / allgather_object,
+broadcast_ / broadcast_variables, broadcast_object(_fn) / allgather_object
+(one member's object unpicklable: every member raises),
 size_op / process_set_included_op for registered ids,
 PartialDistributedGradientTape and gradflow.tensorflow.DistributedOptimizer
 over the set; unregistered sets raise ValueError even for empty lists.
 Members end bitwise identical. Prints "tf api OK on N ranks" from rank 0."""
 import hashlib
+import threading
 
 from _tf_common import keras, tf  # noqa: E402  (before TensorFlow loads: quiet, one thread)
 import numpy as np  # noqa: E402
 
+import gradflow  # noqa: E402
 import gradflow.tensorflow as gtf  # noqa: E402
 
 gtf.init()
@@ -92,6 +95,17 @@ assert gtf.broadcast_object({"r": R}, root_rank=ps.ranks[-1], process_set=ps) ==
 assert gtf.allgather_object((R, "x" * R), process_set=ps) == [(q, "x" * q) for q in ps.ranks]
 fn = gtf.broadcast_object_fn(root_rank=ps.ranks[0], process_set=ps)
 assert fn([R] * (R + 1)) == [ps.ranks[0]] * (ps.ranks[0] + 1)
+# One member's object cannot be pickled: every member raises at once, the
+# others naming that member by its global rank.
+try:
+    gtf.allgather_object(threading.Lock() if R == ps.ranks[-1] else R, process_set=ps)
+except (TypeError, gradflow.GradflowError) as e:
+    assert isinstance(e, TypeError if R == ps.ranks[-1] else gradflow.GradflowError), repr(e)
+    assert "cannot pickle" in str(e), e
+    assert R == ps.ranks[-1] or f"rank(s) {ps.ranks[-1]} could not" in str(e), e
+else:
+    raise AssertionError("allgather_object of a lock did not raise")
+assert gtf.allgather_object(R, process_set=ps) == ps.ranks
 
 # PartialDistributedGradientTape: shared weights averaged over the members,
 # local weights this rank's own gradient divided by the set's size.

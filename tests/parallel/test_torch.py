@@ -19,7 +19,7 @@ def _oks(out, n):
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_torch_ops(n):
     out = run_mpi(n, "torch_ops_script.py", timeout=150)
-    assert len(_oks(out, n)) == 9, out.stdout
+    assert len(_oks(out, n)) == 12, out.stdout
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -34,6 +34,20 @@ def test_torch_training_matches_single_process(n):
 def test_torch_awkward_cases(n):
     out = run_mpi(n, "torch_awkward_script.py", timeout=180)
     assert len(_oks(out, n)) == 16, out.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_torch_sparse_gradients_unused_on_some_ranks(n):
+    """nn.Embedding(sparse=True) unused on some ranks, or on all, in a step
+    (step 1 included): the ranks agree once which parameters are sparse
+    (Note [Sparse gradients agreed once]) on the pool, copy, overlap=False,
+    bpps=2, groups= and process-set paths; sparse_as_dense with
+    model.zero_grad(); groups= honours sparse_ratio (an explicit 1.0 over
+    GRADFLOW_SPARSE_RATIO, which the whole run sets)."""
+    out = run_mpi(n, "torch_sparse_unused_script.py", timeout=180,
+                  env={"GRADFLOW_SPARSE_RATIO": "0.5", "GRADFLOW_SPARSE_CHUNK": "4",
+                       "GRADFLOW_SPARSE_WARMUP_STEPS": "0"})
+    assert len(_oks(out, n)) == 23, out.stdout
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])

@@ -7,10 +7,12 @@
 # — eager and in tf.function, against numpy closed forms, gradients against
 # analytic values, and results compared bitwise across ranks. Exits non-zero on failure.
 import pickle
+import threading
 
 import numpy as np
 
 from _tf_common import keras, tf  # first: sets TensorFlow up before it loads
+import gradflow as gflow
 import gradflow.tensorflow as gtf
 
 gtf.init()
@@ -171,6 +173,19 @@ def check_objects():
     assert fn(("first", R)) == ("first", 0)
     assert fn(np.arange(R + 1)).tolist() == [0]
     same("broadcast_object", pickle.dumps(got))
+    # An unpicklable object (cloudpickle refuses a lock too): every rank
+    # raises at once, quoting the error (the others stalled until
+    # GRADFLOW_TIMEOUT), and the runtime stays usable.
+    for call, culprit in [(lambda o: gtf.broadcast_object(o, root_rank=N - 1), N - 1),
+                          (lambda o: gtf.allgather_object(o), 0)]:
+        try:
+            call(threading.Lock() if R == culprit else R)
+        except (TypeError, gflow.GradflowError) as e:
+            assert isinstance(e, TypeError if R == culprit else gflow.GradflowError), repr(e)
+            assert "cannot pickle" in str(e) and (R == culprit or f" {culprit} " in str(e)), e
+        else:
+            raise AssertionError("an unpicklable object did not raise")
+    assert gtf.allgather_object(R + 1) == list(range(1, N + 1))
 
 
 def check_join():

@@ -151,58 +151,78 @@ gc.collect()
 
 # 2. AMP: autocast(bf16) + GradScaler + CSC; rank 1 overflows on step 3. The
 # scaler must skip exactly that step, the residual (kept in unscaled units)
-# must come out as if the step never happened, and later steps go on.
-m = mlp()
-scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=3)
-opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=LR), m.named_parameters(),
-                               sparse_ratio=0.1, grad_scaler=scaler)
+# must come out as if the step never happened, and later steps go on. Twice:
+# the whole loss overflows (every bucket sees it), and only the last layer's
+# bias does, with 4 KiB pool buckets, so the other buckets are finite and
+# send their chunks in the step the scaler then skips: those must stay owed
+# (Note [A skipped step owes its chunks]; they used to be lost). Also on the
+# copy path (use_pool=False: one named residual per parameter).
+def amp_case(confined, copy=False):
+    m = mlp()
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=3)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=LR), m.named_parameters(),
+                                   sparse_ratio=0.1, grad_scaler=scaler,
+                                   **({"use_pool": False} if copy else
+                                      {"bucket_mb": 0.004} if confined else {}))
 
+    def amp_loss(model, step, r):
+        xb, yb = batch(X, Y, step, r, N, PER)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(xb), yb)
+        if step == 3 and r == 1:
+            return loss + model[2].bias.sum() * float("inf") if confined else loss * float("inf")
+        return loss
 
-def amp_loss(model, step, r):
-    xb, yb = batch(X, Y, step, r, N, PER)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = F.cross_entropy(model(xb), yb)
-    return loss * float("inf") if (step == 3 and r == 1) else loss
-
-
-STEPS, skipped, scales = 9, [], []
-for step in range(STEPS):
-    opt.zero_grad()
-    before = flat(m.parameters())
-    scales.append(scaler.get_scale())
-    scaler.scale(amp_loss(m, step, R)).backward()
-    opt.synchronize()  # reduce first, so every rank's scaler sees the same overflow
-    scaler.unscale_(opt)
-    with opt.skip_synchronize():
-        scaler.step(opt)
-    scaler.update()
-    if torch.equal(before, flat(m.parameters())):
-        skipped.append(step)
-assert skipped == [3], f"skipped steps {skipped} (scales {scales}); only step 3 overflowed"
-assert_identical(m.parameters(), "csc amp")
-if R == 0:
-    order, bounds = layout(opt, CHUNK)
-    ref = mlp()
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=LR)
-    ref_order = [dict(ref.named_parameters())[n] for n in
-                 [k for p in order for k, q in m.named_parameters() if q is p]]
-    assert opt._gradflow.pools[0].out is None, "grad_scaler= keeps the classic residual"
-    csc = CscModel(bounds, 0.1, False, CHUNK, N)
+    STEPS, skipped, scales = 9, [], []
     for step in range(STEPS):
-        S = scales[step]
-        grads = [g / np.float32(S) for g in
-                 rank_grads(ref, ref_order, step, lambda mm, st, r: amp_loss(mm, st, r) * S, N)]
-        if step == 0:
-            out, overflow = np.mean(grads, 0, dtype=np.float32), False
+        opt.zero_grad()
+        before = flat(m.parameters())
+        scales.append(scaler.get_scale())
+        scaler.scale(amp_loss(m, step, R)).backward()
+        opt.synchronize()  # reduce first, so every rank's scaler sees the same overflow
+        scaler.unscale_(opt)
+        with opt.skip_synchronize():
+            scaler.step(opt)
+        scaler.update()
+        if torch.equal(before, flat(m.parameters())):
+            skipped.append(step)
+    assert skipped == [3], f"skipped steps {skipped} (scales {scales}); only step 3 overflowed"
+    assert_identical(m.parameters(), "csc amp")
+    if R == 0:
+        if copy:  # per-parameter residuals: each its own chunked buffer
+            order = list(m.parameters())
+            ends = np.cumsum([p.numel() for p in order]).tolist()
+            bounds = list(zip([0] + ends[:-1], ends))
         else:
-            out, overflow = csc.step(grads)
-        if not overflow:
-            set_grads(ref_order, out)
-            ref_opt.step()
-    assert_close(flat(m.parameters()), flat(ref.parameters()), "csc amp", 1e-5)
-ok("csc + GradScaler: one skipped step, residual unscaled and kept")
-del opt
-gc.collect()
+            order, bounds = layout(opt, CHUNK)
+            assert len(bounds) > 1 if confined else len(bounds) == 1, bounds
+            assert opt._gradflow.pools[0].out is None, "grad_scaler= keeps the classic residual"
+        ref = mlp()
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=LR)
+        ref_order = [dict(ref.named_parameters())[n] for n in
+                     [k for p in order for k, q in m.named_parameters() if q is p]]
+        csc = CscModel(bounds, 0.1, False, CHUNK, N)
+        for step in range(STEPS):
+            S = scales[step]
+            grads = [g / np.float32(S) for g in
+                     rank_grads(ref, ref_order, step, lambda mm, st, r: amp_loss(mm, st, r) * S, N)]
+            if step == 0 and not copy:  # the pool path's step 1 is dense
+                out, overflow = np.mean(grads, 0, dtype=np.float32), False
+            else:
+                out, overflow = csc.step(grads)  # an overflow anywhere keeps every residual
+            if not overflow:
+                set_grads(ref_order, out)
+                ref_opt.step()
+        assert_close(flat(m.parameters()), flat(ref.parameters()), f"csc amp {confined} {copy}",
+                     1e-5)
+    del opt
+    gc.collect()
+
+
+amp_case(confined=False)
+amp_case(confined=True)
+amp_case(confined=True, copy=True)
+ok("csc + GradScaler: one skipped step, residual unscaled and kept, every bucket's")
 
 # 3. A named sparse allreduce whose size changes is refused on every rank
 # (its residual would be lost), and the runtime keeps working.

@@ -1,6 +1,10 @@
 # torch_ops_script.py — SPMD: every gradflow.torch tensor collective against a
 # closed form in rank and index, in-place and async forms, dtypes (bfloat16,
-# int, bool), non-contiguous inputs, autograd gradients, objects, barrier.
+# int, bool), non-contiguous inputs, autograd gradients and version counters,
+# aliasing in-place inputs, objects (and unpicklable ones), barrier.
+import threading
+import time
+
 import torch
 
 import gradflow
@@ -57,6 +61,82 @@ assert all(torch.equal(o, expected_sum((k + 1, 2))) for k, o in enumerate(outs))
 hvd.grouped_allreduce_(ts, op=hvd.Sum)
 assert all(torch.equal(o, expected_sum((k + 1, 2))) for k, o in enumerate(ts))
 ok("grouped_allreduce")
+
+# in-place collectives move the autograd version counter, as torch's own
+# in-place ops do: a backward that saved the tensor raises instead of using
+# the reduced values (it silently used them: d(y*y)/dx came out 2*S, not 2*(R+1))
+def saved_then(write, shape=(3,), view=lambda y: y):
+    x = torch.full(shape, float(R + 1), requires_grad=True)
+    y = view(x * 1.0)
+    z = (y * y).sum()  # saves y
+    before = y._version
+    result = write(y)
+    assert y._version > before, (y._version, before)
+    assert torch.equal(y, torch.full_like(y, result)), y  # the collective's own values
+    try:
+        z.backward()
+    except RuntimeError as e:
+        assert "modified by an inplace operation" in str(e), e
+    else:
+        raise AssertionError(f"backward used the in-place result: grad {x.grad}")
+
+
+saved_then(lambda y: hvd.allreduce_(y, op=hvd.Sum) is y and S)
+saved_then(lambda y: hvd.allreduce_(y, op=hvd.Sum) is y and S, (3, 2), lambda y: y.t())
+saved_then(lambda y: hvd.synchronize(hvd.allreduce_async_(y, op=hvd.Sum)) is y and S)
+saved_then(lambda y: hvd.allreduce_(y) is y and S / N)  # average: the core scales in place
+saved_then(lambda y: hvd.broadcast_(y, N - 1) is y and N)
+saved_then(lambda y: hvd.grouped_allreduce_([y], op=hvd.Sum)[0] is y and S)
+saved_then(lambda y: hvd.synchronize(hvd.grouped_allreduce_async_([y], op=hvd.Sum))[0] is y and S)
+y = torch.full((3,), float(R + 1))
+h = hvd.allreduce_async_(y, op=hvd.Sum, name="version.inflight")
+assert y._version == 1, y._version  # moved at submit, while the core may write
+hvd.synchronize(h)
+assert y._version == 2 and torch.equal(y, torch.full((3,), S)), (y._version, y)
+# nothing saved the written tensor: backward runs, gradient in closed form
+x = torch.full((3,), float(R + 1), requires_grad=True)
+y = x * 2.0  # saves no tensor
+hvd.allreduce_(y, op=hvd.Sum)
+(y * 3.0).sum().backward()
+assert torch.equal(x.grad, torch.full((3,), 6.0)) and torch.equal(y, torch.full((3,), 2 * S))
+with torch.inference_mode():  # inference tensors have no version counter
+    t = torch.full((3,), float(R + 1))
+    assert torch.equal(hvd.allreduce_(t, op=hvd.Sum), torch.full((3,), S))
+ok("in-place version counter")
+
+# grouped_allreduce_ refuses tensors that share memory, on every rank alike,
+# before submitting anything (it returned values reduced once or twice
+# depending on size); interleaved views that share no byte are fine; the
+# out-of-place form takes the same tensor twice.
+base = torch.full((8,), float(R + 1))
+for bad, says in [([base, base], "are the same tensor"),
+                  ([base[:5], base[3:]], "share memory"),
+                  ([base, base.view(2, 4)], "share memory"),
+                  ([base[0::2], base[2:]], "share memory"),
+                  ([torch.ones(2), base[1:3], base[2:4]], "tensors 1 and 2"),
+                  ([base[4:], base.view(torch.int32)[:1], base[:4]], "tensors 1 and 2")]:
+    for call in (hvd.grouped_allreduce_,
+                 lambda ts, **kw: hvd.synchronize(hvd.grouped_allreduce_async_(ts, **kw))):
+        try:
+            call(bad, op=hvd.Sum)
+        except ValueError as e:
+            assert says in str(e) and "grouped_allreduce_" in str(e), e
+        else:
+            raise AssertionError(f"aliasing not refused: {bad}")
+        assert torch.equal(base, torch.full((8,), float(R + 1))), base  # nothing written
+hvd.grouped_allreduce_([base[0::2], base[1::2]], op=hvd.Sum)
+assert torch.equal(base, torch.full((8,), S)), base
+big = torch.full((9_000_000,), float(R + 1))  # 2 x 36 MB: past the 64 MiB fusion threshold
+for n, t in ((5, torch.full((5,), float(R + 1))), (big.numel(), big)):
+    a, b = hvd.grouped_allreduce([t, t], op=hvd.Sum)
+    assert torch.equal(a, torch.full((n,), S)) and torch.equal(b, a), (n, a[:3], b[:3])
+    assert torch.equal(t, torch.full((n,), float(R + 1)))  # input untouched
+x = torch.ones(3, requires_grad=True)
+a, b = hvd.grouped_allreduce([x, x], op=hvd.Sum)
+(a + 2 * b).sum().backward()
+assert torch.equal(x.grad, torch.full((3,), 3.0 * N)), x.grad
+assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(N)))
+ok("grouped_allreduce_ aliasing")
 
 # allgather with uneven first dimension, bf16
 g = hvd.allgather(torch.full((R + 1, 2), float(R), dtype=torch.bfloat16))
@@ -159,6 +239,34 @@ sd = {"a": torch.full((2,), float(R)), "b": torch.tensor(R)}
 hvd.broadcast_parameters(sd, root_rank=0)
 assert sd["a"].tolist() == [0.0, 0.0] and sd["b"].item() == 0
 ok("objects")
+
+# an object that cannot be pickled (root's, or one rank's in allgather_object):
+# every rank raises at once, quoting the pickling error (only the pickling
+# rank raised; the others stalled in '<name>.size' for GRADFLOW_TIMEOUT), and
+# the runtime stays usable
+t0 = time.time()
+try:
+    hvd.broadcast_object(threading.Lock() if R == N - 1 else None, root_rank=N - 1, name="cfg")
+except (TypeError, gradflow.GradflowError) as e:
+    assert isinstance(e, TypeError if R == N - 1 else gradflow.GradflowError), repr(e)
+    assert "cannot pickle" in str(e) and "_thread.lock" in str(e), e
+    if R != N - 1:
+        assert f"root rank {N - 1}" in str(e) and "'cfg'" in str(e), e
+else:
+    raise AssertionError("broadcast_object of a lock did not raise")
+try:
+    hvd.allgather_object(threading.Lock() if R == 0 else R)
+except (TypeError, gradflow.GradflowError) as e:
+    assert isinstance(e, TypeError if R == 0 else gradflow.GradflowError), repr(e)
+    assert "cannot pickle" in str(e), e
+    if R != 0:
+        assert "rank(s) 0 could not pickle" in str(e), e
+else:
+    raise AssertionError("allgather_object of a lock did not raise")
+assert time.time() - t0 < 20, time.time() - t0  # GRADFLOW_TIMEOUT is 60 s
+assert hvd.broadcast_object({"r": R}, root_rank=0) == {"r": 0}
+assert hvd.allgather_object(R * R) == [r * r for r in range(N)]
+ok("unpicklable objects")
 
 # barrier, join (every rank at once, nothing pending) and topology
 hvd.barrier()
