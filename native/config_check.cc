@@ -4,6 +4,8 @@
 #include "config_check.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <functional>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -80,24 +82,24 @@ void check_config_matches_everywhere(MpiComm& comm, const Config& cfg,
     std::replace(text.begin(), text.end(), ';', ',');
     fields << kInvalid << "=" << text << ";";
   } else {
-  fields << "GRADFLOW_FUSION_THRESHOLD=" << cfg.fusion_threshold_bytes
-         << ";GRADFLOW_POOL_BUCKET_BYTES=" << cfg.pool_bucket_bytes
-         << ";GRADFLOW_POOL_MERGE=" << cfg.pool_merge
-         << ";GRADFLOW_POOL_FIRST_BUCKET_BYTES=" << cfg.pool_first_bucket_bytes
-         << ";GRADFLOW_CACHE_CAPACITY=" << cfg.cache_capacity
-         << ";GRADFLOW_SPARSE_RATIO=" << cfg.sparse_ratio
-         << ";GRADFLOW_WIRE_DTYPE=" << static_cast<int>(cfg.wire_dtype)
-         << ";GRADFLOW_ALLREDUCE_ALGO=" << static_cast<int>(cfg.allreduce_algo)
-         << ";GRADFLOW_SPARSE_CHUNK=" << cfg.sparse_chunk
-         << ";GRADFLOW_SPARSE_WARMUP_STEPS=" << cfg.sparse_warmup_steps
-         << ";GRADFLOW_RING_PIPELINE_BYTES=" << cfg.ring_pipeline_bytes
-         << ";GRADFLOW_SPARSE_MOMENTUM=" << cfg.sparse_momentum
-         << ";GRADFLOW_CYCLE_TIME=" << cfg.cycle_time_ms
-         << ";GRADFLOW_IDLE_CYCLE_MAX=" << cfg.idle_cycle_max_ms
-         << ";GRADFLOW_SPARSE_POLICY=" << cfg.sparse_policy_auto
-         << ";GRADFLOW_AUTOTUNE=" << cfg.autotune
-         << ";GRADFLOW_AUTOTUNE_WARMUP_SAMPLES=" << cfg.autotune_warmup_samples
-         << ";GRADFLOW_AUTOTUNE_STEPS_PER_SAMPLE=" << cfg.autotune_steps_per_sample << ";";
+    fields << "GRADFLOW_FUSION_THRESHOLD=" << cfg.fusion_threshold_bytes
+           << ";GRADFLOW_POOL_BUCKET_BYTES=" << cfg.pool_bucket_bytes
+           << ";GRADFLOW_POOL_MERGE=" << cfg.pool_merge
+           << ";GRADFLOW_POOL_FIRST_BUCKET_BYTES=" << cfg.pool_first_bucket_bytes
+           << ";GRADFLOW_CACHE_CAPACITY=" << cfg.cache_capacity
+           << ";GRADFLOW_SPARSE_RATIO=" << cfg.sparse_ratio
+           << ";GRADFLOW_WIRE_DTYPE=" << static_cast<int>(cfg.wire_dtype)
+           << ";GRADFLOW_ALLREDUCE_ALGO=" << static_cast<int>(cfg.allreduce_algo)
+           << ";GRADFLOW_SPARSE_CHUNK=" << cfg.sparse_chunk
+           << ";GRADFLOW_SPARSE_WARMUP_STEPS=" << cfg.sparse_warmup_steps
+           << ";GRADFLOW_RING_PIPELINE_BYTES=" << cfg.ring_pipeline_bytes
+           << ";GRADFLOW_SPARSE_MOMENTUM=" << cfg.sparse_momentum
+           << ";GRADFLOW_CYCLE_TIME=" << cfg.cycle_time_ms
+           << ";GRADFLOW_IDLE_CYCLE_MAX=" << cfg.idle_cycle_max_ms
+           << ";GRADFLOW_SPARSE_POLICY=" << cfg.sparse_policy_auto
+           << ";GRADFLOW_AUTOTUNE=" << cfg.autotune
+           << ";GRADFLOW_AUTOTUNE_WARMUP_SAMPLES=" << cfg.autotune_warmup_samples
+           << ";GRADFLOW_AUTOTUNE_STEPS_PER_SAMPLE=" << cfg.autotune_steps_per_sample << ";";
   }
   const std::string s = fields.str();
   uint64_t h = std::hash<std::string>()(s);
