@@ -8,7 +8,7 @@ and cycle time during the first steps of training, from measured step times.
 
 Protocol, per sample (1 settling step + GRADFLOW_AUTOTUNE_STEPS_PER_SAMPLE
 timed steps, all at one setting): at the step boundary that ends it, every
-rank allreduces (Max) the median of its timed steps, so the score is the
+rank allreduces (a Sum, one slot per rank) the median of its timed steps, so the score is the
 slowest rank's and the same everywhere; rank 0 feeds it to the search and
 broadcasts the next setting (``gradflow.autotune.<n>``, 5 float64s). The
 core applies algorithm, ring piece size and cycle time right after running
@@ -19,10 +19,13 @@ its next step. Nothing on the wire is ever decided from a local clock alone.
 Note [Autotune and join]: join() ends the search. The search needs every
 rank to count the same steps; a rank that joins stops stepping, and a
 broadcast cannot run while a rank is joined. So a rank that calls join()
-stops its tuner at once, and the score allreduce carries a second value,
--1 from every rank still training and 0 (a joined rank's contribution)
-from a joined one: when it comes back non-negative, the ranks still
-training stop too, without broadcasting. The settings applied so far stay;
+stops its tuner at once, and the score allreduce (a Sum: slot i holds
+member i's median, the last slot counts the members still training; a
+joined rank contributes zeros to a Sum) tells the others: when the count
+comes back short, the ranks still training stop too, without
+broadcasting. (It used to be a Max with -1 from every training rank, read
+as "someone joined" when a joined rank's 0 won; a joined rank now gives
+min/max the op's identity, so only a Sum can count.) The settings applied so far stay;
 they are the same on every rank because only broadcasts ever changed them.
 
 Rank 0 writes one CSV line per sample and a final line to
@@ -46,8 +49,8 @@ import numpy as np
 
 from . import _native
 from . import autotune_search as _search
-from .collectives import Max, allreduce, broadcast
-from .process_sets import ProcessSet, process_set_rank
+from .collectives import Max, Sum, allreduce, broadcast
+from .process_sets import ProcessSet, process_set_rank, process_set_size
 
 LOG_HEADER = ("sample,phase,allreduce_algo,pool_bucket_bytes,ring_pipeline_bytes,"
               "cycle_time_ms,median_step_seconds")
@@ -115,15 +118,20 @@ class Autotuner:
             return
         median = statistics.median(self.times[SETTLE_STEPS:])
         self.times = []
-        # [score, -1]: a joined rank contributes zeros, so a non-negative
-        # second value means some rank has called join() (module docstring).
-        agreed = allreduce(np.array([median, -1.0]), op=Max,
-                           name=f"gradflow.autotune_score.{self.sample}",
+        # Every member's median in its own slot, and a count of the members
+        # still training: a joined rank's zeros leave the count short (Note
+        # [Autotune and join]). One element per slot is non-zero: the sum is
+        # exact, the same bits on every rank.
+        members = process_set_size(self.process_set, "autotune")
+        mine = np.zeros(members + 1)
+        mine[process_set_rank(self.process_set, "autotune")] = median
+        mine[members] = 1.0
+        agreed = allreduce(mine, op=Sum, name=f"gradflow.autotune_score.{self.sample}",
                            process_set=self.process_set)
-        if agreed[1] >= 0:
+        if agreed[members] < members:
             self.stop_for_join()
             return
-        slowest = float(agreed[0])
+        slowest = float(agreed[:members].max())  # the slowest rank's median
         values = np.zeros(5)
         if self.is_root:
             self.search.report(slowest)

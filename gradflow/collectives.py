@@ -249,7 +249,9 @@ after_join: List[Callable[[], None]] = []
 
 def join() -> int:
     """Declare this rank done: until every rank has joined it contributes
-    zeros to the other ranks' allreduces (any other collective submitted by
+    the op's identity to the other ranks' allreduces (zeros for sum and
+    average, as Horovod; for min, max and product a value that changes
+    nothing, where Horovod's zeros win) (any other collective submitted by
     the ranks still working fails on every rank with a clear error). Returns
     the rank that joined last, as Horovod does. Afterwards every rank's
     counters of auto-generated names agree again, so unnamed collectives

@@ -431,7 +431,8 @@ def alltoall(tensor: TensorLike, splits: Optional[Union[Sequence[int], tf.Tensor
 
 def join() -> tf.Tensor:
     """Declare this rank done (see `gradflow.join`): until every rank has
-    joined, it contributes zeros to the other ranks' allreduces. Returns the
+    joined, it contributes the op's identity (zeros for sum and average) to
+    the other ranks' allreduces. Returns the
     rank that joined last, as an int32 scalar tensor (as Horovod)."""
     if tf.executing_eagerly():
         return tf.constant(_c.join(), tf.int32)

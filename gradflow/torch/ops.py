@@ -499,8 +499,9 @@ def poll(handle) -> bool:
 
 
 def join(device: int = -1) -> int:
-    """Declare this rank done: it contributes zeros to the other ranks'
-    allreduces until every rank has joined (other collectives fail on every
+    """Declare this rank done: it contributes the op's identity (zeros for
+    sum and average) to the other ranks' allreduces until every rank has
+    joined (other collectives fail on every
     rank meanwhile). Returns the rank that joined last. `device` is accepted
     for Horovod compatibility (CPU only here)."""
     return _np_join()
