@@ -231,7 +231,12 @@ def _report(mpiexec_rc: int, statuses: Dict[int, Tuple[int, bool]], np: int,
         return 128 + received[0]
     if failed:
         quit_early = [r for r, st in statuses.items() if st[0] == 0]
-        told = all(RankExit(*statuses[r]).notified for r in failed)
+        # A rank a signal ended (SIGKILL, SIGSEGV: 128 + signal) failed on its
+        # own even if the notice of some failure reached its wrapper first
+        # (test_faults' SIGKILL inside halving-doubling: the survivors'
+        # notices raced the victim's, and the victim was counted as "told").
+        told = all(RankExit(*statuses[r]).notified and not _is_sig(statuses[r][0] - 128)
+                   for r in failed)
         if len(failed) > 1 and told and not quit_early:
             # Every failed rank raised because of a failure it was told of and
             # none failed on its own: an error the ranks agreed on (e.g. the

@@ -422,6 +422,14 @@ def test_an_agreed_error_blames_no_rank(capsys):
     assert S._report(0, early, 3, [], "", order=[0, 2]) == 1
     err = capsys.readouterr().err
     assert "rank(s) 1 exited with code 0" in err and "job-wide" not in err
+    # A rank a signal ended failed on its own, even when the notice of the
+    # failure reached its wrapper too (CI, SIGKILL inside halving-doubling:
+    # the job was reported as one job-wide error and no rank was blamed).
+    killed = {0: (1, False, True), 1: (1, False, True), 2: (137, False, True),
+              3: (1, False, True)}
+    assert S._report(0, killed, 4, [], "", order=[2, 0, 1, 3]) == 137
+    err = capsys.readouterr().err
+    assert "rank 2 failed first; rank(s) 0, 1, 3 failed after it" in err and "job-wide" not in err
 
 
 def test_a_signal_death_is_blamed_before_peers_that_noticed_it():
