@@ -280,14 +280,17 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: Optional[ProcessSet] = global_process_set,
                              compression: Any = Compression.none, *,
-                             step_tag: str = "") -> GroupHandle:
+                             step_tag: str = "", sparse_ratio: Optional[float] = None,
+                             rollback_residual: bool = False) -> GroupHandle:
     """In-place allreduce of a list of tensors over `process_set` (the core
-    fuses them); `step_tag` as allreduce_async_'s. The tensors must not
-    overlap in memory (ValueError before anything is submitted)."""
+    fuses them); `step_tag`, `sparse_ratio` and `rollback_residual` as
+    allreduce_async_'s, for every tensor. The tensors must not overlap in
+    memory (ValueError before anything is submitted)."""
     tensors = list(tensors)  # checked, then submitted
     check_no_aliasing(tensors, "grouped_allreduce_")
     return _grouped(allreduce_async_, tensors, average, name, op, prescale_factor,
-                    postscale_factor, process_set, compression, step_tag=step_tag)
+                    postscale_factor, process_set, compression, step_tag=step_tag,
+                    sparse_ratio=sparse_ratio, rollback_residual=rollback_residual)
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,

@@ -2,8 +2,7 @@
 # which parameters form a group (a pure function of the optimizer's parameter
 # order, so every rank forms the same groups) and when a group is complete.
 # A complete group goes out as one grouped allreduce (submit_group), with the
-# optimizer's sparse_ratio (grouped_allreduce_async_ takes none, so the
-# group's allreduces are issued here, under the grouped op's names).
+# optimizer's sparse_ratio.
 """Parameter groups of ``hvd.DistributedOptimizer(groups=...)``."""
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Set
 
 import torch
 
-from .ops import GroupHandle, allreduce_async_
+from .ops import grouped_allreduce_async_
 
 
 def form_groups(params: Sequence[torch.Tensor], groups: Any) -> Optional[List[List[int]]]:
@@ -110,20 +109,17 @@ def flush_groups(s) -> None:
 
 
 def _submit(s, g: int, members: List[int]) -> None:
-    """Group g's `members` as one grouped allreduce: tensor k under the name
-    '<prefix>.group<g>.<k>' (grouped_allreduce_async_'s naming), with the
-    optimizer's sparse_ratio as the copy path passes it (None: the core's
-    GRADFLOW_SPARSE_RATIO; groups never use the pool, so CSC runs from step
-    1 with one residual per tensor name)."""
+    """Group g's `members` as one grouped allreduce named '<prefix>.group<g>',
+    with the optimizer's sparse_ratio as the copy path passes it (None: the
+    core's GRADFLOW_SPARSE_RATIO; groups never use the pool, so CSC runs
+    from step 1 with one residual per tensor name)."""
     ratio = None if s.sparse_ratio < 0 else s.sparse_ratio
-    base = f"{s.prefix}.group{g}"
-    h = Once(GroupHandle([allreduce_async_(s.params[j].grad, name=f"{base}.{k}", op=s.op,
-                                           prescale_factor=s.prescale / s.loss_scale,
-                                           postscale_factor=s.postscale * s.loss_scale,
-                                           process_set=s.process_set,
-                                           compression=s.compression, sparse_ratio=ratio,
-                                           step_tag=s.step_tag,
-                                           rollback_residual=s.rollback_residuals)
-                          for k, j in enumerate(members)]))
+    h = Once(grouped_allreduce_async_([s.params[j].grad for j in members],
+                                      name=f"{s.prefix}.group{g}", op=s.op,
+                                      prescale_factor=s.prescale / s.loss_scale,
+                                      postscale_factor=s.postscale * s.loss_scale,
+                                      process_set=s.process_set, compression=s.compression,
+                                      step_tag=s.step_tag, sparse_ratio=ratio,
+                                      rollback_residual=s.rollback_residuals))
     for j in members:
         s.handles[id(s.params[j])] = h
