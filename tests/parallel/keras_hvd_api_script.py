@@ -53,6 +53,16 @@ def check_values():
         raise AssertionError("broadcast_global_variables did not raise")
 
 
+def train_alike(first, second, x, y, batch_size, what):
+    """One more epoch of each on the same data: bitwise the same weights, and
+    the same on every rank."""
+    for m in (first, second):
+        m.fit(x, y, batch_size=batch_size, epochs=1, verbose=0, shuffle=False)
+    for a, b in zip(first.weights, second.weights):
+        assert np.array_equal(a.numpy(), b.numpy()), f"{what}: differs at {b.path}"
+    identical_everywhere([w.numpy() for w in first.weights], what)
+
+
 def make_model(seed):
     keras.utils.set_random_seed(seed)
     return keras.Sequential([keras.Input((5,)), keras.layers.Dense(4, activation="tanh"),
@@ -84,12 +94,7 @@ def check_load_model():
         assert np.array_equal(a.numpy(), b.numpy()), f"weight {b.path} not restored"
     # Training continues as the original would (the loaded one reduces over fp16
     # wire, so compare a third model loaded with the default compression bitwise).
-    again = hvd.load_model(path)
-    again.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
-    model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
-    for a, b in zip(again.weights, model.weights):
-        assert np.array_equal(a.numpy(), b.numpy()), f"continued training differs at {b.path}"
-    identical_everywhere([w.numpy() for w in again.weights], "loaded model after training")
+    train_alike(hvd.load_model(path), model, x, y, 8, "loaded model's continued training")
     try:
         hvd.load_model(path, legacy_opts=True)
     except ValueError as e:
@@ -220,12 +225,9 @@ def check_wrapper_corners():
     fp16 = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05), compression=hvd.Compression.fp16)
     assert type(fp16).from_config(fp16.get_config()).compression is hvd.Compression.fp16
     twin = [make_model(4), make_model(4)]
-    for m, o in zip(twin, (opt, copy)):
+    for m, o in zip(twin, (copy, opt)):
         m.compile(optimizer=o, loss="mse")
-        m.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False)
-    for a, b in zip(*(m.weights for m in twin)):
-        assert np.array_equal(a.numpy(), b.numpy()), f"the copy trains differently at {b.path}"
-    identical_everywhere([w.numpy() for w in twin[1].weights], "from_config copy")
+    train_alike(*twin, x, y, 4, "from_config copy")
     # Horovod's order with accumulation: a clear gradflow error (Keras's own
     # named an argument the user never passed).
     try:
@@ -249,11 +251,7 @@ def check_wrapper_corners():
         gtf.join()
         loaded = hvd.load_model(path)
         assert hvd.is_distributed(loaded.optimizer.inner_optimizer), type(loaded.optimizer)
-        loaded.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
-        mixed.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
-        for a, b in zip(loaded.weights, mixed.weights):
-            assert np.array_equal(a.numpy(), b.numpy()), f"reloaded mixed model differs at {b.path}"
-        identical_everywhere([w.numpy() for w in loaded.weights], "reloaded mixed model")
+        train_alike(loaded, mixed, x, y, 8, "reloaded mixed model")
     finally:
         keras.mixed_precision.set_global_policy(policy)
     gtf.join()
