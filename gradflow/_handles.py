@@ -11,7 +11,7 @@ discards the results of dropped handles, so nothing leaks either way.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from . import _native
 
@@ -39,6 +39,23 @@ def release(native: int, keep_alive: Any, process_set: int = 0) -> None:
 def forget_all() -> None:
     """After shutdown(): the stopped runtime completed every handle."""
     _orphans.clear()
+
+
+def wait_all(handles: Sequence["Handle"]) -> List[Any]:
+    """Every handle's result, in order. A failure is raised only after every
+    handle is done, so nothing of a grouped op stays in flight when it fails
+    (a retry under the same names would find the rest still pending)."""
+    results: List[Any] = []
+    error: Optional[Exception] = None
+    for h in handles:
+        try:
+            results.append(h.wait())
+        except Exception as e:  # noqa: PERF203 - each member must be waited on
+            error = error or e
+            results.append(None)
+    if error is not None:
+        raise error
+    return results
 
 
 class Handle:

@@ -5,6 +5,8 @@ on one rank makes every rank's pending collectives raise).
 from __future__ import annotations
 
 import atexit
+import contextlib
+import contextvars
 import os
 import sys
 import threading
@@ -276,6 +278,24 @@ def advance_auto_names(counts: Sequence[int]) -> None:
             _counters[key] = max(_counters.get(key, 0), int(n))
 
 
+# The length of the grouped op's list being submitted (0: none); read by submit().
+_group_size: contextvars.ContextVar[int] = contextvars.ContextVar("gradflow_group_size",
+                                                                  default=0)
+
+
+@contextlib.contextmanager
+def submitting_group(size: int):
+    """Collectives submitted inside are the `size` members of one grouped op
+    (named `<base>.<i>`): each carries `size`, so ranks that pass lists of
+    different lengths fail every member at once (native Note [Grouped
+    lists]) instead of reducing the common ones and stalling on the rest."""
+    token = _group_size.set(int(size))
+    try:
+        yield
+    finally:
+        _group_size.reset(token)
+
+
 def submit(kind: int, name: str, in_ptr: int, out_ptr: int, dtype: int, shape: Sequence[int],
            keep_alive: tuple, finish: Optional[Callable[[dict], Any]] = None, *, op: int = 0,
            root: int = 0, wire: int = -1, prescale: float = 1.0, postscale: float = 1.0,
@@ -295,7 +315,8 @@ def submit(kind: int, name: str, in_ptr: int, out_ptr: int, dtype: int, shape: S
     _handles.sweep()
     h = _native.submit(kind, name, in_ptr, out_ptr, dtype, [int(d) for d in shape], op, root,
                        wire, float(prescale), float(postscale), [int(s) for s in splits],
-                       float(sparse_ratio), ps, step_tag, bool(rollback_residual))
+                       float(sparse_ratio), ps, step_tag, bool(rollback_residual),
+                       _group_size.get())
     return Handle(h, keep_alive, finish, name, ps)
 
 

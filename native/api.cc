@@ -35,17 +35,20 @@ constexpr int kPoolIndexBits = 32;
 
 Runtime::Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>& overrides,
                  int process_set_id, std::vector<int> set_ranks,
-                 std::function<void(const std::string&)> on_fatal)
+                 std::function<void(const std::string&)> on_fatal,
+                 std::shared_ptr<std::atomic<bool>> global_join)
     : cfg_(load_config_or_defaults(overrides, &config_error_)),
       generation_(++g_generations),
       pid_(::getpid()),
       set_id_(process_set_id),
-      set_ranks_(std::move(set_ranks)) {
+      set_ranks_(std::move(set_ranks)),
+      global_join_(std::move(global_join)) {
   set_log_level(parse_log_level(cfg_.log_level));
   comm_ = std::make_unique<MpiComm>(comm_handle, cfg_.timeout_seconds);
   check_config_matches_everywhere();
   if (set_id_ == 0) {
     for (int r = 0; r < comm_->size(); ++r) set_ranks_.push_back(r);
+    global_join_ = std::make_shared<std::atomic<bool>>(false);
     sets_ = std::make_unique<ProcessSetTable>(*this, comm_handle, overrides);
     // A dead global engine (dead peer, abort) fails every set's collectives.
     on_fatal = [this](const std::string& why) { sets_->abort_sets(why); };
@@ -61,6 +64,7 @@ Runtime::Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>
                                     << " ranks but its communicator " << comm_->size());
   loop_ = std::make_unique<BackgroundLoop>(*comm_, cfg_, queue_, stats_, timeline_);
   loop_->set_fatal_listener(std::move(on_fatal));
+  loop_->set_global_join_flag(global_join_, set_id_ == 0);
   loop_->start();
 }
 
@@ -145,6 +149,7 @@ int64_t Runtime::submit_checked(const SubmitArgs& a) {
   }
   r.in_pool = a.in_pool;
   r.step_tag = a.step_tag;
+  r.group_size = a.group_size;
   if (a.kind == OpKind::kAlltoall && r.splits.empty()) {
     // Default: the first dimension split as evenly as possible.
     int64_t rows = r.shape.empty() ? 1 : r.shape[0];

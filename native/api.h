@@ -45,6 +45,7 @@ struct SubmitArgs {
   double sparse_ratio = -1.0;   // < 0: GRADFLOW_SPARSE_RATIO
   bool in_pool = false;         // a gradient-pool bucket: in place, never fused
   std::string step_tag;         // Request::step_tag (allreduce only)
+  int group_size = 0;           // Request::group_size (Note [Grouped lists])
   bool rollback_residual = false;  // TensorEntry::rollback_residual
   std::shared_ptr<SparseResidual> sparse_residual;  // a sparse pool bucket's (owned by the pool)
   std::shared_ptr<PoolResidual> pool_residual;  // or its in-pool residual's (output != input)
@@ -57,11 +58,15 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // `set_ranks` (global ranks), told through `on_fatal` when it dies.
   Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>& overrides,
           int process_set_id = 0, std::vector<int> set_ranks = {},
-          std::function<void(const std::string&)> on_fatal = nullptr);
+          std::function<void(const std::string&)> on_fatal = nullptr,
+          std::shared_ptr<std::atomic<bool>> global_join = nullptr);
   ~Runtime();
 
   int process_set_id() const { return set_id_; }
   const std::vector<int>& set_ranks() const { return set_ranks_; }  // global ranks
+  // True while this process's global join() is pending; the global engine
+  // sets it, set engines read it (Note [Join and process sets]).
+  std::shared_ptr<std::atomic<bool>> global_join_flag() const { return global_join_; }
   int64_t generation() const { return generation_; }
   // `message` as this engine reports it: a set's engine names the set (and,
   // for `set_relative` messages of its coordinator, how it numbers ranks).
@@ -162,6 +167,7 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   std::mutex shutdown_mu_;
   int set_id_ = 0;
   std::vector<int> set_ranks_;
+  std::shared_ptr<std::atomic<bool>> global_join_;
   std::unique_ptr<ProcessSetTable> sets_;  // global engine only
 };
 

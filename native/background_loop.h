@@ -74,6 +74,12 @@ class BackgroundLoop {
   // uses it to fail the process's other process-set engines too
   // (Note [Process sets], process_sets.h). Set before start().
   void set_fatal_listener(std::function<void(const std::string&)> f) { on_fatal_ = std::move(f); }
+  // The process's global-join flag: the global engine's loop (`owner`)
+  // keeps it, set engines read it (Note [Join and process sets],
+  // coordinator.h). Set before start().
+  void set_global_join_flag(std::shared_ptr<std::atomic<bool>> flag, bool owner) {
+    coordinator_.set_global_join_flag(std::move(flag), owner);
+  }
   void start();
   // Asks every rank to stop at the next cycle and waits for the thread.
   void shutdown();

@@ -1,6 +1,7 @@
 // coordinator.cc — readiness agreement (see the protocol in coordinator.h):
 // bit-vector fast path, rank-0 slow path with validation, stall inspection.
 #include "coordinator.h"
+#include "group_lists.h"
 #include "log.h"
 
 #include <algorithm>
@@ -15,6 +16,9 @@ constexpr uint64_t kFlagShutdown = 2;  // some rank called shutdown()
 constexpr uint64_t kFlagAbort = 4;     // some rank is failing
 // Stored as is (not inverted), so BAND gives "every rank is blocked in wait()".
 constexpr uint64_t kFlagBlocked = 8;
+// A member of this process set has a global join() pending (OR across
+// ranks): Note [Join and process sets].
+constexpr uint64_t kFlagJoined = 16;
 constexpr const char* kJoinName = kJoinTensorName;
 
 void set_bit(std::vector<uint64_t>& w, size_t base, int32_t bit) {
@@ -97,6 +101,7 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
   slow.swap(slow_next_cycle_);
   for (const Request& r : fresh)
     if (r.kind == OpKind::kJoin) joined_ = true;
+  if (owns_global_join_) global_join_->store(joined_);
   for (const Request& r : fresh) {
     auto it = cache_bit_of_.find(r.name);
     if (it != cache_bit_of_.end() && r.kind != OpKind::kJoin) {
@@ -117,6 +122,8 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
   // Note [Bounded waits]: every rank blocked for half the timeout: let rank 0 see all.
   const double blocked_for = all_blocked_ ? seconds_since(all_blocked_since_) : 0.0;
   if (all_blocked_ && blocked_for > cfg_.timeout_seconds / 2) demote_after = 0.0;
+  // Note [Join and process sets]: a cached name cannot complete either.
+  if (member_joined_) demote_after = 0.0;
   for (auto it = waiting_on_cache_.begin(); it != waiting_on_cache_.end();) {
     if (seconds_since(cache_wait_since_[it->first]) > demote_after) {
       invalid.push_back(cache_bit_of_.at(it->first));
@@ -131,8 +138,10 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
   // B. one allreduce(BAND) of flags, ready bits and invalid bits.
   const bool deadlock = all_blocked_ && blocked_for > cfg_.timeout_seconds;
   bool rank0_due = comm_.rank() == 0 && (stall_action_due() || deadlock);
+  const bool i_joined = global_join_ && !owns_global_join_ && global_join_->load();
   uint64_t flags = (slow.empty() && invalid.empty() && !rank0_due ? 0 : kFlagSlow) |
-                   (shutdown ? kFlagShutdown : 0) | (abort_message.empty() ? 0 : kFlagAbort);
+                   (shutdown ? kFlagShutdown : 0) | (abort_message.empty() ? 0 : kFlagAbort) |
+                   (i_joined ? kFlagJoined : 0);
   const size_t ready_base = 1, invalid_base = 1 + cache_words_;
   std::vector<uint64_t> words(1 + 2 * cache_words_, 0);
   words[0] = ~flags;
@@ -148,6 +157,7 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
   comm_.allreduce_band(words.data(), words.size(), "negotiation (bit vector)");
   const bool all_blocked = (words[0] & kFlagBlocked) != 0;
   flags = ~words[0] & ~kFlagBlocked;
+  member_joined_ = (flags & kFlagJoined) != 0;
 
   // C. evict invalid responses everywhere, then take the globally ready ones.
   std::vector<int32_t> bits;
@@ -165,12 +175,13 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
   result.fast_responses = result.responses.size();
 
   // D. slow path through rank 0.
-  if (flags & (kFlagSlow | kFlagShutdown | kFlagAbort)) {
+  if (flags & (kFlagSlow | kFlagShutdown | kFlagAbort | kFlagJoined)) {
     result.used_slow_path = true;
     RequestMessage mine;
     mine.requests = slow;
     mine.shutdown = shutdown;
     mine.abort_message = abort_message;
+    mine.joined = i_joined;
     for (const Request& r : slow) sent_to_rank0_[r.name] = r;
     auto gathered = comm_.gather_to_root(serialize(mine), 0, "negotiation (requests to rank 0)");
     ResponseMessage decided;
@@ -178,6 +189,7 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
       std::vector<RequestMessage> all;
       for (const auto& bytes : gathered) all.push_back(deserialize_requests(bytes));
       build_slow_responses(all, &decided, deadlock);
+      if (member_joined_) fail_names_missing_on_joined(all, &decided);
     }
     std::vector<uint8_t> bytes = serialize(decided);
     comm_.bcast_vector(bytes, 0, "negotiation (responses from rank 0)");
@@ -195,6 +207,7 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
     }
     result.shutdown = decided.shutdown;
     result.abort_message = decided.abort_message;
+    if (owns_global_join_) global_join_->store(joined_);
   }
   // Note [Bounded waits]: the same flags and responses on every rank, so
   // every rank's clock starts and stops at the same cycle.
@@ -280,11 +293,12 @@ void Coordinator::build_slow_responses(const std::vector<RequestMessage>& all,
       ++it;
       continue;
     }
-    std::string step_mismatch;
-    Response resp = validate(*it, p.by_rank, &step_mismatch);
-    // Note [Step tags]: the ranks run different steps; nothing of this step
-    // can complete on every rank, so the whole job fails now.
-    if (!step_mismatch.empty() && out->abort_message.empty()) out->abort_message = step_mismatch;
+    std::string abort_job;
+    Response resp = validate(*it, p.by_rank, &abort_job);
+    // Note [Step tags], Note [Grouped lists]: the ranks run different steps
+    // or lists; nothing of them can complete on every rank, so the whole job
+    // fails now.
+    if (!abort_job.empty() && out->abort_message.empty()) out->abort_message = abort_job;
     if (resp.kind == OpKind::kJoin) joined_ranks_.clear();
     if (resp.error.empty() && resp.kind == OpKind::kAllreduce && cfg_.cache_capacity > 0 &&
         !cache_bit_of_.count(resp.name)) {
@@ -299,7 +313,7 @@ void Coordinator::build_slow_responses(const std::vector<RequestMessage>& all,
 }
 
 Response Coordinator::validate(const std::string& name, const std::vector<Request>& reqs,
-                               std::string* step_mismatch) {
+                               std::string* abort_job) {
   const Request* first = nullptr;
   int first_rank = -1;
   for (size_t r = 0; r < reqs.size(); ++r)
@@ -326,12 +340,19 @@ Response Coordinator::validate(const std::string& name, const std::vector<Reques
       continue;
     }
     if (reqs[r].step_tag != first->step_tag) {
-      *step_mismatch = step_tag_mismatch(op_kind_name(first->kind), name, first_rank,
+      *abort_job = step_tag_mismatch(op_kind_name(first->kind), name, first_rank,
                                          first->step_tag, static_cast<int>(r), reqs[r].step_tag);
-      err << "gradflow: " << *step_mismatch;
+      err << "gradflow: " << *abort_job;
       break;
     }
     if (reqs[r].signature() != sig) {
+      // Note [Grouped lists]: the longer lists' extra names can never match.
+      const std::string lists = group_lists_mismatch(op_kind_name(first->kind), name, reqs);
+      if (!lists.empty()) {
+        *abort_job = lists;
+        err << "gradflow: " << lists;
+        break;
+      }
       err << "gradflow: mismatched " << op_kind_name(first->kind) << " '" << name << "': rank "
           << first_rank << " submitted {" << sig << "} but rank " << r << " submitted {"
           << reqs[r].signature() << "}";
@@ -376,6 +397,35 @@ Response Coordinator::validate(const std::string& name, const std::vector<Reques
     err << "gradflow: reducescatter '" << name << "' needs a tensor with at least one dimension";
   resp.error = err.str();
   return resp;
+}
+
+void Coordinator::fail_names_missing_on_joined(const std::vector<RequestMessage>& all,
+                                               ResponseMessage* out) {
+  std::vector<int> joined;
+  for (size_t r = 0; r < all.size(); ++r)
+    if (all[r].joined) joined.push_back(static_cast<int>(r));
+  for (auto it = table_order_.begin(); it != table_order_.end();) {
+    const PendingOnRank0& p = table_[*it];
+    int absent = -1;
+    for (int r : joined)
+      if (absent < 0 && p.by_rank[r].name.empty()) absent = r;
+    if (absent < 0) {
+      ++it;
+      continue;
+    }
+    Response r;
+    r.name = *it;
+    for (const Request& q : p.by_rank)
+      if (!q.name.empty()) r.kind = q.kind;
+    r.error = "gradflow: " + std::string(op_kind_name(r.kind)) + " '" + *it +
+              "' cannot run: rank " + std::to_string(absent) +
+              " has called join(), which covers the global process set only (a joined rank "
+              "submits nothing to a process set; call join() after the last process-set "
+              "collective)";
+    out->responses.push_back(std::move(r));
+    table_.erase(*it);
+    it = table_order_.erase(it);
+  }
 }
 
 bool Coordinator::stall_action_due() const {

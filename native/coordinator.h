@@ -16,7 +16,9 @@
 //      rank sends them to rank 0, which records which ranks asked for which
 //      name, validates names complete on all ranks (kind, dtype, shape, op,
 //      root, ... must match; a mismatch becomes an error response naming the
-//      ranks and what differed), assigns cache bits, and broadcasts the list.
+//      ranks and what differed; grouped ops' lists that differ in length
+//      abort the job: Note [Grouped lists]), assigns cache bits, and
+//      broadcasts the list.
 //      A new bit is the lowest free one, else the least recently used: a
 //      response's bit evicts the bit's previous owner on every rank, so bits
 //      freed by evictions and demotions, and the bits of names used once
@@ -50,10 +52,24 @@
 // the two tags decides the wording.
 // A tagged step misses the response cache (its signature changed) and so
 // does the next untagged one: two slow-path cycles, no extra collective.
+//
+// Note [Join and process sets]: join() is global (as in Horovod): a joined
+// rank contributes identities to the global set's allreduces, but it
+// submits nothing to any process set. So a collective other members run on
+// a set that includes it cannot complete; before, they waited for ever (no
+// bounded wait fires: the joined rank is not blocked on that set's engine).
+// Now the global engine keeps a process-wide flag while its join() is
+// pending, and each set engine ORs it into the cycle's flags (kFlagJoined):
+// while any member has joined, every cycle takes the slow path, cache
+// waiters go there at once, and rank 0 fails each name the joined member
+// has not submitted, on every rank, naming that member. Call join() after
+// the last process-set collective.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <list>
 #include <map>
 #include <set>
@@ -87,6 +103,14 @@ class Coordinator {
   CycleResult cycle(const std::vector<Request>& fresh, bool shutdown,
                     const std::string& abort_message, bool blocked = false);
 
+  // Note [Join and process sets]: the global engine's coordinator (`owner`)
+  // keeps `flag` true while this process's join() is pending; a set
+  // engine's reads it. Before the first cycle.
+  void set_global_join_flag(std::shared_ptr<std::atomic<bool>> flag, bool owner) {
+    global_join_ = std::move(flag);
+    owns_global_join_ = owner;
+  }
+
   // Cache entries removed so far (invalidated, demoted or recycled).
   uint64_t cache_evictions() const { return evictions_; }
   // Stall report lines produced by rank 0 (for logs and tests).
@@ -107,9 +131,14 @@ class Coordinator {
 
   void build_slow_responses(const std::vector<RequestMessage>& all, ResponseMessage* out,
                             bool deadlock);
-  // `*step_mismatch`: set when the ranks' step tags differ (Note [Step tags]).
+  // Rank 0 of a set engine: fails the names a joined member has not
+  // submitted (Note [Join and process sets]).
+  void fail_names_missing_on_joined(const std::vector<RequestMessage>& all, ResponseMessage* out);
+  // `*abort_job`: set when nothing of the ranks' step can complete: their
+  // step tags differ (Note [Step tags]) or a grouped op's lists differ in
+  // length (Note [Grouped lists]).
   Response validate(const std::string& name, const std::vector<Request>& reqs,
-                    std::string* step_mismatch);
+                    std::string* abort_job);
   void check_stalls(ResponseMessage* out, bool deadlock);
   bool stall_action_due() const;
   void insert_cache(const Response& r, const std::string& signature);
@@ -142,6 +171,10 @@ class Coordinator {
   int last_joined_rank_ = -1;   // rank 0: the latest of them (join() returns it)
 
   bool joined_ = false;  // this rank called join() and waits for the others
+  // Note [Join and process sets].
+  std::shared_ptr<std::atomic<bool>> global_join_;
+  bool owns_global_join_ = false;
+  bool member_joined_ = false;  // a set member had joined as of the last cycle
 
   // Note [Bounded waits]: every rank blocked in wait() while no response
   // runs cannot end by itself (names that never match, a collective only

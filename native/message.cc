@@ -118,6 +118,7 @@ std::string Request::signature() const {
     case OpKind::kJoin:
       break;
   }
+  if (group_size > 0) os << " group_of=" << group_size;
   return os.str();
 }
 
@@ -141,6 +142,7 @@ void fields(Archive& a, Request& r) {
   a.field(r.sparse_ratio);
   a.field(r.in_pool);
   a.field(r.step_tag);
+  a.field(r.group_size);
 }
 
 template <typename Archive>
@@ -168,10 +170,18 @@ std::vector<Response>& items(ResponseMessage& m) { return m.responses; }
 
 // A message's flags, then its item count and items: one walk for both
 // message types and both directions.
+template <typename Archive>
+void own_fields(Archive& a, RequestMessage& m) {
+  a.field(m.joined);
+}
+template <typename Archive>
+void own_fields(Archive&, ResponseMessage&) {}
+
 template <typename Archive, typename Message>
 void message_fields(Archive& a, Message& m) {
   a.field(m.shutdown);
   a.field(m.abort_message);
+  own_fields(a, m);
   auto& list = items(m);
   uint64_t n = list.size();
   a.field(n);

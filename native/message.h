@@ -35,6 +35,9 @@ struct Request {
   // none. Every rank must submit a name with the same tag; a difference
   // means the ranks run different steps (Note [Step tags] in coordinator.h).
   std::string step_tag;
+  // The length of the list a grouped op submitted this `<base>.<i>` with
+  // (0: not part of a group); in the signature (Note [Grouped lists]).
+  int32_t group_size = 0;
 
   int64_t num_elements() const;
   // Fields that must be equal on every rank for `kind`, as a string used for
@@ -67,6 +70,9 @@ struct RequestMessage {
   std::vector<Request> requests;
   bool shutdown = false;
   std::string abort_message;  // non-empty: this rank is failing (exception, signal)
+  // A process-set engine's rank whose process has a global join() pending
+  // (Note [Join and process sets] in coordinator.h).
+  bool joined = false;
 };
 
 struct ResponseMessage {

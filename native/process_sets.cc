@@ -139,9 +139,11 @@ int ProcessSetTable::add(const std::vector<int>& requested) {
     try {
       Runtime& global = global_;
       entry.engine = std::make_shared<Runtime>(
-          sub, overrides_, id, ranks, [&global, id](const std::string& why) {
+          sub, overrides_, id, ranks,
+          [&global, id](const std::string& why) {
             global.abort("process set " + std::to_string(id) + " failed: " + why);
-          });
+          },
+          global.global_join_flag());
     } catch (...) {
       free_communicator_handle(sub);
       throw;

@@ -178,7 +178,7 @@ PYBIND11_MODULE(_native, m) {
         [](int kind, const std::string& name, uintptr_t input, uintptr_t output, int dtype,
            std::vector<int64_t> shape, int op, int root, int wire, double prescale,
            double postscale, std::vector<int64_t> splits, double sparse_ratio, int process_set,
-           const std::string& step_tag, bool rollback_residual) {
+           const std::string& step_tag, bool rollback_residual, int group_size) {
           SubmitArgs a;
           a.kind = static_cast<OpKind>(kind);
           a.name = name;
@@ -195,17 +195,20 @@ PYBIND11_MODULE(_native, m) {
           a.sparse_ratio = sparse_ratio;
           a.step_tag = step_tag;
           a.rollback_residual = rollback_residual;
+          a.group_size = group_size;
           return engine(process_set)->submit(a);
         },
         py::arg("kind"), py::arg("name"), py::arg("input"), py::arg("output"), py::arg("dtype"),
         py::arg("shape"), py::arg("op"), py::arg("root"), py::arg("wire"), py::arg("prescale"),
         py::arg("postscale"), py::arg("splits"), py::arg("sparse_ratio"),
         py::arg("process_set") = 0, py::arg("step_tag") = "", py::arg("rollback_residual") = false,
+        py::arg("group_size") = 0,
         "Queue one collective on caller-owned buffers (raw addresses) in process set "
         "`process_set` (0: all ranks); returns a handle. `step_tag`: the step this allreduce "
         "belongs to, equal on every rank (a difference aborts the job: Note [Step tags]). "
         "`rollback_residual`: a named sparse allreduce first undoes its residual's last step "
-        "(the optimizer skipped it).");
+        "(the optimizer skipped it). `group_size`: the length of the list a grouped op "
+        "submits this member of (Note [Grouped lists]).");
   m.def("poll", [](int64_t h, int ps) { return engine(ps)->poll(h); }, py::arg("handle"),
         py::arg("process_set") = 0, "True once the handle (of that process set) is done.");
   m.def("wait",

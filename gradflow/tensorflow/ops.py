@@ -50,9 +50,10 @@ import tensorflow as tf
 from .. import _dtypes
 from .. import collectives as _c
 from .. import monitor as _monitor
+from .._handles import wait_all
 from .._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCESCATTER, GradflowError,
                         auto_name, cross_rank, cross_size, init, is_initialized, local_rank,
-                        local_size, mpi_comm, rank, shutdown, size)
+                        local_size, mpi_comm, rank, shutdown, size, submitting_group)
 from ..collectives import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, op_from_average,
                            reduce_op)
 from ..compression import Compression, wire_code
@@ -155,7 +156,7 @@ def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op
                           postscale_factor: float = 1.0, sparse_ratio: SparseRatio = None,
                           process_set: Optional[ProcessSet] = None,
                           count_step: bool = False, step_tag: str = "",
-                          round_tag: Any = None) -> List[tf.Tensor]:
+                          round_tag: Any = None, grouped: bool = False) -> List[tf.Tensor]:
     """Allreduce several dense tensors over `process_set` in one crossing
     (no gradient): every tensor is submitted before any is waited on, so the
     core can fuse them. `sparse_ratio` may be a callable, read at run time
@@ -164,7 +165,9 @@ def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op
     see `collectives.allreduce_async`. `round_tag` (e.g. the Keras
     hyperparameter check): its `inputs()` go into the crossing after the
     tensors, and `begin(*their values)` at run time gives a tag that every
-    allreduce of this run carries too (hyperparameter_tag.combine)."""
+    allreduce of this run carries too (hyperparameter_tag.combine).
+    `grouped`: the tensors are a user's grouped_allreduce list, whose length
+    every rank must give alike (native Note [Grouped lists])."""
     if not tensors:
         return []
     tensors = [_as_tensor(t) for t in tensors]
@@ -180,10 +183,11 @@ def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op
             _monitor.count_step()
         tag = combine(step_tag, round_tag.begin(*arrays[count:]) if round_inputs else "")
         ratio = _resolve_ratio(sparse_ratio)
-        handles = [_c.allreduce_async(a, op, n, prescale_factor, postscale_factor, compression,
-                                      ratio, process_set, step_tag=tag)
-                   for a, n in zip(arrays[:count], names)]
-        return [h.wait() for h in handles]
+        with submitting_group(count if grouped else 0):
+            handles = [_c.allreduce_async(a, op, n, prescale_factor, postscale_factor,
+                                          compression, ratio, process_set, step_tag=tag)
+                       for a, n in zip(arrays[:count], names)]
+        return wait_all(handles)
 
     return _cross(fn, tensors + round_inputs, [t.dtype for t in tensors],
                   [t.shape for t in tensors], f"allreduce {names[0]!r}")
@@ -251,6 +255,8 @@ def grouped_allreduce(tensors: Sequence[TensorLike], average: Optional[bool] = N
     """Allreduce a list of tensors over `process_set` in one host crossing,
     fused by the core. Horovod's signature (`average`, `device_*`,
     `ignore_name_scope` as in `allreduce`); tensor i is named `<name>.<i>`.
+    Every rank must pass a list of the same length: a difference aborts the
+    job at once on every rank (native Note [Grouped lists]).
     Gradient: grouped allreduce of the gradients."""
     op = op_from_average(average, op)
     base = op_name("allreduce", name, process_set)
@@ -262,14 +268,14 @@ def grouped_allreduce(tensors: Sequence[TensorLike], average: Optional[bool] = N
     def _grouped(*xs):
         ys = grouped_allreduce_raw(list(xs), [f"{base}.{i}" for i in range(len(xs))], op,
                                    compression, prescale_factor, postscale_factor, sparse_ratio,
-                                   process_set)
+                                   process_set, grouped=True)
 
         def grad(*dys):
             if op not in (Sum, Average):
                 raise NotImplementedError(f"gradflow: no gradient for allreduce with op {op!r}")
             return grouped_allreduce_raw(list(dys), [f"{base}.grad.{i}" for i in range(len(dys))],
                                          op, compression, prescale_factor, postscale_factor,
-                                         process_set=process_set)
+                                         process_set=process_set, grouped=True)
 
         return ys, grad
 
@@ -382,9 +388,10 @@ def broadcast_(variables: Union[tf.Variable, Sequence[tf.Variable]], root_rank: 
     root = int(root_rank)
 
     def fn(*arrays):
-        handles = [_c.broadcast_async(a, root, f"{base}.{i}", process_set)
-                   for i, a in enumerate(arrays)]
-        return [h.wait() for h in handles]
+        with submitting_group(len(arrays)):
+            handles = [_c.broadcast_async(a, root, f"{base}.{i}", process_set)
+                       for i, a in enumerate(arrays)]
+        return wait_all(handles)
 
     outs = _cross(fn, values, [v.dtype for v in values], [v.shape for v in values],
                   f"broadcast_ {base!r}")

@@ -16,6 +16,8 @@ from typing import Any, List, Optional, Sequence
 import tensorflow as tf
 
 from .. import collectives as _c
+from .._handles import wait_all
+from .._runtime import submitting_group
 from ..collectives import Average, ReduceOp, Sum, reduce_op
 from ..compression import Compression, wire_code
 from ..process_sets import (ProcessSet, global_process_set, process_set_id, process_set_rank,
@@ -75,9 +77,10 @@ def _scatter(xs: List[tf.Tensor], names: List[str], op: ReduceOp, pre: float, po
     @tf.custom_gradient
     def _fn(*xs):
         def fn(*arrays):
-            handles = [_c.reducescatter_async(a, op, n, process_set, pre, post, compression)
-                       for a, n in zip(arrays, names)]
-            return [h.wait() for h in handles]
+            with submitting_group(len(arrays) if what.startswith("grouped") else 0):
+                handles = [_c.reducescatter_async(a, op, n, process_set, pre, post, compression)
+                           for a, n in zip(arrays, names)]
+            return wait_all(handles)
 
         ys = _cross(fn, list(xs), [x.dtype for x in xs],
                     [_scattered_shape(x, process_set) for x in xs],
@@ -162,8 +165,9 @@ def grouped_allgather(tensors: Sequence[TensorLike], name: Optional[str] = None,
     @tf.custom_gradient
     def _fn(*xs):
         def fn(*arrays):
-            handles = [_c.allgather_async(a, n, process_set) for a, n in zip(arrays, names)]
-            return [h.wait() for h in handles]
+            with submitting_group(len(arrays)):
+                handles = [_c.allgather_async(a, n, process_set) for a, n in zip(arrays, names)]
+            return wait_all(handles)
 
         ys = _cross(fn, list(xs), [x.dtype for x in xs], [gathered_shape(x) for x in xs],
                     f"grouped_allgather {base!r}")

@@ -13,8 +13,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from .. import _dtypes
-from .._handles import Handle
-from .._runtime import ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, auto_name, rank, submit
+from .._handles import Handle, wait_all
+from .._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, auto_name, rank, submit,
+                       submitting_group)
 from ..collectives import Average, ReduceOp, Sum, native_reduce_op, op_from_average, reduce_op
 from ..collectives import join as _np_join
 from .aliasing import check_no_aliasing
@@ -118,7 +119,7 @@ class GroupHandle:
         return all(h.poll() for h in self.handles)
 
     def wait(self) -> List[torch.Tensor]:
-        return [h.wait() for h in self.handles]
+        return wait_all(self.handles)
 
 
 class SparseHandle:
@@ -266,13 +267,16 @@ def _grouped(allreduce_one, tensors, average, name, op, prescale_factor, postsca
              process_set, compression, **tagged) -> GroupHandle:
     """One `allreduce_one` per tensor under `{base}.{i}` names (the core fuses
     them); the op is validated before a name is drawn, as the single-tensor
-    calls do."""
+    calls do. Each member carries the list's length: ranks whose lists differ
+    in length abort the job at once (native Note [Grouped lists])."""
     _op_of(average, op)
     base = auto_name(ALLREDUCE, name, process_set)
-    return GroupHandle([allreduce_one(t, average, f"{base}.{i}", op, prescale_factor,
-                                      postscale_factor, process_set, compression=compression,
-                                      **tagged)
-                        for i, t in enumerate(tensors)])
+    tensors = list(tensors)
+    with submitting_group(len(tensors)):
+        return GroupHandle([allreduce_one(t, average, f"{base}.{i}", op, prescale_factor,
+                                          postscale_factor, process_set,
+                                          compression=compression, **tagged)
+                            for i, t in enumerate(tensors)])
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,

@@ -10,7 +10,7 @@ from typing import Any, List, Optional, Sequence
 import torch
 
 from .._handles import Handle
-from .._runtime import ALLGATHER, REDUCESCATTER, auto_name, submit
+from .._runtime import ALLGATHER, REDUCESCATTER, auto_name, submit, submitting_group
 from ..collectives import Average, native_reduce_op
 from .compression import Compression, split as split_compression
 from ..process_sets import ProcessSet, global_process_set, process_set_size
@@ -102,8 +102,9 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str]
     between ranks, per tensor); `synchronize` returns the list of results."""
     tensors = _tensor_list(tensors, "grouped_allgather")
     base = auto_name(ALLGATHER, name, process_set)
-    return GroupHandle([allgather_async(t, f"{base}.{i}", process_set)
-                        for i, t in enumerate(tensors)])
+    with submitting_group(len(tensors)):
+        return GroupHandle([allgather_async(t, f"{base}.{i}", process_set)
+                            for i, t in enumerate(tensors)])
 
 
 class _GroupedAllgatherFn(torch.autograd.Function):
@@ -151,9 +152,10 @@ def _start_grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional
     tensors = _tensor_list(tensors, "grouped_reducescatter")
     op = _op_of(None, op)
     base = auto_name(REDUCESCATTER, name, process_set)
-    return GroupHandle([_start_reducescatter(t, f"{base}.{i}", op, process_set, prescale_factor,
-                                             postscale_factor, wire)
-                        for i, t in enumerate(tensors)])
+    with submitting_group(len(tensors)):
+        return GroupHandle([_start_reducescatter(t, f"{base}.{i}", op, process_set,
+                                                 prescale_factor, postscale_factor, wire)
+                            for i, t in enumerate(tensors)])
 
 
 class _GroupedReducescatterFn(torch.autograd.Function):

@@ -90,3 +90,30 @@ def test_step_tags_of_two_checks_name_the_first_that_differs(variant):
     out = run_mpi(3, "step_tag_script.py", variant, timeout=120, expect_fail=True,
                   mpi_args=("-disable-auto-cleanup",))
     assert out.stdout.count("step tags OK") == 3, out.stdout + out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("n,framework,op,layout", [
+    (2, "torch", "allreduce", "last-longer"),
+    (3, "torch", "allreduce", "first-longer"),
+    (3, "torch", "allreduce_async", "one-vs-four"),
+    (4, "torch", "allreduce", "one-vs-four"),
+    (3, "torch", "allreduce", "list-vs-single"),
+    (2, "torch", "allgather", "first-longer"),
+    (3, "torch", "reducescatter", "last-longer"),
+    (3, "tf", "allreduce", "last-longer"),
+    (2, "tf", "traced", "first-longer"),
+    (3, "tf", "allgather", "one-vs-four"),
+    (2, "tf", "reducescatter", "last-longer"),
+    (3, "tf", "broadcast_", "first-longer"),
+])
+def test_grouped_lists_of_different_lengths_abort_at_once(n, framework, op, layout):
+    """A grouped op whose list is longer on some ranks (native Note [Grouped
+    lists]); default GRADFLOW_TIMEOUT: every rank raises within seconds with
+    both lengths, after two good calls under the same names (values checked
+    against numpy), and the runtime then refuses the next collective. Before,
+    the common tensors were reduced and the extra ones waited 60 s."""
+    pytest.importorskip("tensorflow" if framework == "tf" else "torch")
+    out = run_mpi(n, "grouped_lists_script.py", framework, op, layout, timeout=150,
+                  expect_fail=True, mpi_args=("-disable-auto-cleanup",))
+    assert out.stdout.count("grouped lists OK") == n, out.stdout + out.stderr[-3000:]
+    assert "Segmentation" not in out.stderr + out.stdout, out.stderr[-3000:]
