@@ -36,8 +36,15 @@ def release(native: int, keep_alive: Any, process_set: int = 0) -> None:
         _orphans.pop(native, None)
 
 
+# shutdown() calls so far: a handle made before the latest one belonged to a
+# runtime that is gone (its result with it).
+_runtimes_stopped = 0
+
+
 def forget_all() -> None:
     """After shutdown(): the stopped runtime completed every handle."""
+    global _runtimes_stopped
+    _runtimes_stopped += 1
     _orphans.clear()
 
 
@@ -63,11 +70,12 @@ class Handle:
     Any number of threads may wait on it; each gets the result (or the error)."""
 
     __slots__ = ("native", "keep_alive", "finish", "_done", "_value", "_error", "name",
-                 "wire_overflow", "_lock", "process_set")
+                 "wire_overflow", "_lock", "process_set", "_runtime")
 
-    def __init__(self, native: int, keep_alive: tuple, finish: Optional[Callable[[dict], Any]],
-                 name: str, process_set: int = 0):
-        self.native = native
+    def __init__(self, native: Optional[int], keep_alive: tuple,
+                 finish: Optional[Callable[[dict], Any]], name: str, process_set: int = 0):
+        self.native = native  # None until a grouped op submits it (_runtime.submitting_group)
+        self._runtime = _runtimes_stopped  # the runtime it belongs to (see _stale())
         self.process_set = process_set  # the core's id of the set whose engine runs it
         self.keep_alive = keep_alive
         self.finish = finish
@@ -80,31 +88,77 @@ class Handle:
         #: inf): mixed-precision loss scaling treats it like a gradient overflow.
         self.wire_overflow = False
 
+    def submitted(self, native: int) -> None:
+        """A grouped op submitted this member (_runtime.submitting_group)."""
+        self.native = native
+
+    def never_submitted(self) -> None:
+        """A grouped op failed before this member reached the core."""
+        self._done = True
+        self.keep_alive = ()
+        self._error = _native.GradflowError(f"gradflow: '{self.name}' was never submitted (its "
+                                            "grouped op failed before it reached the core)")
+
+    def _stale(self) -> bool:
+        """The runtime this handle belonged to was shut down before it was
+        waited: its result is gone. Done, with an error saying so (the core
+        would only say "not initialized" or, after a new init(), "unknown
+        handle")."""
+        if self._runtime == _runtimes_stopped:
+            return False
+        with self._lock:
+            if not self._done:
+                self._error = _native.GradflowError(
+                    f"gradflow: '{self.name}' belonged to a runtime that shutdown() stopped "
+                    "before this handle was waited; its result is gone")
+                self._done = True
+                self.keep_alive = ()
+        return True
+
     def poll(self) -> bool:
         """True once the collective has completed (successfully or not)."""
-        return self._done or _native.poll(self.native, self.process_set)
+        if self._done or self._stale():
+            return True
+        try:
+            return _native.poll(self.native, self.process_set)
+        except Exception:
+            # Another thread inside wait() took the result from the core
+            # (the core forgets a handle when its last waiter leaves) and has
+            # not marked it done yet: it is done.
+            if self._done or self._lock.locked():
+                return True
+            raise
 
     def wait(self) -> Any:
-        """Block until done and return the result; raises GradflowError on failure."""
-        if not self._done:
+        """Block until done and return the result; raises GradflowError on
+        failure. Ctrl-C in the main thread interrupts it (KeyboardInterrupt
+        within 0.1 s); the collective goes on, and wait() may be called again."""
+        if not self._done and not self._stale():
             with self._lock:
                 if not self._done:
+                    interruptible = threading.current_thread() is threading.main_thread()
                     try:
-                        result = _native.wait(self.native, self.process_set)
-                        self.wire_overflow = bool(result.get("wire_overflow", False))
-                        self._value = self.finish(result) if self.finish else result
-                    except BaseException as e:  # remembered so a second wait raises too
+                        result = _native.wait(self.native, self.process_set, interruptible)
+                    except Exception as e:  # remembered so a second wait raises too
                         self._error = e
-                    finally:
                         self._done = True
                         self.keep_alive = ()
+                    else:  # (KeyboardInterrupt: not done, nothing remembered)
+                        try:
+                            self.wire_overflow = bool(result.get("wire_overflow", False))
+                            self._value = self.finish(result) if self.finish else result
+                        except BaseException as e:
+                            self._error = e
+                        finally:
+                            self._done = True
+                            self.keep_alive = ()
         if self._error is not None:
             raise self._error
         return self._value
 
     def __del__(self) -> None:
         # Dropped without wait(): the core may still be writing the buffers.
-        if not getattr(self, "_done", True):
+        if not getattr(self, "_done", True) and getattr(self, "native", None) is not None:
             try:
                 release(self.native, self.keep_alive, self.process_set)
             except Exception:  # interpreter exit: the module may be half torn down

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import mpi4py
 
@@ -278,22 +278,57 @@ def advance_auto_names(counts: Sequence[int]) -> None:
             _counters[key] = max(_counters.get(key, 0), int(n))
 
 
-# The length of the grouped op's list being submitted (0: none); read by submit().
-_group_size: contextvars.ContextVar[int] = contextvars.ContextVar("gradflow_group_size",
-                                                                  default=0)
+class _Group:
+    """A grouped op being submitted: its length, and its members' native
+    submit() arguments with their handles, held until the group is complete."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.members: List[Tuple[tuple, Handle]] = []
+
+
+# The grouped op being submitted on this thread (None: none); read by submit().
+_group: contextvars.ContextVar[Optional[_Group]] = contextvars.ContextVar("gradflow_group",
+                                                                          default=None)
 
 
 @contextlib.contextmanager
 def submitting_group(size: int):
     """Collectives submitted inside are the `size` members of one grouped op
-    (named `<base>.<i>`): each carries `size`, so ranks that pass lists of
-    different lengths fail every member at once (native Note [Grouped
+    (named `<base>.<i>`); `size` 0: not a group, submitted at once.
+
+    All or nothing: the members reach the core only when the block ends,
+    after the core checked every one of them, so a member that fails on
+    this rank (a user Compressor raising, an unsupported dtype) leaves none
+    of the others in flight. Before, the members before it had been
+    submitted: the other ranks reduced them with this rank's next call, or
+    waited for GRADFLOW_TIMEOUT. And each member carries `size`, so ranks
+    that pass lists of different lengths fail at once (native Note [Grouped
     lists]) instead of reducing the common ones and stalling on the rest."""
-    token = _group_size.set(int(size))
+    if size <= 0:
+        yield
+        return
+    group = _Group(int(size))
+    token = _group.set(group)
     try:
         yield
+    except BaseException:
+        for _, handle in group.members:
+            handle.never_submitted()
+        raise
     finally:
-        _group_size.reset(token)
+        _group.reset(token)
+    try:
+        for args, _ in group.members:
+            _native.check(*args)
+        for k, (args, handle) in enumerate(group.members):
+            handle.submitted(_native.submit(*args))
+    except BaseException:
+        # (A submit can still fail: a name another call has in flight.)
+        for _, handle in group.members:
+            if handle.native is None:
+                handle.never_submitted()
+        raise
 
 
 def submit(kind: int, name: str, in_ptr: int, out_ptr: int, dtype: int, shape: Sequence[int],
@@ -313,11 +348,15 @@ def submit(kind: int, name: str, in_ptr: int, out_ptr: int, dtype: int, shape: S
         raise ValueError(f"gradflow: collective name {name!r} contains a NUL character")
     ps = _process_sets.process_set_id(process_set, _KIND_NAMES[kind])
     _handles.sweep()
-    h = _native.submit(kind, name, in_ptr, out_ptr, dtype, [int(d) for d in shape], op, root,
-                       wire, float(prescale), float(postscale), [int(s) for s in splits],
-                       float(sparse_ratio), ps, step_tag, bool(rollback_residual),
-                       _group_size.get())
-    return Handle(h, keep_alive, finish, name, ps)
+    group = _group.get()
+    args = (kind, name, in_ptr, out_ptr, dtype, [int(d) for d in shape], op, root, wire,
+            float(prescale), float(postscale), [int(s) for s in splits], float(sparse_ratio), ps,
+            step_tag, bool(rollback_residual), group.size if group else 0)
+    if group is None:
+        return Handle(_native.submit(*args), keep_alive, finish, name, ps)
+    handle = Handle(None, keep_alive, finish, name, ps)  # submitted when the group is complete
+    group.members.append((args, handle))
+    return handle
 
 
 def _write_whole_traceback(exc_type, exc, tb) -> bool:

@@ -69,8 +69,10 @@ bool adasum_supported(DataType dt, int comm_size, std::string* why) {
     reason = std::string("Adasum of ") + dtype_name(dt) +
              " tensors is not supported; Adasum needs float16, bfloat16, float32 or float64";
   } else if (!is_power_of_two(comm_size)) {
-    reason = "Adasum needs a power-of-two number of ranks (as in Horovod), but this job has " +
-             std::to_string(comm_size) + "; use Average or Sum, or run on 1, 2, 4, 8, ... ranks";
+    // comm_size: the job's ranks, or a process set's members (its engine).
+    reason = "Adasum needs a power-of-two number of ranks (as in Horovod), but it runs on " +
+             std::to_string(comm_size) + " ranks; use Average or Sum, or run on 1, 2, 4, 8, ... "
+             "ranks";
   }
   if (reason.empty()) return true;
   if (why) *why = reason;

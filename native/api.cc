@@ -77,8 +77,8 @@ std::string Runtime::in_set(const std::string& message, bool set_relative) const
                                                                      : message;
   // The engine's coordinator numbers ranks within its communicator.
   return prefix + "process set " + std::to_string(set_id_) + " (ranks " +
-         rank_list_string(set_ranks_) + (set_relative ? "; 'rank i' below is its i-th rank" : "") +
-         "): " + rest;
+         rank_list_string(set_ranks_) +
+         (set_relative ? "; 'rank i' and 'root=i' below count its members" : "") + "): " + rest;
 }
 
 ProcessSetTable& Runtime::process_sets() {
@@ -106,16 +106,33 @@ void Runtime::check_config_matches_everywhere() {
 
 int64_t Runtime::submit(const SubmitArgs& a) {
   if (set_id_ == 0) return submit_checked(a);
+  return in_set_errors([&] { return submit_checked(for_set(a)); });
+}
+
+void Runtime::check(const SubmitArgs& a) {
+  if (set_id_ == 0) return validate_submit(a);
+  in_set_errors([&] {
+    validate_submit(for_set(a));
+    return int64_t{0};
+  });
+}
+
+SubmitArgs Runtime::for_set(const SubmitArgs& a) const {
   // A set's engine: broadcast's root is a global rank (as in Horovod), the
-  // engine's communicator counts set ranks; every error names the set.
+  // engine's communicator counts set ranks.
+  SubmitArgs b = a;
+  if (a.kind == OpKind::kBroadcast) {
+    b.root = set_rank_of(a.root);
+    GF_CHECK_ARG(b.root >= 0, "broadcast '" << a.name << "': root rank " << a.root
+                                            << " is not a member of this process set");
+  }
+  return b;
+}
+
+int64_t Runtime::in_set_errors(const std::function<int64_t()>& f) const {
+  // Every error of a set's engine names the set.
   try {
-    SubmitArgs b = a;
-    if (a.kind == OpKind::kBroadcast) {
-      b.root = set_rank_of(a.root);
-      GF_CHECK_ARG(b.root >= 0, "broadcast '" << a.name << "': root rank " << a.root
-                                              << " is not a member of this process set");
-    }
-    return submit_checked(b);
+    return f();
   } catch (const InvalidArgumentError& e) {
     throw InvalidArgumentError(in_set(e.what()));
   } catch (const TransportError&) {
@@ -241,14 +258,16 @@ void Runtime::validate_submit(const SubmitArgs& a) const {
 
 bool Runtime::poll(int64_t handle) { return queue_.poll(handle); }
 
-HandleResult Runtime::wait(int64_t handle) {
-  HandleResult r = queue_.wait(handle);
-  if (!r.error.empty()) r.error = in_set(r.error, true);
+std::optional<HandleResult> Runtime::wait(int64_t handle,
+                                          const std::function<bool()>& interrupted) {
+  std::optional<HandleResult> r = queue_.wait(handle, interrupted);
+  if (r && !r->error.empty()) r->error = in_set(r->error, true);
   return r;
 }
 
-void Runtime::shutdown() {
+void Runtime::shutdown(const std::string& reason) {
   std::lock_guard<std::mutex> lock(shutdown_mu_);
+  if (loop_ && !reason.empty()) loop_->set_shutdown_reason(reason);
   // A dead global engine aborts the set engines from its loop thread (the
   // fatal listener), but a thread woken by that failure may get here first:
   // sets stopped without the abort would tell their peers "shutdown() was

@@ -80,15 +80,21 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   Timeline& timeline() { return timeline_; }
 
   int64_t submit(const SubmitArgs& args);  // validates early, returns a handle
+  // submit()'s checks without submitting (a grouped op checks every member
+  // before it submits any: gradflow/_runtime.py submitting_group).
+  void check(const SubmitArgs& args);
   bool poll(int64_t handle);
-  HandleResult wait(int64_t handle);  // blocks; callers release the GIL
+  std::optional<HandleResult> wait(int64_t handle,
+                                   const std::function<bool()>& interrupted = nullptr);  // blocks; callers release the GIL
   // Note [Handle lifetime] in tensor_queue.h: the caller dropped `handle`.
   bool release(int64_t handle) { return queue_.release(handle); }
   std::vector<int64_t> take_reaped() { return queue_.take_reaped(); }
   // Stops the loop (every pending handle completes with an error) and frees
   // the communicator. Waiters may still hold the object: only the queue is
   // used after this (submit then raises).
-  void shutdown();
+  // `reason` (a set engine's removal): what its pending collectives fail
+  // with instead of "shutdown() was called".
+  void shutdown(const std::string& reason = "");
   // The global engine's abort reaches every set engine too.
   void abort(const std::string& message);
   // The global engine's answer covers its set engines.
@@ -149,6 +155,8 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // at once instead of waiting out the init timeout.
   void check_config_matches_everywhere();
   void validate_submit(const SubmitArgs& args) const;  // throws InvalidArgumentError
+  SubmitArgs for_set(const SubmitArgs& args) const;    // a set engine's view (broadcast root)
+  int64_t in_set_errors(const std::function<int64_t()>& f) const;  // errors name the set
   int64_t submit_checked(const SubmitArgs& args);
   int set_rank_of(int global_rank) const;  // -1 if not a member
 

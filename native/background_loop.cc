@@ -184,7 +184,14 @@ bool BackgroundLoop::cycle() {
     return false;
   }
   if (res.shutdown) {
-    fail_all("gradflow: shutdown() was called on some rank before this collective ran");
+    std::string reason;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reason = shutdown_reason_;
+    }
+    fail_all("gradflow: " + (reason.empty() ? "shutdown() was called on some rank before this "
+                                              "collective ran"
+                                            : reason));
     return false;
   }
   // When to start the next cycle (Note [Cycle pacing] in background_loop.h).

@@ -83,6 +83,12 @@ class BackgroundLoop {
   void start();
   // Asks every rank to stop at the next cycle and waits for the thread.
   void shutdown();
+  // What this rank's pending collectives fail with when the agreed stop
+  // comes (default: "shutdown() was called on some rank ..."). Before shutdown().
+  void set_shutdown_reason(const std::string& reason) {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutdown_reason_ = reason;
+  }
   // This rank is failing (exception, signal): the next cycle tells every
   // rank, whose pending and future collectives then raise `message`.
   void abort(const std::string& message);
@@ -114,6 +120,7 @@ class BackgroundLoop {
   std::atomic<bool> shutdown_requested_{false};
   std::atomic<bool> fatal_{false};
   mutable std::mutex mu_;
+  std::string shutdown_reason_;  // guarded by mu_
   std::string abort_message_;
   std::string failure_;
   std::thread thread_;

@@ -73,7 +73,7 @@ std::vector<std::vector<int64_t>> ProcessSetTable::agree(std::vector<int64_t> ro
   a.input = reinterpret_cast<uintptr_t>(row.data());
   a.dtype = DataType::kInt64;
   a.shape = {1, n + 2};
-  HandleResult r = global_.wait(global_.submit(a));
+  HandleResult r = *global_.wait(global_.submit(a));  // not interruptible: always a result
   if (!r.error.empty()) throw GradflowError(r.error);
   GF_CHECK(r.data && r.data->size() == sizeof(int64_t) * static_cast<size_t>(n) * (n + 2),
            "gradflow: process-set agreement returned " << (r.data ? r.data->size() : 0)
@@ -174,9 +174,12 @@ bool ProcessSetTable::remove(int id) {
     if (it == sets_.end()) return false;  // 0 or unknown: the same answer everywhere
     engine = std::move(it->second.engine);
     sets_.erase(it);
+    if (engine) retired_[id] = engine;
   }
   // An agreed stop among the set's members; its pending collectives fail.
-  if (engine) engine->shutdown();
+  if (engine)
+    engine->shutdown("process set " + std::to_string(id) +
+                     " was removed (remove_process_set) before this collective ran");
   return true;
 }
 
@@ -193,6 +196,15 @@ std::shared_ptr<Runtime> ProcessSetTable::engine(int id) {
                                         << ") does not include rank " << global_.comm().rank()
                                         << "; only its members may run collectives on it");
   return it->second.engine;
+}
+
+std::shared_ptr<Runtime> ProcessSetTable::handle_engine(int id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = retired_.find(id);
+    if (it != retired_.end() && !sets_.count(id)) return it->second;
+  }
+  return engine(id);
 }
 
 std::shared_ptr<Runtime> ProcessSetTable::pool_engine(int64_t pool_id) {
@@ -230,6 +242,7 @@ void ProcessSetTable::shutdown_sets() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     sets.swap(sets_);
+    retired_.clear();
   }
   // Joining a loop thread must not hold mu_: its fatal listener may take it.
   for (auto& kv : sets)

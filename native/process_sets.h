@@ -64,6 +64,10 @@ class ProcessSetTable {
   // The engine of set `id` (0: the global one). InvalidArgumentError naming
   // the set if it is unknown or this rank is not a member.
   std::shared_ptr<Runtime> engine(int id);
+  // engine(id), or the stopped engine of a set this rank was a member of and
+  // that was removed: its handles still wait and poll (a completed one keeps
+  // its result; pending ones failed when the set was removed).
+  std::shared_ptr<Runtime> handle_engine(int id);
   // The engine that created gradient pool `pool_id` (by its generation);
   // the global engine if none does (its lookup then raises).
   std::shared_ptr<Runtime> pool_engine(int64_t pool_id);
@@ -94,6 +98,7 @@ class ProcessSetTable {
   int next_id_ = 1;
   std::mutex mu_;  // guards sets_
   std::map<int, Entry> sets_;
+  std::map<int, std::shared_ptr<Runtime>> retired_;  // removed sets' engines (guarded by mu_)
 };
 
 // "[0, 2, 3]"

@@ -79,6 +79,13 @@ std::shared_ptr<Runtime> engine(int ps) {
 }
 
 // The engine that owns gradient pool `pool` (a set's optimizer has its pool there).
+// The engine that ran handles of set `ps`, also after remove_process_set
+// (ProcessSetTable::handle_engine): a completed handle keeps its result.
+std::shared_ptr<Runtime> handle_engine(int ps) {
+  std::shared_ptr<Runtime> rt = runtime();
+  return ps == 0 ? rt : rt->process_sets().handle_engine(ps);
+}
+
 std::shared_ptr<Runtime> pool_engine(int64_t pool) {
   return runtime()->process_sets().pool_engine(pool);
 }
@@ -174,29 +181,39 @@ PYBIND11_MODULE(_native, m) {
   m.def("cross_rank", [] { return runtime()->comm().cross_rank(); });
   m.def("cross_size", [] { return runtime()->comm().cross_size(); });
 
+  auto submit_args = [](int kind, const std::string& name, uintptr_t input, uintptr_t output,
+                        int dtype, std::vector<int64_t> shape, int op, int root, int wire,
+                        double prescale, double postscale, std::vector<int64_t> splits,
+                        double sparse_ratio, const std::string& step_tag,
+                        bool rollback_residual, int group_size) {
+    SubmitArgs a;
+    a.kind = static_cast<OpKind>(kind);
+    a.name = name;
+    a.input = input;
+    a.output = output;
+    a.dtype = static_cast<DataType>(dtype);
+    a.shape = std::move(shape);
+    a.op = static_cast<ReduceOp>(op);
+    a.root = root;
+    a.wire = wire;
+    a.prescale = prescale;
+    a.postscale = postscale;
+    a.splits = std::move(splits);
+    a.sparse_ratio = sparse_ratio;
+    a.step_tag = step_tag;
+    a.rollback_residual = rollback_residual;
+    a.group_size = group_size;
+    return a;
+  };
   m.def("submit",
-        [](int kind, const std::string& name, uintptr_t input, uintptr_t output, int dtype,
-           std::vector<int64_t> shape, int op, int root, int wire, double prescale,
-           double postscale, std::vector<int64_t> splits, double sparse_ratio, int process_set,
-           const std::string& step_tag, bool rollback_residual, int group_size) {
-          SubmitArgs a;
-          a.kind = static_cast<OpKind>(kind);
-          a.name = name;
-          a.input = input;
-          a.output = output;
-          a.dtype = static_cast<DataType>(dtype);
-          a.shape = std::move(shape);
-          a.op = static_cast<ReduceOp>(op);
-          a.root = root;
-          a.wire = wire;
-          a.prescale = prescale;
-          a.postscale = postscale;
-          a.splits = std::move(splits);
-          a.sparse_ratio = sparse_ratio;
-          a.step_tag = step_tag;
-          a.rollback_residual = rollback_residual;
-          a.group_size = group_size;
-          return engine(process_set)->submit(a);
+        [submit_args](int kind, const std::string& name, uintptr_t input, uintptr_t output,
+                      int dtype, std::vector<int64_t> shape, int op, int root, int wire,
+                      double prescale, double postscale, std::vector<int64_t> splits,
+                      double sparse_ratio, int process_set, const std::string& step_tag,
+                      bool rollback_residual, int group_size) {
+          return engine(process_set)->submit(submit_args(
+              kind, name, input, output, dtype, std::move(shape), op, root, wire, prescale,
+              postscale, std::move(splits), sparse_ratio, step_tag, rollback_residual, group_size));
         },
         py::arg("kind"), py::arg("name"), py::arg("input"), py::arg("output"), py::arg("dtype"),
         py::arg("shape"), py::arg("op"), py::arg("root"), py::arg("wire"), py::arg("prescale"),
@@ -209,25 +226,48 @@ PYBIND11_MODULE(_native, m) {
         "`rollback_residual`: a named sparse allreduce first undoes its residual's last step "
         "(the optimizer skipped it). `group_size`: the length of the list a grouped op "
         "submits this member of (Note [Grouped lists]).");
-  m.def("poll", [](int64_t h, int ps) { return engine(ps)->poll(h); }, py::arg("handle"),
+  m.def("check",
+        [submit_args](int kind, const std::string& name, uintptr_t input, uintptr_t output,
+                      int dtype, std::vector<int64_t> shape, int op, int root, int wire,
+                      double prescale, double postscale, std::vector<int64_t> splits,
+                      double sparse_ratio, int process_set, const std::string& step_tag,
+                      bool rollback_residual, int group_size) {
+          engine(process_set)->check(submit_args(
+              kind, name, input, output, dtype, std::move(shape), op, root, wire, prescale,
+              postscale, std::move(splits), sparse_ratio, step_tag, rollback_residual, group_size));
+        },
+        "submit()'s checks (same arguments) without submitting: raises what submit() would "
+        "raise for a bad argument.");
+  m.def("poll", [](int64_t h, int ps) { return handle_engine(ps)->poll(h); }, py::arg("handle"),
         py::arg("process_set") = 0, "True once the handle (of that process set) is done.");
   m.def("wait",
-        [](int64_t h, int ps) {
-          std::shared_ptr<Runtime> rt = engine(ps);
-          HandleResult r;
+        [](int64_t h, int ps, bool interruptible) {
+          std::shared_ptr<Runtime> rt = handle_engine(ps);
+          std::optional<HandleResult> r;
           struct Count {  // decremented only once the GIL is held again
             Count() { ++process().waiting; }
             ~Count() { --process().waiting; }
           } count;
+          // Ctrl-C (the main thread only: Python runs signal handlers there)
+          // ends the wait; the handle stays in flight (tensor_queue.h).
+          std::function<bool()> interrupted;
+          if (interruptible)
+            interrupted = [] {
+              py::gil_scoped_acquire gil;
+              return PyErr_CheckSignals() != 0;  // sets KeyboardInterrupt (or the handler's error)
+            };
           {
             py::gil_scoped_release release;
-            r = rt->wait(h);
+            r = rt->wait(h, interrupted);
           }
-          return result_to_python(std::move(r));
+          if (!r) throw py::error_already_set();
+          return result_to_python(std::move(*r));
         },
-        py::arg("handle"), py::arg("process_set") = 0,
+        py::arg("handle"), py::arg("process_set") = 0, py::arg("interruptible") = false,
         "Block until the handle is done; raise GradflowError if it failed; return a dict "
-        "(data, shape, recv_splits, wire_overflow).");
+        "(data, shape, recv_splits, wire_overflow). `interruptible` (the main thread): a "
+        "signal handler's exception (KeyboardInterrupt) ends the wait within 0.1 s and the "
+        "handle stays in flight.");
   m.def("threads_waiting", [] { return process().waiting.load(); },
         "Number of threads inside wait() (Note [Runtime ownership]).");
   m.def("release",

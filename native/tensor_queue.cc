@@ -82,7 +82,8 @@ bool TensorQueue::poll(int64_t handle) {
   return false;
 }
 
-HandleResult TensorQueue::wait(int64_t handle) {
+std::optional<HandleResult> TensorQueue::wait(int64_t handle,
+                                              const std::function<bool()>& interrupted) {
   std::unique_lock<std::mutex> lock(mu_);
   GF_CHECK(finished_.count(handle) || (in_flight_handles_.count(handle) && !released_.count(handle)),
            "gradflow: unknown or already waited handle " << handle);
@@ -97,7 +98,17 @@ HandleResult TensorQueue::wait(int64_t handle) {
     yield_until_counter_moves(completions_, seen, std::chrono::steady_clock::now() + kWaitSpin);
     lock.lock();
   }
-  done_cv_.wait(lock, [&] { return finished_.count(handle) > 0; });
+  auto done = [&] { return finished_.count(handle) > 0; };
+  if (!interrupted) done_cv_.wait(lock, done);
+  while (!done_cv_.wait_for(lock, kInterruptCheck, done)) {
+    lock.unlock();
+    const bool stop = interrupted();
+    lock.lock();
+    if (stop && !done()) {
+      if (--waiters_[handle] == 0) waiters_.erase(handle);
+      return std::nullopt;
+    }
+  }
   std::shared_ptr<HandleResult> r = finished_[handle];
   if (--waiters_[handle] == 0) {
     waiters_.erase(handle);

@@ -14,7 +14,9 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -78,6 +80,8 @@ struct HandleResult {
 //    idle loop costs no CPU, and in training it is a few polls per step.
 constexpr std::chrono::microseconds kWaitSpin{50};
 constexpr std::chrono::microseconds kLoopWakeSpin{100};
+// How often a long wait asks whether its caller was interrupted.
+constexpr std::chrono::milliseconds kInterruptCheck{100};
 
 class TensorQueue {
  public:
@@ -92,7 +96,13 @@ class TensorQueue {
   bool poll(int64_t handle);
   // Blocks until done and returns its result. Every thread waiting on the
   // handle gets the result; the handle is forgotten when the last one returns.
-  HandleResult wait(int64_t handle);
+  // `interrupted` (optional) is asked every kInterruptCheck while the
+  // handle is not done (without the queue's lock, the caller still counted
+  // as waiting); when it says true, the wait ends without a result (nullopt)
+  // and the handle stays in flight, to be waited again or released (Ctrl-C
+  // in a Python wait: python_module.cc).
+  std::optional<HandleResult> wait(int64_t handle,
+                                   const std::function<bool()>& interrupted = nullptr);
   // Whether some thread is blocked in wait() now (the coordinator's
   // deadlock check: every rank blocked, nothing can complete).
   bool someone_waits() const;

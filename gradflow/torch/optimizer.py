@@ -248,6 +248,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         n = s.passes[id(p)] = s.passes.get(id(p), 0) + 1
         if n < s.bpps:
             return
+        if n > s.bpps and s.failed_submit:
+            raise GradflowError(
+                f"gradflow: {s.prefix}: an earlier backward pass of this step raised inside "
+                f"gradflow's reduction ({s.failed_submit}); the step cannot be completed, so this "
+                "optimizer cannot go on: let that exception end the job, or build a new "
+                "DistributedOptimizer")
         if n > s.bpps:
             raise GradflowError(
                 f"gradflow: gradient of '{s.names[s.index[id(p)]]}' was computed {n} times before "
@@ -257,7 +263,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not s.overlap:
             s.deferred.append(p)  # synchronize() submits, in this (backward) order
             return
-        self._gradflow_submit(p)
+        try:
+            self._gradflow_submit(p)
+        except Exception as e:  # e.g. a user Compressor raising: named if the step goes on
+            s.failed_submit = f"{type(e).__name__}: {e}"
+            raise
 
     def _gradflow_backward_done(self) -> None:
         """Runs when a backward pass that fired a hook returns (Note [Reduced
@@ -426,7 +436,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         s.passes.clear()
         s.marked.clear()
         s.complete, s.passes_done, s.callback_queued = 0, 0, False
-        s.fired, s.wire_overflow = False, overflow
+        s.fired, s.wire_overflow, s.failed_submit = False, overflow, ""
         if errors:
             raise errors[0]
         if s.use_pool and not s.pool_built:

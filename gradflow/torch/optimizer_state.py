@@ -73,6 +73,7 @@ class _State:
         self.passes_done = 0                      # backward passes of this step that returned
         self.callback_queued = False              # end-of-backward callback queued (Note [Reduced when backward returns])
         self.auto_synced = False                  # reduced when backward returned, step() not yet run
+        self.failed_submit = ""                   # why a hook's submit raised in this step (if it did)
         self.named: Dict[int, str] = {}           # id(param) -> name from named_parameters
         self.frozen: List[torch.Tensor] = []      # in param_groups, requires_grad=False (Note [Late parameters])
         self.hook = None                          # the post-accumulate-grad hook (weakly bound)

@@ -131,7 +131,7 @@ def numpy_mode():
 def nonpow2_mode():
     for op in (gf.Adasum, 2):
         raises(lambda: gf.allreduce(np.ones(5, np.float32), op=op), ValueError,
-               f"power-of-two number of ranks (as in Horovod), but this job has {N}", "size")
+               f"power-of-two number of ranks (as in Horovod), but it runs on {N} ranks", "size")
     s = gf.allreduce(np.full(3, R + 1.0), op=gf.Sum)
     assert (s == N * (N + 1) / 2).all(), s
     ok("nonpow2")

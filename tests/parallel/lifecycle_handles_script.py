@@ -1,5 +1,6 @@
 """Handles the caller lets go of: dropped async handles, a grouped submit that
-raises half-way, a group whose first wait raises, two threads waiting on one
+raises at its second tensor (none of it reaches the core), a group whose
+first member fails (waited, or dropped in flight), two threads waiting on one
 handle. The core must never write freed buffers (fresh arrays allocated
 meanwhile keep their pattern) and must not keep results nobody waits for
 (RSS stays flat over many rounds of dropped allgathers)."""
@@ -69,7 +70,7 @@ if "libasan" not in os.environ.get("LD_PRELOAD", ""):
     assert grown < 96, f"rank {R}: RSS grew {grown:.0f} MiB over dropped allgathers: {rss}"
 check_normal("ag")
 
-# 3. Grouped submit that raises after its first tensor went in.
+# 3. Grouped submit that raises at its second tensor: nothing was submitted.
 for rnd in range(5):
     try:
         hvd.grouped_allreduce_async([torch.ones(ELEMS), "not a tensor"], op=hvd.Sum,
@@ -83,38 +84,39 @@ for rnd in range(5):
     check_patterns(patterns, "grouped submit that raised")
 check_normal("grouped")
 
-# 4. A group whose first tensor fails (shapes differ by rank) while the
-#    others are in flight: rank 0's wait() raises on tensor 0 and the group
-#    is dropped; the other ranks submit the rest 1.5 s later (the group sits
-#    in a reference cycle through the stored exception: gc.collect() frees it).
+# 4. A group whose first tensor fails (shapes differ by rank): the other
+#    ranks submit their group 1.5 s later, so rank 0's is in flight
+#    meanwhile. Even rounds: rank 0 waits; the group's wait() raises the
+#    shape error only once every member is done (_handles.wait_all), so
+#    nothing of it is left in flight. Odd rounds: rank 0 drops the group at
+#    once, in flight (its buffers must live until the core is done).
 if N > 1:
-    for rnd in range(3):
+    for rnd in range(4):
         name = f"grouped.fail.{rnd}"
-        if R == 0:
-            group = hvd.grouped_allreduce_async([torch.ones(1), *[torch.ones(ELEMS) for _ in range(8)]],
-                                                op=hvd.Sum, name=name)
+        first = torch.ones(1) if R == 0 else torch.ones(2)
+        if R != 0:
+            time.sleep(1.5)
+        group = hvd.grouped_allreduce_async([first, *[torch.ones(ELEMS) for _ in range(8)]],
+                                            op=hvd.Sum, name=name)
+        if R == 0 and rnd % 2:
+            del group
+            gc.collect()
+        else:
+            t0 = time.monotonic()
             try:
                 group.wait()
             except gf.GradflowError as e:
                 assert "shape" in str(e), e
             else:
                 raise AssertionError("mismatched shapes did not raise")
+            assert all(h.poll() for h in group.handles), "a member was left in flight"
+            if R == 0:
+                assert time.monotonic() - t0 > 1.0, "raised before the others submitted"
             del group
             gc.collect()
-        else:
-            try:
-                hvd.allreduce_async(torch.ones(2), op=hvd.Sum, name=f"{name}.0").wait()
-            except gf.GradflowError:
-                pass
-            else:
-                raise AssertionError("mismatched shapes did not raise")
-            time.sleep(1.5)
-            for h in [hvd.allreduce_async(torch.ones(ELEMS), op=hvd.Sum, name=f"{name}.{i}")
-                      for i in range(1, 9)]:
-                h.wait()
         patterns = fresh_patterns(64)
         gf.barrier()
-        check_patterns(patterns, "group whose first wait raised")
+        check_patterns(patterns, "group whose first member failed")
     check_normal("group.fail")
 
 # 5. Two threads waiting on one handle: both get the result.

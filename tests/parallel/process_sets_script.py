@@ -111,6 +111,23 @@ def check_set(ps, salt):
     blocks = np.array_split(total, m)
     rs = gf.reducescatter(rs_in(R), op=gf.Sum, process_set=ps)
     assert np.allclose(rs, blocks[k], rtol=1e-12, atol=1e-9), (R, rs, blocks[k])
+    # Adasum over the set's members: Horovod's two-vector rule for 2 members,
+    # the value itself for 1; a member count that is not a power of two is
+    # refused on every member, naming the set.
+    vec = lambda q: data(q, (40,), np.float64, salt).ravel()  # noqa: E731
+    if m in (1, 2):
+        ada = gf.allreduce(vec(R), op=gf.Adasum, name=f"s{salt}.adasum", process_set=ps)
+        want = vec(ps.ranks[0])
+        if m == 2:
+            x, y = vec(ps.ranks[0]), vec(ps.ranks[1])
+            d = x @ y
+            want = (1 - d / (2 * (x @ x))) * x + (1 - d / (2 * (y @ y))) * y
+        assert np.allclose(ada, want, rtol=1e-12, atol=1e-12), (R, ada - want)
+        same_everywhere(ada, f"s{salt}.adasum", process_set=ps)
+    else:
+        expect_error(lambda: gf.allreduce(vec(R), op=gf.Adasum, process_set=ps),
+                     f"process set {ps.process_set_id}", "power-of-two number of ranks",
+                     f"runs on {m} ranks", kind=ValueError)
     gf.barrier(process_set=ps)
 
 

@@ -117,3 +117,17 @@ def test_grouped_lists_of_different_lengths_abort_at_once(n, framework, op, layo
                   expect_fail=True, mpi_args=("-disable-auto-cleanup",))
     assert out.stdout.count("grouped lists OK") == n, out.stdout + out.stderr[-3000:]
     assert "Segmentation" not in out.stderr + out.stdout, out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_handle_corners(n):
+    """Default settings: a grouped op that fails on this rank before
+    submission submits none of its members (input untouched, a retry under
+    the same name equals numpy); poll() while another thread waits never
+    raises; Ctrl-C ends a wait within a second and a second wait() returns
+    the result; (3 ranks) a removed process set's completed handle keeps its
+    result and a pending one says the set was removed; a handle left pending
+    by shutdown() says so when waited, after it and after a new init()."""
+    pytest.importorskip("torch")
+    out = run_mpi(n, "handle_corners_script.py", timeout=120)
+    assert out.stdout.count("handle corners OK") == n, out.stdout

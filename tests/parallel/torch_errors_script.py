@@ -65,3 +65,32 @@ ok("mismatched model raises")
 expect_error(lambda: hvd.allreduce(torch.zeros(3 + (R == N - 1)), name="grads.fc.weight"),
              "grads.fc.weight", "mismatched")
 ok("rank-dependent allreduce shape raises")
+
+# a backward pass that raised inside gradflow's reduction (a user Compressor,
+# every rank alike) leaves its step unfinishable: later steps say so and name
+# the cause (they used to advise raising backward_passes_per_step).
+
+
+class CompressOnceFails:
+    calls = 0
+
+    @staticmethod
+    def compress(tensor):
+        CompressOnceFails.calls += 1
+        if CompressOnceFails.calls == 2:
+            raise RuntimeError("compress boom")
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
+m = mlp()
+opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(),
+                               compression=CompressOnceFails, use_pool=False)
+expect_error(lambda: one_step(m, opt, 0), "compress boom", exc=RuntimeError)
+for step in (1, 2):
+    expect_error(lambda: one_step(m, opt, step), "raised inside gradflow's reduction",
+                 "RuntimeError: compress boom", "build a new DistributedOptimizer")
+ok("a failed reduction names its cause at the next step")
