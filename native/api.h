@@ -102,6 +102,8 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // False in a fork() child: the loop thread and the MPI state belong to the
   // parent, so the child must not use (or destroy) this runtime.
   bool owned_by_this_process() const;
+  // A handle of this engine is in flight or holds an unwaited result.
+  bool holds_handles() const { return queue_.holds_handles(); }
 
   // Gradient pools (lazy allreduce); see grad_pool.h. Pool ids are unique in
   // the process: a runtime's generation in the high 32 bits, its pool index

@@ -341,7 +341,7 @@ Response Coordinator::validate(const std::string& name, const std::vector<Reques
     }
     if (reqs[r].step_tag != first->step_tag) {
       *abort_job = step_tag_mismatch(op_kind_name(first->kind), name, first_rank,
-                                         first->step_tag, static_cast<int>(r), reqs[r].step_tag);
+                                     first->step_tag, static_cast<int>(r), reqs[r].step_tag);
       err << "gradflow: " << *abort_job;
       break;
     }

@@ -174,12 +174,27 @@ bool ProcessSetTable::remove(int id) {
     if (it == sets_.end()) return false;  // 0 or unknown: the same answer everywhere
     engine = std::move(it->second.engine);
     sets_.erase(it);
-    if (engine) retired_[id] = engine;
   }
   // An agreed stop among the set's members; its pending collectives fail.
   if (engine)
     engine->shutdown("process set " + std::to_string(id) +
                      " was removed (remove_process_set) before this collective ran");
+  // Kept while a handle of it holds a result nobody waited for (its
+  // communicator is already released); engines whose handles are all
+  // waited or dropped go now.
+  std::vector<std::shared_ptr<Runtime>> gone;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (engine && engine->holds_handles()) retired_[id] = engine;
+    for (auto r = retired_.begin(); r != retired_.end();) {
+      if (r->second->holds_handles()) {
+        ++r;
+      } else {
+        gone.push_back(std::move(r->second));
+        r = retired_.erase(r);
+      }
+    }
+  }
   return true;
 }
 
@@ -239,10 +254,11 @@ void ProcessSetTable::abort_sets(const std::string& message) {
 
 void ProcessSetTable::shutdown_sets() {
   std::map<int, Entry> sets;
+  std::map<int, std::shared_ptr<Runtime>> retired;
   {
     std::lock_guard<std::mutex> lock(mu_);
     sets.swap(sets_);
-    retired_.clear();
+    retired.swap(retired_);
   }
   // Joining a loop thread must not hold mu_: its fatal listener may take it.
   for (auto& kv : sets)

@@ -58,7 +58,9 @@ class ProcessSetTable {
   int add(const std::vector<int>& ranks);
   // Collective over the global set. False if `id` is 0 or not registered
   // (on every rank); a mismatch between ranks raises on every rank. The
-  // set's pending collectives fail.
+  // set's pending collectives fail, saying the set was removed; its stopped
+  // engine stays reachable through handle_engine() while a handle of it
+  // holds a result nobody waited for.
   bool remove(int id);
 
   // The engine of set `id` (0: the global one). InvalidArgumentError naming
@@ -98,7 +100,8 @@ class ProcessSetTable {
   int next_id_ = 1;
   std::mutex mu_;  // guards sets_
   std::map<int, Entry> sets_;
-  std::map<int, std::shared_ptr<Runtime>> retired_;  // removed sets' engines (guarded by mu_)
+  // Removed sets' stopped engines while they hold unwaited handles (mu_).
+  std::map<int, std::shared_ptr<Runtime>> retired_;
 };
 
 // "[0, 2, 3]"

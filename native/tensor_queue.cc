@@ -139,6 +139,11 @@ bool TensorQueue::someone_waits() const {
   return !waiters_.empty();  // an entry exists only while some thread waits on it
 }
 
+bool TensorQueue::holds_handles() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !in_flight_handles_.empty() || !finished_.empty();
+}
+
 std::vector<TensorEntry> TensorQueue::close(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!closed_) {

@@ -106,6 +106,8 @@ class TensorQueue {
   // Whether some thread is blocked in wait() now (the coordinator's
   // deadlock check: every rank blocked, nothing can complete).
   bool someone_waits() const;
+  // Whether a handle is still in flight or holds a result nobody waited for.
+  bool holds_handles() const;
   // The caller dropped the handle: forget its result (now, or on completion).
   // Returns true if the core no longer touches its buffers (done or unknown),
   // false if it is still in flight (take_reaped() reports it later).
