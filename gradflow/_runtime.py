@@ -321,7 +321,7 @@ def submitting_group(size: int):
     try:
         for args, _ in group.members:
             _native.check(*args)
-        for k, (args, handle) in enumerate(group.members):
+        for args, handle in group.members:
             handle.submitted(_native.submit(*args))
     except BaseException:
         # (A submit can still fail: a name another call has in flight.)
