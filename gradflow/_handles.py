@@ -92,12 +92,17 @@ class Handle:
         """A grouped op submitted this member (_runtime.submitting_group)."""
         self.native = native
 
-    def never_submitted(self) -> None:
-        """A grouped op failed before this member reached the core."""
+    def _end_with(self, error: BaseException) -> None:
+        """Done, failed with `error` (a second wait raises it too); the
+        buffers are let go."""
+        self._error = error
         self._done = True
         self.keep_alive = ()
-        self._error = _native.GradflowError(f"gradflow: '{self.name}' was never submitted (its "
-                                            "grouped op failed before it reached the core)")
+
+    def never_submitted(self) -> None:
+        """A grouped op failed before this member reached the core."""
+        self._end_with(_native.GradflowError(f"gradflow: '{self.name}' was never submitted (its "
+                                             "grouped op failed before it reached the core)"))
 
     def _stale(self) -> bool:
         """The runtime this handle belonged to was shut down before it was
@@ -108,11 +113,9 @@ class Handle:
             return False
         with self._lock:
             if not self._done:
-                self._error = _native.GradflowError(
+                self._end_with(_native.GradflowError(
                     f"gradflow: '{self.name}' belonged to a runtime that shutdown() stopped "
-                    "before this handle was waited; its result is gone")
-                self._done = True
-                self.keep_alive = ()
+                    "before this handle was waited; its result is gone"))
         return True
 
     def poll(self) -> bool:
@@ -139,10 +142,8 @@ class Handle:
                     interruptible = threading.current_thread() is threading.main_thread()
                     try:
                         result = _native.wait(self.native, self.process_set, interruptible)
-                    except Exception as e:  # remembered so a second wait raises too
-                        self._error = e
-                        self._done = True
-                        self.keep_alive = ()
+                    except Exception as e:
+                        self._end_with(e)
                     else:  # (KeyboardInterrupt: not done, nothing remembered)
                         try:
                             self.wire_overflow = bool(result.get("wire_overflow", False))

@@ -78,7 +78,6 @@ std::shared_ptr<Runtime> engine(int ps) {
   return ps == 0 ? rt : rt->process_sets().engine(ps);
 }
 
-// The engine that owns gradient pool `pool` (a set's optimizer has its pool there).
 // The engine that ran handles of set `ps`, also after remove_process_set
 // (ProcessSetTable::handle_engine): a completed handle keeps its result.
 std::shared_ptr<Runtime> handle_engine(int ps) {
@@ -86,8 +85,39 @@ std::shared_ptr<Runtime> handle_engine(int ps) {
   return ps == 0 ? rt : rt->process_sets().handle_engine(ps);
 }
 
+// The engine that owns gradient pool `pool` (a set's optimizer has its pool there).
 std::shared_ptr<Runtime> pool_engine(int64_t pool) {
   return runtime()->process_sets().pool_engine(pool);
+}
+
+// A binding with submit()'s Python parameters that runs `act(engine, args)`
+// on the process set's engine: submit() and check() share one parameter list.
+template <typename Act>
+auto with_submit_args(Act act) {
+  return [act](int kind, const std::string& name, uintptr_t input, uintptr_t output, int dtype,
+               std::vector<int64_t> shape, int op, int root, int wire, double prescale,
+               double postscale, std::vector<int64_t> splits, double sparse_ratio,
+               int process_set, const std::string& step_tag, bool rollback_residual,
+               int group_size) {
+    SubmitArgs a;
+    a.kind = static_cast<OpKind>(kind);
+    a.name = name;
+    a.input = input;
+    a.output = output;
+    a.dtype = static_cast<DataType>(dtype);
+    a.shape = std::move(shape);
+    a.op = static_cast<ReduceOp>(op);
+    a.root = root;
+    a.wire = wire;
+    a.prescale = prescale;
+    a.postscale = postscale;
+    a.splits = std::move(splits);
+    a.sparse_ratio = sparse_ratio;
+    a.step_tag = step_tag;
+    a.rollback_residual = rollback_residual;
+    a.group_size = group_size;
+    return act(*engine(process_set), a);
+  };
 }
 
 py::object result_to_python(HandleResult r) {
@@ -181,40 +211,7 @@ PYBIND11_MODULE(_native, m) {
   m.def("cross_rank", [] { return runtime()->comm().cross_rank(); });
   m.def("cross_size", [] { return runtime()->comm().cross_size(); });
 
-  auto submit_args = [](int kind, const std::string& name, uintptr_t input, uintptr_t output,
-                        int dtype, std::vector<int64_t> shape, int op, int root, int wire,
-                        double prescale, double postscale, std::vector<int64_t> splits,
-                        double sparse_ratio, const std::string& step_tag,
-                        bool rollback_residual, int group_size) {
-    SubmitArgs a;
-    a.kind = static_cast<OpKind>(kind);
-    a.name = name;
-    a.input = input;
-    a.output = output;
-    a.dtype = static_cast<DataType>(dtype);
-    a.shape = std::move(shape);
-    a.op = static_cast<ReduceOp>(op);
-    a.root = root;
-    a.wire = wire;
-    a.prescale = prescale;
-    a.postscale = postscale;
-    a.splits = std::move(splits);
-    a.sparse_ratio = sparse_ratio;
-    a.step_tag = step_tag;
-    a.rollback_residual = rollback_residual;
-    a.group_size = group_size;
-    return a;
-  };
-  m.def("submit",
-        [submit_args](int kind, const std::string& name, uintptr_t input, uintptr_t output,
-                      int dtype, std::vector<int64_t> shape, int op, int root, int wire,
-                      double prescale, double postscale, std::vector<int64_t> splits,
-                      double sparse_ratio, int process_set, const std::string& step_tag,
-                      bool rollback_residual, int group_size) {
-          return engine(process_set)->submit(submit_args(
-              kind, name, input, output, dtype, std::move(shape), op, root, wire, prescale,
-              postscale, std::move(splits), sparse_ratio, step_tag, rollback_residual, group_size));
-        },
+  m.def("submit", with_submit_args([](Runtime& rt, const SubmitArgs& a) { return rt.submit(a); }),
         py::arg("kind"), py::arg("name"), py::arg("input"), py::arg("output"), py::arg("dtype"),
         py::arg("shape"), py::arg("op"), py::arg("root"), py::arg("wire"), py::arg("prescale"),
         py::arg("postscale"), py::arg("splits"), py::arg("sparse_ratio"),
@@ -226,16 +223,7 @@ PYBIND11_MODULE(_native, m) {
         "`rollback_residual`: a named sparse allreduce first undoes its residual's last step "
         "(the optimizer skipped it). `group_size`: the length of the list a grouped op "
         "submits this member of (Note [Grouped lists]).");
-  m.def("check",
-        [submit_args](int kind, const std::string& name, uintptr_t input, uintptr_t output,
-                      int dtype, std::vector<int64_t> shape, int op, int root, int wire,
-                      double prescale, double postscale, std::vector<int64_t> splits,
-                      double sparse_ratio, int process_set, const std::string& step_tag,
-                      bool rollback_residual, int group_size) {
-          engine(process_set)->check(submit_args(
-              kind, name, input, output, dtype, std::move(shape), op, root, wire, prescale,
-              postscale, std::move(splits), sparse_ratio, step_tag, rollback_residual, group_size));
-        },
+  m.def("check", with_submit_args([](Runtime& rt, const SubmitArgs& a) { rt.check(a); }),
         "submit()'s checks (same arguments) without submitting: raises what submit() would "
         "raise for a bad argument.");
   m.def("poll", [](int64_t h, int ps) { return handle_engine(ps)->poll(h); }, py::arg("handle"),

@@ -99,14 +99,17 @@ std::optional<HandleResult> TensorQueue::wait(int64_t handle,
     lock.lock();
   }
   auto done = [&] { return finished_.count(handle) > 0; };
-  if (!interrupted) done_cv_.wait(lock, done);
-  while (!done_cv_.wait_for(lock, kInterruptCheck, done)) {
-    lock.unlock();
-    const bool stop = interrupted();
-    lock.lock();
-    if (stop && !done()) {
-      if (--waiters_[handle] == 0) waiters_.erase(handle);
-      return std::nullopt;
+  if (!interrupted) {
+    done_cv_.wait(lock, done);
+  } else {
+    while (!done_cv_.wait_for(lock, kInterruptCheck, done)) {
+      lock.unlock();
+      const bool stop = interrupted();
+      lock.lock();
+      if (stop && !done()) {
+        if (--waiters_[handle] == 0) waiters_.erase(handle);
+        return std::nullopt;
+      }
     }
   }
   std::shared_ptr<HandleResult> r = finished_[handle];

@@ -70,14 +70,16 @@ def _reducescatter_grad(dys: Sequence[tf.Tensor], names: Sequence[str], op: Redu
 
 
 def _scatter(xs: List[tf.Tensor], names: List[str], op: ReduceOp, pre: float, post: float,
-             process_set: Optional[ProcessSet], what: str, compression: Any) -> List[tf.Tensor]:
+             process_set: Optional[ProcessSet], what: str, compression: Any,
+             grouped: bool) -> List[tf.Tensor]:
     """The differentiable grouped reducescatter under both public forms
-    (`compression` picks the wire; the gradient travels uncompressed)."""
+    (`compression` picks the wire; the gradient travels uncompressed;
+    `grouped`: a user's list, one grouped op: _runtime.submitting_group)."""
 
     @tf.custom_gradient
     def _fn(*xs):
         def fn(*arrays):
-            with submitting_group(len(arrays) if what.startswith("grouped") else 0):
+            with submitting_group(len(arrays) if grouped else 0):
                 handles = [_c.reducescatter_async(a, op, n, process_set, pre, post, compression)
                            for a, n in zip(arrays, names)]
             return wait_all(handles)
@@ -125,7 +127,8 @@ def reducescatter(tensor: TensorLike, device_dense: str = "", compression: Any =
     op = reduce_op(op)
     name = op_name("reducescatter", name, process_set)
     return _scatter(_checked_inputs([tensor], "reducescatter"), [name], op, float(prescale_factor),
-                    float(postscale_factor), process_set, "reducescatter", compression)[0]
+                    float(postscale_factor), process_set, "reducescatter", compression,
+                    grouped=False)[0]
 
 
 def grouped_reducescatter(tensors: Sequence[TensorLike], device_dense: str = "",
@@ -145,7 +148,8 @@ def grouped_reducescatter(tensors: Sequence[TensorLike], device_dense: str = "",
         return []
     base = op_name("reducescatter", None, process_set)
     return _scatter(xs, [f"{base}.{i}" for i in range(len(xs))], op, float(prescale_factor),
-                    float(postscale_factor), process_set, "grouped_reducescatter", compression)
+                    float(postscale_factor), process_set, "grouped_reducescatter", compression,
+                    grouped=True)
 
 
 def grouped_allgather(tensors: Sequence[TensorLike], name: Optional[str] = None,

@@ -8,7 +8,7 @@
 """Tensor collectives for ``import gradflow.torch as hvd``."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -263,20 +263,30 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int = Average,
 
 # ---------------------------------------------------------------- grouped allreduce
 
-def _grouped(allreduce_one, tensors, average, name, op, prescale_factor, postscale_factor,
-             process_set, compression, **tagged) -> GroupHandle:
-    """One `allreduce_one` per tensor under `{base}.{i}` names (the core fuses
-    them); the op is validated before a name is drawn, as the single-tensor
-    calls do. Each member carries the list's length: ranks whose lists differ
-    in length abort the job at once (native Note [Grouped lists])."""
-    _op_of(average, op)
-    base = auto_name(ALLREDUCE, name, process_set)
+def start_group(kind: int, name: Optional[str], process_set: Optional[ProcessSet],
+                tensors: Sequence[torch.Tensor],
+                start_one: Callable[[torch.Tensor, str], Handle]) -> GroupHandle:
+    """A grouped op: `start_one(tensor, member_name)` per tensor under
+    `<base>.<i>` names, submitted together (_runtime.submitting_group: all or
+    nothing on this rank; each member carries the list's length, so ranks
+    whose lists differ in length abort the job at once, native Note
+    [Grouped lists])."""
+    base = auto_name(kind, name, process_set)
     tensors = list(tensors)
     with submitting_group(len(tensors)):
-        return GroupHandle([allreduce_one(t, average, f"{base}.{i}", op, prescale_factor,
-                                          postscale_factor, process_set,
-                                          compression=compression, **tagged)
-                            for i, t in enumerate(tensors)])
+        return GroupHandle([start_one(t, f"{base}.{i}") for i, t in enumerate(tensors)])
+
+
+def _grouped(allreduce_one, tensors, average, name, op, prescale_factor, postscale_factor,
+             process_set, compression, **tagged) -> GroupHandle:
+    """One `allreduce_one` per tensor as one grouped op (the core fuses
+    them); the op is validated before a name is drawn, as the single-tensor
+    calls do."""
+    _op_of(average, op)
+    return start_group(ALLREDUCE, name, process_set, tensors,
+                       lambda t, member: allreduce_one(t, average, member, op, prescale_factor,
+                                                       postscale_factor, process_set,
+                                                       compression=compression, **tagged))
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,

@@ -10,12 +10,12 @@ from typing import Any, List, Optional, Sequence
 import torch
 
 from .._handles import Handle
-from .._runtime import ALLGATHER, REDUCESCATTER, auto_name, submit, submitting_group
+from .._runtime import ALLGATHER, REDUCESCATTER, auto_name, submit
 from ..collectives import Average, native_reduce_op
 from .compression import Compression, split as split_compression
 from ..process_sets import ProcessSet, global_process_set, process_set_size
 from .ops import (GroupHandle, _from_result, _op_of, _set_rank, _staged, allgather_async,
-                  dtype_code, grouped_allreduce_async)
+                  dtype_code, grouped_allreduce_async, start_group)
 
 __all__ = ["reducescatter", "reducescatter_async", "grouped_allgather", "grouped_allgather_async",
            "grouped_reducescatter", "grouped_reducescatter_async"]
@@ -101,10 +101,8 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str]
     """Start an allgather of every tensor of the list (dim-0 sizes may differ
     between ranks, per tensor); `synchronize` returns the list of results."""
     tensors = _tensor_list(tensors, "grouped_allgather")
-    base = auto_name(ALLGATHER, name, process_set)
-    with submitting_group(len(tensors)):
-        return GroupHandle([allgather_async(t, f"{base}.{i}", process_set)
-                            for i, t in enumerate(tensors)])
+    return start_group(ALLGATHER, name, process_set, tensors,
+                       lambda t, member: allgather_async(t, member, process_set))
 
 
 class _GroupedAllgatherFn(torch.autograd.Function):
@@ -151,11 +149,10 @@ def _start_grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional
                                  postscale_factor: float, wire: int = -1) -> GroupHandle:
     tensors = _tensor_list(tensors, "grouped_reducescatter")
     op = _op_of(None, op)
-    base = auto_name(REDUCESCATTER, name, process_set)
-    with submitting_group(len(tensors)):
-        return GroupHandle([_start_reducescatter(t, f"{base}.{i}", op, process_set,
-                                                 prescale_factor, postscale_factor, wire)
-                            for i, t in enumerate(tensors)])
+    return start_group(REDUCESCATTER, name, process_set, tensors,
+                       lambda t, member: _start_reducescatter(t, member, op, process_set,
+                                                              prescale_factor, postscale_factor,
+                                                              wire))
 
 
 class _GroupedReducescatterFn(torch.autograd.Function):
