@@ -54,12 +54,15 @@ def check_values():
 
 
 def train_alike(first, second, x, y, batch_size, what):
-    """One more epoch of each on the same data: bitwise the same weights, and
-    the same on every rank."""
+    """One more epoch of each on the same data: the same weights to float32
+    rounding (at 3+ ranks the ring's summation order follows the fusion
+    layout, which follows timing: two runs may differ in the last bits, see
+    architecture.md, Reproducibility), and bitwise the same on every rank."""
     for m in (first, second):
         m.fit(x, y, batch_size=batch_size, epochs=1, verbose=0, shuffle=False)
     for a, b in zip(first.weights, second.weights):
-        assert np.array_equal(a.numpy(), b.numpy()), f"{what}: differs at {b.path}"
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6,
+                                   err_msg=f"{what}: differs at {b.path}")
     identical_everywhere([w.numpy() for w in first.weights], what)
 
 
