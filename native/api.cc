@@ -36,19 +36,19 @@ constexpr int kPoolIndexBits = 32;
 Runtime::Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>& overrides,
                  int process_set_id, std::vector<int> set_ranks,
                  std::function<void(const std::string&)> on_fatal,
-                 std::shared_ptr<std::atomic<bool>> global_join)
+                 std::shared_ptr<EngineLinks> links)
     : cfg_(load_config_or_defaults(overrides, &config_error_)),
       generation_(++g_generations),
       pid_(::getpid()),
       set_id_(process_set_id),
       set_ranks_(std::move(set_ranks)),
-      global_join_(std::move(global_join)) {
+      links_(std::move(links)) {
   set_log_level(parse_log_level(cfg_.log_level));
   comm_ = std::make_unique<MpiComm>(comm_handle, cfg_.timeout_seconds);
   check_config_matches_everywhere();
   if (set_id_ == 0) {
     for (int r = 0; r < comm_->size(); ++r) set_ranks_.push_back(r);
-    global_join_ = std::make_shared<std::atomic<bool>>(false);
+    links_ = std::make_shared<EngineLinks>();
     sets_ = std::make_unique<ProcessSetTable>(*this, comm_handle, overrides);
     // A dead global engine (dead peer, abort) fails every set's collectives.
     on_fatal = [this](const std::string& why) { sets_->abort_sets(why); };
@@ -64,7 +64,8 @@ Runtime::Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>
                                     << " ranks but its communicator " << comm_->size());
   loop_ = std::make_unique<BackgroundLoop>(*comm_, cfg_, queue_, stats_, timeline_);
   loop_->set_fatal_listener(std::move(on_fatal));
-  loop_->set_global_join_flag(global_join_, set_id_ == 0);
+  queue_.set_engine_links(links_);
+  loop_->set_engine_links(links_, set_id_ == 0);
   loop_->start();
 }
 

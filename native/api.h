@@ -59,14 +59,14 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>& overrides,
           int process_set_id = 0, std::vector<int> set_ranks = {},
           std::function<void(const std::string&)> on_fatal = nullptr,
-          std::shared_ptr<std::atomic<bool>> global_join = nullptr);
+          std::shared_ptr<EngineLinks> links = nullptr);
   ~Runtime();
 
   int process_set_id() const { return set_id_; }
   const std::vector<int>& set_ranks() const { return set_ranks_; }  // global ranks
-  // True while this process's global join() is pending; the global engine
-  // sets it, set engines read it (Note [Join and process sets]).
-  std::shared_ptr<std::atomic<bool>> global_join_flag() const { return global_join_; }
+  // What the process's engines share (engine_links.h): the global engine
+  // makes it, set engines get it at creation.
+  std::shared_ptr<EngineLinks> engine_links() const { return links_; }
   int64_t generation() const { return generation_; }
   // `message` as this engine reports it: a set's engine names the set (and,
   // for `set_relative` messages of its coordinator, how it numbers ranks).
@@ -177,7 +177,7 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   std::mutex shutdown_mu_;
   int set_id_ = 0;
   std::vector<int> set_ranks_;
-  std::shared_ptr<std::atomic<bool>> global_join_;
+  std::shared_ptr<EngineLinks> links_;
   std::unique_ptr<ProcessSetTable> sets_;  // global engine only
 };
 

@@ -106,8 +106,10 @@ bool BackgroundLoop::cycle() {
     std::lock_guard<std::mutex> lock(mu_);
     abort_message = abort_message_;
   }
-  CycleResult res =
-      coordinator_.cycle(fresh, shutdown_requested_, abort_message, queue_.someone_waits());
+  const bool blocked_here = queue_.someone_waits();
+  CycleResult res = coordinator_.cycle(fresh, shutdown_requested_, abort_message,
+                                       blocked(blocked_here), blocked_here);
+  if (links_ && !res.responses.empty()) links_->progress.fetch_add(1);
   agreed_at_ = clock::now();
   stats_.add("seconds_negotiation", res.negotiation_seconds);
   stats_.add("negotiation.cycles", 1);
@@ -136,48 +138,7 @@ bool BackgroundLoop::cycle() {
   }
 
   // Execute the agreed list front to back (Note [Execution order]).
-  std::vector<size_t> groups = executor_.plan(res.responses);
-  size_t at = 0;
-  for (size_t g : groups) {
-    std::vector<const Response*> group;
-    std::vector<TensorEntry*> entries;
-    for (size_t i = at; i < at + g; ++i) {
-      group.push_back(&res.responses[i]);
-      auto it = pending_.find(res.responses[i].name);
-      entries.push_back(it == pending_.end() ? nullptr : &it->second);
-    }
-    at += g;
-    bool any_local = false;
-    for (TensorEntry* e : entries) any_local = any_local || e != nullptr;
-    // A response this rank never asked for and cannot take part in (a
-    // stall error for another rank's name) needs no work here.
-    if (!any_local && !group[0]->error.empty()) continue;
-    std::vector<HandleResult> results;
-    auto started = clock::now();
-    try {
-      executor_.run_group(group, entries, &results);
-    } catch (const TransportError&) {
-      throw;  // MPI or a peer failed: fatal (run() fails everything)
-    } catch (const std::exception& e) {
-      // Executing an agreed response failed for a reason that is the same on
-      // every rank (e.g. a kernel refusing the input): fail this group's
-      // handles everywhere and keep the runtime alive.
-      results.assign(group.size(), HandleResult{});
-      for (size_t i = 0; i < group.size(); ++i)
-        results[i].error = std::string(e.what()) + " (" + op_kind_name(group[i]->kind) + " '" +
-                           group[i]->name + "')";
-      stats_.add("responses_failed", 1);
-    }
-    for (size_t i = 0; i < group.size(); ++i)
-      if (entries[i] && group[i]->kind == OpKind::kBroadcast && is_tuning_name(group[i]->name))
-        apply_tuning(*group[i], *entries[i], &results[i]);
-    if (timeline_.enabled()) trace_group(group, entries, started);
-    for (size_t i = 0; i < group.size(); ++i) {
-      if (!entries[i]) continue;
-      queue_.complete(*entries[i], std::move(results[i]));
-      pending_.erase(group[i]->name);
-    }
-  }
+  if (!res.responses.empty()) execute(res.responses);
   if (!res.abort_message.empty()) {
     fatal_ = true;
     fail_all("gradflow: aborting because " + res.abort_message);
@@ -218,6 +179,74 @@ bool BackgroundLoop::cycle() {
     }
   }
   return true;
+}
+
+void BackgroundLoop::execute(const std::vector<Response>& responses) {
+  using clock = std::chrono::steady_clock;
+  // While this runs, no engine of this process counts as blocked, and its
+  // end is progress (Note [Waits across engines]: a long collective is not
+  // a deadlock).
+  struct Executing {
+    EngineLinks* links;
+    explicit Executing(EngineLinks* l) : links(l) {
+      if (links) links->executing.fetch_add(1);
+    }
+    ~Executing() {
+      if (!links) return;
+      links->progress.fetch_add(1);
+      links->executing.fetch_sub(1);
+    }
+  } executing(links_.get());
+  std::vector<size_t> groups = executor_.plan(responses);
+  size_t at = 0;
+  for (size_t g : groups) {
+    std::vector<const Response*> group;
+    std::vector<TensorEntry*> entries;
+    for (size_t i = at; i < at + g; ++i) {
+      group.push_back(&responses[i]);
+      auto it = pending_.find(responses[i].name);
+      entries.push_back(it == pending_.end() ? nullptr : &it->second);
+    }
+    at += g;
+    bool any_local = false;
+    for (TensorEntry* e : entries) any_local = any_local || e != nullptr;
+    // A response this rank never asked for and cannot take part in (a
+    // stall error for another rank's name) needs no work here.
+    if (!any_local && !group[0]->error.empty()) continue;
+    std::vector<HandleResult> results;
+    auto started = clock::now();
+    try {
+      executor_.run_group(group, entries, &results);
+    } catch (const TransportError&) {
+      throw;  // MPI or a peer failed: fatal (run() fails everything)
+    } catch (const std::exception& e) {
+      // Executing an agreed response failed for a reason that is the same on
+      // every rank (e.g. a kernel refusing the input): fail this group's
+      // handles everywhere and keep the runtime alive.
+      results.assign(group.size(), HandleResult{});
+      for (size_t i = 0; i < group.size(); ++i)
+        results[i].error = std::string(e.what()) + " (" + op_kind_name(group[i]->kind) + " '" +
+                           group[i]->name + "')";
+      stats_.add("responses_failed", 1);
+    }
+    for (size_t i = 0; i < group.size(); ++i)
+      if (entries[i] && group[i]->kind == OpKind::kBroadcast && is_tuning_name(group[i]->name))
+        apply_tuning(*group[i], *entries[i], &results[i]);
+    if (timeline_.enabled()) trace_group(group, entries, started);
+    for (size_t i = 0; i < group.size(); ++i) {
+      if (!entries[i]) continue;
+      queue_.complete(*entries[i], std::move(results[i]));
+      pending_.erase(group[i]->name);
+    }
+  }
+}
+
+bool BackgroundLoop::blocked(bool blocked_here) {
+  if (!owns_links_) return blocked_here;
+  const uint64_t progress = links_->progress.load();
+  const bool moved = progress != progress_seen_;
+  progress_seen_ = progress;
+  return links_->waiting_threads.load() > 0 && links_->executing.load() == 0 && !moved;
 }
 
 void BackgroundLoop::apply_tuning(const Response& r, const TensorEntry& e, HandleResult* result) {

@@ -74,11 +74,13 @@ class BackgroundLoop {
   // uses it to fail the process's other process-set engines too
   // (Note [Process sets], process_sets.h). Set before start().
   void set_fatal_listener(std::function<void(const std::string&)> f) { on_fatal_ = std::move(f); }
-  // The process's global-join flag: the global engine's loop (`owner`)
-  // keeps it, set engines read it (Note [Join and process sets],
-  // coordinator.h). Set before start().
-  void set_global_join_flag(std::shared_ptr<std::atomic<bool>> flag, bool owner) {
-    coordinator_.set_global_join_flag(std::move(flag), owner);
+  // What the process's engines share (engine_links.h): the global engine's
+  // loop (`owner`) keeps the join flag and watches for waits across engines
+  // (Note [Waits across engines]); set engines read them. Set before start().
+  void set_engine_links(std::shared_ptr<EngineLinks> links, bool owner) {
+    links_ = links;
+    owns_links_ = owner;
+    coordinator_.set_engine_links(std::move(links), owner);
   }
   void start();
   // Asks every rank to stop at the next cycle and waits for the thread.
@@ -101,6 +103,13 @@ class BackgroundLoop {
  private:
   void run();
   bool cycle();  // one tick; false when the loop must stop
+  // Runs the cycle's agreed responses in order and completes their handles.
+  void execute(const std::vector<Response>& responses);
+  // What this rank tells the coordinator's bounded-wait check: a thread
+  // waits on this engine (`blocked_here`), or, on the global engine, on any
+  // engine of the process while nothing anywhere moves (Note [Waits across
+  // engines], engine_links.h).
+  bool blocked(bool blocked_here);
   void fail_all(const std::string& reason);
   // After an agreed autotune broadcast ran (tuning.h): apply its values.
   void apply_tuning(const Response& r, const TensorEntry& e, HandleResult* result);
@@ -125,6 +134,9 @@ class BackgroundLoop {
   std::string failure_;
   std::thread thread_;
   std::function<void(const std::string&)> on_fatal_;
+  std::shared_ptr<EngineLinks> links_;
+  bool owns_links_ = false;
+  uint64_t progress_seen_ = 0;  // links_->progress at this loop's previous cycle
   std::chrono::steady_clock::time_point agreed_at_;  // end of this cycle's negotiation
   int64_t cycles_with_work_ = 0;  // numbers the cycles in debug log lines
   int idle_cycles_ = 0;  // idle cycles in a row (Note [Cycle pacing], idle backoff)

@@ -19,6 +19,9 @@ constexpr uint64_t kFlagBlocked = 8;
 // A member of this process set has a global join() pending (OR across
 // ranks): Note [Join and process sets].
 constexpr uint64_t kFlagJoined = 16;
+// As kFlagBlocked, stored as is: every rank waits on this engine itself
+// (Note [Waits across engines]; on set engines the same as kFlagBlocked).
+constexpr uint64_t kFlagBlockedHere = 32;
 constexpr const char* kJoinName = kJoinTensorName;
 
 void set_bit(std::vector<uint64_t>& w, size_t base, int32_t bit) {
@@ -90,7 +93,8 @@ Coordinator::Coordinator(MpiComm& comm, const Config& cfg)
     : comm_(comm), cfg_(cfg), cache_words_((cfg.cache_capacity + 63) / 64) {}
 
 CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
-                               const std::string& abort_message, bool blocked) {
+                               const std::string& abort_message, bool blocked,
+                               bool blocked_here) {
   auto t0 = std::chrono::steady_clock::now();
   CycleResult result;
   const uint64_t evictions_before = evictions_;
@@ -101,7 +105,7 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
   slow.swap(slow_next_cycle_);
   for (const Request& r : fresh)
     if (r.kind == OpKind::kJoin) joined_ = true;
-  if (owns_global_join_) global_join_->store(joined_);
+  if (owns_links_) links_->global_join.store(joined_);
   for (const Request& r : fresh) {
     auto it = cache_bit_of_.find(r.name);
     if (it != cache_bit_of_.end() && r.kind != OpKind::kJoin) {
@@ -136,9 +140,13 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
   }
 
   // B. one allreduce(BAND) of flags, ready bits and invalid bits.
-  const bool deadlock = all_blocked_ && blocked_for > cfg_.timeout_seconds;
-  bool rank0_due = comm_.rank() == 0 && (stall_action_due() || deadlock);
-  const bool i_joined = global_join_ && !owns_global_join_ && global_join_->load();
+  // Note [Bounded waits] when every rank waits here; Note [Waits across
+  // engines] (global engine only) when some wait on a process set.
+  const bool deadlock = all_blocked_ && all_blocked_here_ && blocked_for > cfg_.timeout_seconds;
+  const bool job_deadlock = owns_links_ && all_blocked_ && !all_blocked_here_ &&
+                            blocked_for > 1.5 * cfg_.timeout_seconds;
+  bool rank0_due = comm_.rank() == 0 && (stall_action_due() || deadlock || job_deadlock);
+  const bool i_joined = links_ && !owns_links_ && links_->global_join.load();
   uint64_t flags = (slow.empty() && invalid.empty() && !rank0_due ? 0 : kFlagSlow) |
                    (shutdown ? kFlagShutdown : 0) | (abort_message.empty() ? 0 : kFlagAbort) |
                    (i_joined ? kFlagJoined : 0);
@@ -154,9 +162,11 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
   }
   for (int32_t b : invalid) clear_bit(words, invalid_base, b);
   words[0] = blocked ? (words[0] | kFlagBlocked) : (words[0] & ~kFlagBlocked);
+  words[0] = blocked_here ? (words[0] | kFlagBlockedHere) : (words[0] & ~kFlagBlockedHere);
   comm_.allreduce_band(words.data(), words.size(), "negotiation (bit vector)");
   const bool all_blocked = (words[0] & kFlagBlocked) != 0;
-  flags = ~words[0] & ~kFlagBlocked;
+  all_blocked_here_ = (words[0] & kFlagBlockedHere) != 0;
+  flags = ~words[0] & ~(kFlagBlocked | kFlagBlockedHere);
   member_joined_ = (flags & kFlagJoined) != 0;
 
   // C. evict invalid responses everywhere, then take the globally ready ones.
@@ -188,8 +198,11 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
     if (comm_.rank() == 0) {
       std::vector<RequestMessage> all;
       for (const auto& bytes : gathered) all.push_back(deserialize_requests(bytes));
+      // Listed before build_slow_responses takes completed names out.
+      const std::string job_abort = job_deadlock ? job_deadlock_message(blocked_for) : "";
       build_slow_responses(all, &decided, deadlock);
       if (member_joined_) fail_names_missing_on_joined(all, &decided);
+      if (!job_abort.empty() && decided.abort_message.empty()) decided.abort_message = job_abort;
     }
     std::vector<uint8_t> bytes = serialize(decided);
     comm_.bcast_vector(bytes, 0, "negotiation (responses from rank 0)");
@@ -207,7 +220,7 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
     }
     result.shutdown = decided.shutdown;
     result.abort_message = decided.abort_message;
-    if (owns_global_join_) global_join_->store(joined_);
+    if (owns_links_) links_->global_join.store(joined_);
   }
   // Note [Bounded waits]: the same flags and responses on every rank, so
   // every rank's clock starts and stops at the same cycle.
@@ -476,6 +489,29 @@ void Coordinator::check_stalls(ResponseMessage* out, bool deadlock) {
     }
     ++it;
   }
+}
+
+std::string Coordinator::job_deadlock_message(double blocked_for) const {
+  std::ostringstream m;
+  m << "every rank has waited " << static_cast<int>(blocked_for)
+    << " s in collectives that cannot complete, not all of them on the global process set "
+       "(collectives of different process sets, or of a set and the global set, called in "
+       "different orders on different ranks?). Nothing can move, so the job is aborted "
+       "(after GRADFLOW_TIMEOUT x 1.5)";
+  if (table_order_.empty()) {
+    m << ". Nothing is pending on the global set; the waits are on process sets";
+  } else {
+    m << ". Pending on the global set:";
+    for (const std::string& name : table_order_) {
+      const PendingOnRank0& p = table_.at(name);
+      std::ostringstream have, missing;
+      for (size_t r = 0; r < p.by_rank.size(); ++r)
+        (p.by_rank[r].name.empty() ? missing : have) << r << " ";
+      m << " '" << name << "' submitted by ranks [ " << have.str() << "], missing on ranks [ "
+        << missing.str() << "];";
+    }
+  }
+  return m.str();
 }
 
 }  // namespace gradflow

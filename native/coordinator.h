@@ -77,6 +77,7 @@
 #include <vector>
 
 #include "config.h"
+#include "engine_links.h"
 #include "message.h"
 #include "mpi_comm.h"
 
@@ -99,16 +100,20 @@ class Coordinator {
   // One collective negotiation round. `fresh` are requests submitted on
   // this rank since the last cycle.
   // `blocked`: a thread of this rank is waiting on a handle (see Note
-  // [Bounded waits]).
+  // [Bounded waits]); on the global engine, on any engine's, while nothing
+  // moves, and `blocked_here` says whether on this engine's (Note [Waits
+  // across engines], engine_links.h). Set engines pass the same for both.
   CycleResult cycle(const std::vector<Request>& fresh, bool shutdown,
-                    const std::string& abort_message, bool blocked = false);
+                    const std::string& abort_message, bool blocked = false,
+                    bool blocked_here = false);
 
-  // Note [Join and process sets]: the global engine's coordinator (`owner`)
-  // keeps `flag` true while this process's join() is pending; a set
-  // engine's reads it. Before the first cycle.
-  void set_global_join_flag(std::shared_ptr<std::atomic<bool>> flag, bool owner) {
-    global_join_ = std::move(flag);
-    owns_global_join_ = owner;
+  // What this process's engines share (engine_links.h): the global
+  // engine's coordinator (`owner`) keeps the join flag (Note [Join and
+  // process sets]) and reports whole-job deadlocks (Note [Waits across
+  // engines]); a set engine's reads them. Before the first cycle.
+  void set_engine_links(std::shared_ptr<EngineLinks> links, bool owner) {
+    links_ = std::move(links);
+    owns_links_ = owner;
   }
 
   // Cache entries removed so far (invalidated, demoted or recycled).
@@ -140,6 +145,9 @@ class Coordinator {
   Response validate(const std::string& name, const std::vector<Request>& reqs,
                     std::string* abort_job);
   void check_stalls(ResponseMessage* out, bool deadlock);
+  // Rank 0 of the global engine: why the job aborts when every rank waits,
+  // not all on this engine (Note [Waits across engines]).
+  std::string job_deadlock_message(double blocked_for) const;
   bool stall_action_due() const;
   void insert_cache(const Response& r, const std::string& signature);
   // Removes `bit`'s entry (if any); a request of this rank waiting on it
@@ -171,9 +179,9 @@ class Coordinator {
   int last_joined_rank_ = -1;   // rank 0: the latest of them (join() returns it)
 
   bool joined_ = false;  // this rank called join() and waits for the others
-  // Note [Join and process sets].
-  std::shared_ptr<std::atomic<bool>> global_join_;
-  bool owns_global_join_ = false;
+  // Note [Join and process sets], Note [Waits across engines].
+  std::shared_ptr<EngineLinks> links_;
+  bool owns_links_ = false;
   bool member_joined_ = false;  // a set member had joined as of the last cycle
 
   // Note [Bounded waits]: every rank blocked in wait() while no response
@@ -182,7 +190,10 @@ class Coordinator {
   // all are blocked with nothing agreed for GRADFLOW_TIMEOUT / 2, cached
   // waiters are demoted to the slow path, and after GRADFLOW_TIMEOUT rank 0
   // fails every pending name on every rank, saying who submitted what.
+  // The global engine's `blocked` counts waits on any engine of the process
+  // (Note [Waits across engines], engine_links.h).
   bool all_blocked_ = false;
+  bool all_blocked_here_ = false;  // ... and, in the last cycle, all on this engine
   std::chrono::steady_clock::time_point all_blocked_since_;
 };
 

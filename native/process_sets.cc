@@ -143,7 +143,7 @@ int ProcessSetTable::add(const std::vector<int>& requested) {
           [&global, id](const std::string& why) {
             global.abort("process set " + std::to_string(id) + " failed: " + why);
           },
-          global.global_join_flag());
+          global.engine_links());
     } catch (...) {
       free_communicator_handle(sub);
       throw;

@@ -91,6 +91,16 @@ std::optional<HandleResult> TensorQueue::wait(int64_t handle,
   // rest when the loop stops), so this wait ends. Several threads may wait on
   // one handle: each gets the result, the last one out forgets it.
   ++waiters_[handle];
+  // Counted process-wide too while it waits (Note [Waits across engines]).
+  struct ProcessWaiter {
+    EngineLinks* links;
+    explicit ProcessWaiter(EngineLinks* l) : links(l) {
+      if (links) links->waiting_threads.fetch_add(1);
+    }
+    ~ProcessWaiter() {
+      if (links) links->waiting_threads.fetch_sub(1);
+    }
+  } process_waiter(links_.get());
   if (!finished_.count(handle)) {
     // Note [Short spins] (tensor_queue.h): poll a little before sleeping.
     const uint64_t seen = completions_.load(std::memory_order_acquire);

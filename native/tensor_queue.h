@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "engine_links.h"
 #include "message.h"
 
 namespace gradflow {
@@ -106,6 +107,10 @@ class TensorQueue {
   // Whether some thread is blocked in wait() now (the coordinator's
   // deadlock check: every rank blocked, nothing can complete).
   bool someone_waits() const;
+  // Waits are also counted in `links->waiting_threads`, shared by the
+  // process's engines (Note [Waits across engines], engine_links.h).
+  // Before the first wait().
+  void set_engine_links(std::shared_ptr<EngineLinks> links) { links_ = std::move(links); }
   // Whether a handle is still in flight or holds a result nobody waited for.
   bool holds_handles() const;
   // The caller dropped the handle: forget its result (now, or on completion).
@@ -128,6 +133,7 @@ class TensorQueue {
                    std::chrono::microseconds spin = std::chrono::microseconds(0));
 
  private:
+  std::shared_ptr<EngineLinks> links_;
   mutable std::mutex mu_;
   std::condition_variable done_cv_;
   std::condition_variable wake_cv_;
