@@ -95,7 +95,14 @@ class ElasticSampler(torch.utils.data.Sampler):
 
     def __iter__(self) -> Iterator[int]:
         indices = self.remaining_indices[:]
-        indices += indices[:self.total_size - len(indices)]  # pad to a multiple of the ranks
+        # Pad to a multiple of the ranks so that every rank yields exactly
+        # num_samples: a rank with fewer batches would wait in a collective
+        # the others never start. Fewer samples left than ranks (a group that
+        # grew near the end of an epoch) needs the list repeated more than
+        # once (torch's DistributedSampler does the same).
+        pad = self.total_size - len(indices)
+        if pad > 0:
+            indices += (indices * math.ceil(pad / len(indices)))[:pad]
         return iter(indices[self.rank:self.total_size:self.num_replicas])
 
     def __len__(self) -> int:
