@@ -103,6 +103,10 @@ class ElasticDriver:
         self.resets = 0
         self.notified_gen = -1               # generation told about waiting newcomers
         self.finished = False                # a worker ended its training successfully
+        # The first worker that failed once another had finished (a crash in
+        # a checkpoint save after train()): no reset can mend it, and the
+        # job must not report success. (what, exit code)
+        self.failed_after_finish: Optional[tuple] = None
         self.lost: List[str] = []            # what failed, for the final message
         self.aborted: Optional[str] = None
         self.below_min_since: Optional[float] = None
@@ -322,6 +326,8 @@ class ElasticDriver:
         delay = self.hosts.blacklist(w.host)
         self.note(f"{what}; host {w.host} blacklisted "
                   + ("for the rest of the job" if delay == float("inf") else f"for {delay:g} s"))
+        if self.finished and self.failed_after_finish is None:
+            self.failed_after_finish = (what, code)
         if self.finished or self.aborted:
             return
         if w in self.forming:
@@ -384,8 +390,19 @@ class ElasticDriver:
             return 130
         finally:
             self.server.close()
+        return self._exit_code()
+
+    def _exit_code(self) -> int:
+        """gradflowrun's exit status once every worker has exited: 0 only
+        if training finished and no worker failed afterwards; a worker that
+        failed after another finished gives its own code (128 + N for a
+        signal N), like a failed rank of a non-elastic job."""
         if self.aborted:
             return 1
+        if self.finished and self.failed_after_finish is not None:
+            what, code = self.failed_after_finish
+            self.note(f"training finished, but {what} afterwards")
+            return code if code > 0 else 128 - code
         if self.finished:
             return 0
         self.note("every worker failed" + self._lost_text())

@@ -15,6 +15,9 @@ environment:
                        loaded machine)
   ELASTIC_OPTIMIZER    DistributedOptimizer options: "csc" (sparse_ratio=0.1,
                        fp16 wire), "bpps2" (backward_passes_per_step=2)
+  ELASTIC_EXIT_AFTER   "WORKER:CODE": that worker waits 2 s after training (so
+                       another has finished) and exits with CODE, as a crash in
+                       a checkpoint save would
   ELASTIC_SAMPLES      if set, log a "batch" event per step: epoch, step, the
                        reset count and the dataset indices this rank trained on
                        (the test checks ElasticSampler's coverage with them)
@@ -154,6 +157,11 @@ def main():
     sys.stdout.write(f"RESULT worker={WORKER} rank={hvd.rank()} size={hvd.size()} "
                      f"acc={acc:.4f}\n")
     sys.stdout.flush()
+    who, _, code = os.environ.get("ELASTIC_EXIT_AFTER", "").partition(":")
+    if who == WORKER:
+        time.sleep(2)
+        sys.stderr.write(f"worker {WORKER}: failing after training, code {code}\n")
+        sys.exit(int(code))
 
 
 if __name__ == "__main__":

@@ -210,6 +210,20 @@ def test_below_min_np_ends_with_a_message(tmp_path):
     assert time.time() - t0 < 90
 
 
+def test_a_worker_failing_after_another_finished_fails_the_job(tmp_path):
+    """Both workers finish training; then worker 1 exits 3 (a failed
+    checkpoint save) after worker 0 has exited 0. gradflowrun used to report
+    success (the failure only went to its list of losses): it exits with
+    the failed worker's code and says why."""
+    r = gradflowrun(["--min-np", "1", "-np", "2", "--max-np", "2"], tmp_path,
+                    ELASTIC_EPOCHS="1", ELASTIC_EXIT_AFTER="1:3", timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 3, out
+    assert ("training finished, but rank 1 (worker 1 on host localhost) exited with code 3 "
+            "afterwards") in out, out
+    check_identical(results(tmp_path), 2)
+
+
 def test_reset_limit_ends_the_job_after_the_limit(tmp_path):
     """--reset-limit 1: the first lost worker costs reset 1 and the job goes
     on with 2; the second loss would be reset 2: the job ends with a message
