@@ -28,6 +28,7 @@ from . import _native  # noqa: E402
 from . import _handles  # noqa: E402
 from . import monitor as _monitor  # noqa: E402
 from . import process_sets as _process_sets  # noqa: E402
+from . import settings_check as _settings_check  # noqa: E402
 from ._handles import Handle  # noqa: E402
 from .runner import notice as _notice  # noqa: E402
 from .elastic import worker as _elastic  # noqa: E402
@@ -47,8 +48,19 @@ _generation = 0  # successful init() calls (see generation())
 
 
 def _mpi():
-    """mpi4py.MPI; the first call initializes MPI (at THREAD_MULTIPLE)."""
-    from mpi4py import MPI  # noqa: PLC0415
+    """mpi4py.MPI; the first call initializes MPI (at THREAD_MULTIPLE).
+    MPI's start-up waits for every rank of the job, holding the GIL, and
+    gradflow's bounded waits start only after it: a native watchdog ends
+    the process with a message if it takes longer than GRADFLOW_TIMEOUT (a
+    rank that never calls init(); native/init_watchdog.h)."""
+    if "mpi4py.MPI" in sys.modules:
+        from mpi4py import MPI  # noqa: PLC0415
+        return MPI
+    _native.arm_init_watchdog()
+    try:
+        from mpi4py import MPI  # noqa: PLC0415
+    finally:
+        _native.disarm_init_watchdog()
     return MPI
 
 
@@ -64,6 +76,10 @@ def init(comm: Optional[Union[MPI.Comm, Sequence[int]]] = None,
     global _comm, _hooks_installed
     if _native.is_initialized():
         return
+    # GRADFLOW_* variables only Python reads (GRADFLOW_TF_OVERLAP) are
+    # rejected here, as the core rejects its own below, not first when a
+    # TensorFlow step is traced (settings_check.py); before MPI starts.
+    _settings_check.check_python_settings()
     MPI = _mpi()
     if isinstance(process_sets, str) and process_sets.lower() == "dynamic":
         process_sets = []

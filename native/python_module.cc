@@ -13,6 +13,7 @@
 
 #include "api.h"
 #include "fusion_buffer.h"
+#include "init_watchdog.h"
 #include "reduce_kernels.h"
 #include "sparse_chunks.h"
 #include "sparse_pool_residual.h"
@@ -256,6 +257,20 @@ PYBIND11_MODULE(_native, m) {
         "(data, shape, recv_splits, wire_overflow). `interruptible` (the main thread): a "
         "signal handler's exception (KeyboardInterrupt) ends the wait within 0.1 s and the "
         "handle stays in flight.");
+  m.def("arm_init_watchdog",
+        [] {
+          double seconds = Config{}.timeout_seconds;
+          try {
+            seconds = load_config({}).timeout_seconds;
+          } catch (const std::exception&) {
+            // A bad GRADFLOW_* value is init()'s to report, once MPI is up.
+          }
+          arm_init_watchdog(seconds);
+        },
+        "Before MPI's start-up in init(): exit the process with a message if it has not "
+        "returned within GRADFLOW_TIMEOUT (init_watchdog.h).");
+  m.def("disarm_init_watchdog", [] { disarm_init_watchdog(); },
+        "MPI's start-up returned: the watchdog stands down.");
   m.def("threads_waiting", [] { return process().waiting.load(); },
         "Number of threads inside wait() (Note [Runtime ownership]).");
   m.def("release",
