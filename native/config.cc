@@ -5,6 +5,8 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 
@@ -28,13 +30,23 @@ std::string lower(std::string s) {
   return s;
 }
 
+std::string number_text(double v) {
+  if (v == std::floor(v) && std::fabs(v) < 1e18) return std::to_string(static_cast<int64_t>(v));
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
 double parse_number(const KeySpec& spec, const std::string& value, bool integer) {
   char* end = nullptr;
   double v = std::strtod(value.c_str(), &end);
   if (value.empty() || end == value.c_str() || *end != '\0' || !std::isfinite(v))
     reject(spec.key, value, "not a number");
   if (integer && v != std::floor(v)) reject(spec.key, value, "not an integer");
-  if (v < spec.lo || v > spec.hi) reject(spec.key, value, "out of range");
+  // The bounds themselves, not only the help text (which may say less).
+  if (v < spec.lo || v > spec.hi)
+    reject(spec.key, value,
+           "out of range " + number_text(spec.lo) + " <= value <= " + number_text(spec.hi));
   return v;
 }
 

@@ -45,6 +45,20 @@ def test_bad_values_rejected_with_range(env, value, fragment):
     assert env in msg and fragment in msg and "Accepted" in msg and KEYS[env]["flag"] in msg
 
 
+@pytest.mark.parametrize("env,value,bounds", [
+    # Help texts that name no upper bound (or none at all): the message does.
+    ("GRADFLOW_STALL_CHECK_TIME", "100000", "0 <= value <= 86400"),
+    ("GRADFLOW_STALL_SHUTDOWN_TIME", "-1", "0 <= value <= 86400"),
+    ("GRADFLOW_FUSION_THRESHOLD", "2000000000000", "0 <= value <= 1000000000000"),
+    ("GRADFLOW_POOL_BUCKET_BYTES", "100", "4096 <= value <= 1000000000000"),
+    ("GRADFLOW_SPARSE_RATIO", "1e-9", "1e-06 <= value <= 1"),
+])
+def test_out_of_range_names_the_bounds(env, value, bounds):
+    with pytest.raises(_native.GradflowError) as e:
+        _native.validate_config({env: value})
+    assert f"out of range {bounds}" in str(e.value), str(e.value)
+
+
 @pytest.mark.parametrize("env,value", [
     ("GRADFLOW_LOG_LEVEL", "DEBUG"), ("GRADFLOW_LOG_LEVEL", "Trace"), ("GRADFLOW_WIRE_DTYPE", "FP16"),
     ("GRADFLOW_TIMELINE_MARK_CYCLES", "1"), ("GRADFLOW_TIMELINE_MARK_CYCLES", "False"),
