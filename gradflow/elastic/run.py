@@ -40,10 +40,24 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[...,
                 skip_sync = False
             except HostsUpdatedInterrupt as e:
                 skip_sync = e.skip_sync
-            reset()
+            skip_sync = not _reset_and_agree(not skip_sync, reset)
             state.on_reset()
 
     return wrapper
+
+
+def _reset_and_agree(want_sync: bool, reset: Callable[[], None]) -> bool:
+    """reset(), then whether to sync the state in the new generation. This
+    worker's wish (skip only when hosts were only removed) is decided before
+    it knows who else joins; the driver decides for the whole generation
+    (a newcomer, or any member that wants it, means a sync), since one rank
+    syncing while another does not stalls both in the broadcast."""
+    link = _worker.current()
+    if link is not None:
+        link.wants_sync = want_sync
+    reset()
+    link = _worker.current()
+    return want_sync if link is None else link.sync
 
 
 def reset_runtime() -> None:

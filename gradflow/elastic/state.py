@@ -68,7 +68,9 @@ class State:
         """Raise HostsUpdatedInterrupt on every rank, together, when the
         driver reported hosts added or removed (the ranks agree by one small
         allreduce, so none raises alone). skip_sync is True when hosts were
-        only removed: the survivors' states are already equal."""
+        only removed: the survivors' states are already equal. It is only a
+        wish: a newcomer may join the same generation, and the driver's
+        assignment decides for all (run.py, _reset_and_agree)."""
         link = _worker.current()
         if link is None:
             return

@@ -10,11 +10,13 @@ intracommunicator, then ordered by the assigned rank). A generation's
 communicator is abandoned, never freed collectively, when a peer dies.
 
 The link is one TCP connection carrying JSON lines. Driver -> worker:
-``assign`` (gen, rank, size), ``port`` (gen, port name), ``failure`` (gen,
+``assign`` (gen, rank, size, sync: whether the generation syncs state),
+``port`` (gen, port name), ``failure`` (gen,
 message: a peer of that generation died), ``hosts_updated`` (gen, removed),
 ``exit`` (this worker is no longer needed: its host was removed) and
 ``abort`` (the job ends: below --min-np, reset limit, ...). Worker -> driver:
-``hello`` (worker id), ``ready`` (wants the next generation), ``port``
+``hello`` (worker id), ``ready`` (wants the next generation; sync: whether
+it wants a state sync there), ``port``
 (rank 0 published its port), ``joined`` (connected: the next rank may
 connect), ``formed``.
 """
@@ -61,6 +63,13 @@ class DriverLink:
         self.updates = 0               # hosts_updated notices received for `gen`
         self.removed = False           # some update removed a host
         self.added = False             # some update added one
+        # The state sync after a reset is one collective: every member of a
+        # generation must agree to run it or not. A worker says what it wants
+        # (set by the run loop before it asks for the generation); the driver
+        # decides for all (a newcomer, or any member that wants it) and the
+        # assignment carries the decision.
+        self.wants_sync = True
+        self.sync = True               # the decision for generation `gen`
         self.on_failure: Callable[[str], None] = lambda message: None
         self.closed = False
         self._send({"op": "hello", "worker": worker_id, "pid": os.getpid()})
@@ -126,12 +135,13 @@ class DriverLink:
         form the generation's communicator (an mpi4py intracommunicator)."""
         from mpi4py import MPI  # noqa: PLC0415 - MPI starts here, not at import
         deadline = time.monotonic() + self.timeout
-        self._send({"op": "ready", "gen": self.gen})
+        self._send({"op": "ready", "gen": self.gen, "sync": self.wants_sync})
         msg = self._next_control("an assignment", deadline)
         while msg.get("op") != "assign":
             msg = self._next_control("an assignment", deadline)
         gen, rank, size = int(msg["gen"]), int(msg["rank"]), int(msg["size"])
         self.gen, self.rank, self.failure = gen, rank, None
+        self.sync = bool(msg.get("sync", True))
         self.updates, self.removed, self.added = 0, False, False
         comm = form_communicator(MPI, rank, size,
                                  publish=lambda port: self._send({"op": "port", "gen": gen,

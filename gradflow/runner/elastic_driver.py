@@ -68,6 +68,7 @@ class Worker:
         self.rank = -1            # its rank there
         self.formed = False
         self.dismiss = False      # its host was removed: send `exit` when ready
+        self.wants_sync = True    # its last `ready` asked for a state sync
         self.started = time.monotonic()
 
     def send(self, msg: Dict) -> None:
@@ -216,12 +217,20 @@ class ElasticDriver:
         # State.sync broadcasts), then newcomers in arrival order.
         ready.sort(key=lambda w: (w.rank < 0, w.rank, int(w.id)))
         members = ready[:self.max_np]
+        # State.sync is a collective: all members run it or none does. A
+        # survivor decides to skip it (hosts only removed) before it knows
+        # the membership; a newcomer (never in a generation) must receive
+        # the state. Deciding here, for all, keeps them from pairing a sync
+        # with none (a stall, then a crash: a host removed while another
+        # was added).
+        sync = any(w.gen < 0 or w.wants_sync for w in members)
         self.gen += 1
         self.forming = members
         for r, w in enumerate(members):
             w.state, w.gen, w.rank, w.formed = "running", self.gen, r, False
         for w in members:
-            w.send({"op": "assign", "gen": self.gen, "rank": w.rank, "size": len(members)})
+            w.send({"op": "assign", "gen": self.gen, "rank": w.rank, "size": len(members),
+                    "sync": sync})
         self.note(f"generation {self.gen}: {len(members)} worker(s) on "
                   + ", ".join(sorted({w.host for w in members})))
 
@@ -288,6 +297,7 @@ class ElasticDriver:
                           f"{time.monotonic() - w.started:.1f} s after its start; it joins at "
                           "the running workers' next commit")
             w.state = "ready"
+            w.wants_sync = bool(msg.get("sync", True))
         elif op == "port" and msg.get("gen") == self.gen and self.forming:
             # Connects go one at a time: rank r gets the port once rank r-1
             # has joined (concurrent connects to one port crashed MPICH 5.0

@@ -56,3 +56,40 @@ def test_success_and_recovered_failures_still_exit_0():
     d._on_exit(w0, 0)
     d._on_exit(w1, 0)
     assert d._exit_code() == 0
+
+
+def assignments(d):
+    return {w.id: next(m for m in reversed(w.sent) if m["op"] == "assign")
+            for w in d.workers.values() if any(m["op"] == "assign" for m in w.sent)}
+
+
+def test_assignment_says_sync_when_a_newcomer_joins():
+    """A host removed while another was added: the survivors' interrupt said
+    'only removed, skip the sync' (ready with sync False), but the generation
+    also holds a newcomer that syncs. The assignment tells every member to
+    sync: all of them, or none, run State.sync's broadcasts."""
+    d = driver(min_np=2)
+    s0, s1 = worker(d, 0, gen=0, rank=0), worker(d, 1, gen=0, rank=1)
+    new = worker(d, 3, state="ready")  # started on the added host, never in a generation
+    d.gen, d.members = 0, [s0, s1]
+    for w in (s0, s1):
+        d._on_message(w, {"op": "ready", "gen": 0, "sync": False})
+    d._try_form()
+    a = assignments(d)
+    assert sorted(a) == ["0", "1", "3"] and [a[i]["rank"] for i in "013"] == [0, 1, 2]
+    assert all(m["sync"] is True for m in a.values()), a
+    assert new.gen == 1
+
+
+def test_assignment_skips_sync_only_when_no_member_wants_it():
+    """Survivors only, none asking for a sync (hosts only removed): no sync.
+    One survivor asking (it rolled back after a lost peer while the other
+    saw only the removal): every member syncs."""
+    for wishes, expect in [((False, False), False), ((False, True), True)]:
+        d = driver(min_np=2)
+        members = [worker(d, i, gen=3, rank=i) for i in range(2)]
+        d.gen, d.members = 3, members
+        for w, wish in zip(members, wishes):
+            d._on_message(w, {"op": "ready", "gen": 3, "sync": wish})
+        d._try_form()
+        assert [m["sync"] for m in assignments(d).values()] == [expect] * 2, wishes

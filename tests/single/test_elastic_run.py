@@ -1,0 +1,75 @@
+"""The elastic run loop's sync decision (gradflow/elastic/run.py), with a
+fake state and a fake reset standing in for the driver's assignment."""
+import importlib
+
+import pytest
+
+from gradflow._basics import HostsUpdatedInterrupt
+from gradflow.elastic import worker as worker_mod
+
+run_mod = importlib.import_module("gradflow.elastic.run")  # gradflow.elastic.run is also a function
+
+
+class FakeState:
+    def __init__(self):
+        self.calls = []
+
+    def sync(self):
+        self.calls.append("sync")
+
+    def restore(self):
+        self.calls.append("restore")
+
+    def on_reset(self):
+        self.calls.append("on_reset")
+
+
+class FakeLink:
+    """What the run loop reads of DriverLink: the wish it sends with `ready`
+    and the driver's decision in the assignment."""
+    wants_sync = True
+    sync = True
+
+
+@pytest.mark.parametrize("driver_says", [True, False])
+def test_survivor_syncs_when_the_assignment_says_so(monkeypatch, driver_says):
+    """The interrupt says 'hosts only removed: skip the sync' (decided before
+    the membership is known); the next generation's assignment says whether
+    a newcomer is in it. The survivor follows the assignment: it used to
+    skip the sync while the newcomer ran it (a stall, then a crash)."""
+    link = FakeLink()
+    monkeypatch.setattr(worker_mod, "_link", link)
+    wishes = []
+
+    def reset():  # the driver's assignment for the next generation
+        wishes.append(link.wants_sync)
+        link.sync = driver_says
+
+    state, attempts = FakeState(), []
+
+    def train(state):
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise HostsUpdatedInterrupt(True)  # only removed, as agreed at the commit
+        return "done"
+
+    assert run_mod.run_fn(train, reset)(state) == "done"
+    assert wishes == [False], "the worker must tell the driver it would skip"
+    after = ["sync"] if driver_says else []
+    assert state.calls == ["sync", "on_reset"] + after
+
+
+def test_without_a_driver_the_interrupt_decides(monkeypatch):
+    monkeypatch.setattr(worker_mod, "_link", None)
+    state, attempts = FakeState(), []
+
+    def train(state):
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise HostsUpdatedInterrupt(True)
+        if len(attempts) == 2:
+            raise HostsUpdatedInterrupt(False)
+        return "done"
+
+    assert run_mod.run_fn(train, lambda: None)(state) == "done"
+    assert state.calls == ["sync", "on_reset", "on_reset", "sync"]
