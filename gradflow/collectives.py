@@ -20,6 +20,7 @@ from ._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, JOIN,
                        GradflowError, advance_auto_names, auto_name, auto_name_counts, rank, submit)
 from .compression import wire_code
 from .process_sets import ProcessSet
+from .settings_check import native_sparse_ratio
 
 
 class ReduceOp(enum.IntEnum):
@@ -123,14 +124,14 @@ def allreduce_async(array: ArrayLike, op: ReduceOp = Average, name: Optional[str
     a rank submitting this name under another tag aborts the job with both
     tags (the ranks run different steps; native Note [Step tags])."""
     code = native_reduce_op(op)  # before naming: a bad op leaves the name counters alone
+    ratio = native_sparse_ratio(sparse_ratio, "allreduce")  # GRADFLOW_SPARSE_RATIO's limits
     a = _prepare(array)
     out = np.empty_like(a)
     name = auto_name(ALLREDUCE, name, process_set)
     return submit(ALLREDUCE, name, a.ctypes.data, out.ctypes.data, _dtypes.code_of_numpy(a.dtype),
                   a.shape, (a, out), lambda r: out, op=code, wire=wire_code(compression),
                   prescale=prescale_factor, postscale=postscale_factor,
-                  sparse_ratio=-1.0 if sparse_ratio is None else sparse_ratio,
-                  process_set=process_set, step_tag=step_tag)
+                  sparse_ratio=ratio, process_set=process_set, step_tag=step_tag)
 
 
 def allreduce(array: ArrayLike, op: ReduceOp = Average, name: Optional[str] = None,

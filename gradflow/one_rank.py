@@ -21,11 +21,11 @@ core; eager calls decide on every call.
 """
 from __future__ import annotations
 
-import numbers
 from typing import Any, Optional
 
 from .elastic import worker as _elastic_worker
 from .process_sets import process_set_size
+from .settings_check import native_sparse_ratio
 
 
 def gradients_are_local(process_set: Any, what: str, traced: bool) -> bool:
@@ -40,11 +40,8 @@ def gradients_are_local(process_set: Any, what: str, traced: bool) -> bool:
 
 
 def check_sparse_ratio(sparse_ratio: Optional[float], what: str) -> None:
-    """ValueError unless `sparse_ratio` is None (GRADFLOW_SPARSE_RATIO) or in
-    (0, 1]: what the core refuses at submit, refused where no submit happens."""
-    if sparse_ratio is None:
-        return
-    if isinstance(sparse_ratio, bool) or not isinstance(sparse_ratio, numbers.Real) \
-            or not 0 < sparse_ratio <= 1:
-        raise ValueError(f"gradflow: {what}: sparse_ratio must be None or in (0, 1], "
-                         f"got {sparse_ratio!r}")
+    """GradflowValueError (a ValueError) unless `sparse_ratio` is None
+    (GRADFLOW_SPARSE_RATIO applies) or a number GRADFLOW_SPARSE_RATIO would
+    accept (settings_check.py): refused where the wrapper is built, and where
+    no submit happens (one rank)."""
+    native_sparse_ratio(sparse_ratio, what)

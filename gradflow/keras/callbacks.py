@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import collectives as _c
 from .._runtime import GradflowError, rank, size
+from ..settings_check import native_sparse_ratio
 from .hyperparameter_check import restart_crc_of
 from .optimizer import is_distributed
 from .stats_callback import TensorBoardStatsCallback  # noqa: F401  (gradflow.keras.callbacks.*)
@@ -309,10 +310,12 @@ class SparseWarmupCallback(keras.callbacks.Callback):
 
     def __init__(self, warmup_epochs: int, sparse_ratio: float):
         super().__init__()
-        if not 0 < sparse_ratio <= 1:
-            raise ValueError(f"gradflow: sparse_ratio must be in (0, 1], got {sparse_ratio}")
+        if sparse_ratio is None:  # a ratio to switch to is this callback's point
+            raise ValueError("gradflow: SparseWarmupCallback: sparse_ratio must be a number, "
+                             "got None")
         self.warmup_epochs = int(warmup_epochs)
-        self.sparse_ratio = float(sparse_ratio)
+        # GRADFLOW_SPARSE_RATIO's limits, here rather than at the warm-up's end.
+        self.sparse_ratio = native_sparse_ratio(sparse_ratio, "SparseWarmupCallback")
 
     def on_epoch_begin(self, epoch: int, logs: Optional[Dict] = None) -> None:
         opt = self.model.optimizer

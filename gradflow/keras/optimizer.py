@@ -371,6 +371,9 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
         raise ValueError("gradflow: the optimizer is already a DistributedOptimizer")
     if int(backward_passes_per_step) < 1:
         raise ValueError(f"gradflow: backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    # GRADFLOW_SPARSE_RATIO's limits (settings_check.py), before anything
+    # else reads it as a number.
+    check_sparse_ratio(sparse_ratio, "DistributedOptimizer")
     if num_groups or groups is not None:
         raise ValueError("gradflow: DistributedOptimizer(num_groups=, groups=) is not supported "
                          "(gradflow fuses gradients by its own bucket size, "
@@ -380,7 +383,6 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
         # At construction, not at the first step inside fit (as Horovod).
         raise ValueError("gradflow: gradient_predivide_factor needs op=Average")
     _c.check_adasum_options(op, wire_code(compression), sparse_ratio, "DistributedOptimizer")
-    check_sparse_ratio(sparse_ratio, "DistributedOptimizer")
     base = optimizer.__class__
     if int(backward_passes_per_step) > 1 and isinstance(optimizer,
                                                         keras.optimizers.LossScaleOptimizer):

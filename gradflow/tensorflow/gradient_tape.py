@@ -147,11 +147,13 @@ class DistributedGradientTape:
                  scale_local_gradients: bool = True, *, sparse_ratio: Optional[float] = None,
                  name: str = "DistributedGradientTape"):
         del device_dense, device_sparse  # documented no-ops on CPU
+        # GRADFLOW_SPARSE_RATIO's limits (settings_check.py), before anything
+        # else reads it as a number.
+        check_sparse_ratio(sparse_ratio, "DistributedGradientTape")
         _check_groups(num_groups, groups, "DistributedGradientTape")
         # Registered, and this rank a member: a non-member's tape could never reduce.
         member_id(process_set, "DistributedGradientTape")
         check_adasum_options(op, wire_code(compression), sparse_ratio, "DistributedGradientTape")
-        check_sparse_ratio(sparse_ratio, "DistributedGradientTape")
         if isinstance(gradtape, DistributedGradientTape):
             gradtape = gradtape._tape
         self._tape = gradtape

@@ -58,6 +58,7 @@ from ..collectives import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, op
                            reduce_op)
 from ..compression import Compression, wire_code
 from ..hyperparameter_tag import combine
+from ..settings_check import native_sparse_ratio
 from ..process_sets import (ProcessSet, global_process_set, process_set_id, process_set_rank,
                             process_set_size)
 
@@ -175,6 +176,8 @@ def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op
         _check_dtype(t, "allreduce")
     op = reduce_op(op)
     wire_code(compression)  # validate now, not inside the callback
+    if not callable(sparse_ratio):  # (a callable is checked per call, by allreduce_async)
+        native_sparse_ratio(sparse_ratio, "allreduce")
     round_inputs = list(round_tag.inputs()) if round_tag is not None else []
     count = len(tensors)
 

@@ -49,9 +49,10 @@ from ..collectives import ReduceOp, reduce_op
 from ..compression import Compression, wire_code
 from ..hyperparameter_tag import combine
 from ..process_sets import ProcessSet
+from ..settings_check import TF_OVERLAP_ENV, tf_overlap_enabled
 from .ops import SparseRatio, _check_dtype, _check_not_xla, _resolve_ratio, grouped_allreduce_raw
 
-OVERLAP_ENV = "GRADFLOW_TF_OVERLAP"
+OVERLAP_ENV = TF_OVERLAP_ENV
 
 # handle key -> (core handle, static output shape); filled by submit nodes,
 # emptied by wait nodes. Keys are unique per process (itertools.count is
@@ -64,13 +65,11 @@ _submits = 0  # overlapped submits run so far (tests and probes check the path w
 
 def overlap_enabled() -> bool:
     """Whether graph-mode gradient reduction overlaps with backward
-    (GRADFLOW_TF_OVERLAP: 1/true/on (default) or 0/false/off)."""
-    raw = os.environ.get(OVERLAP_ENV, "1").strip().lower()
-    if raw in ("1", "true", "yes", "on", ""):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"gradflow: {OVERLAP_ENV}={os.environ[OVERLAP_ENV]!r}: expected 1 or 0")
+    (GRADFLOW_TF_OVERLAP: 1/true/on (default) or 0/false/off). Read again
+    at each trace, so a program may switch it between steps; init() has
+    already rejected a bad value in the environment it started with
+    (settings_check.py)."""
+    return tf_overlap_enabled(os.environ)
 
 
 def pending_count() -> int:

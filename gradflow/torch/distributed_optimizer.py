@@ -55,7 +55,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       and sparse_ratio as the copy path does (one CSC residual per gradient).
     num_groups: deprecated in Horovod (DeprecationWarning); used as `groups`
       when `groups` is None.
-    sparse_ratio: CSC sparse communication ratio (None: GRADFLOW_SPARSE_RATIO).
+    sparse_ratio: CSC sparse communication ratio (None: GRADFLOW_SPARSE_RATIO),
+      1e-6 <= value <= 1 as for the variable; 1 is dense.
       Error feedback loses nothing: what a step does not send stays in a
       residual and goes out on a later step. Step 1 runs before the pool
       exists and is dense (it counts as a GRADFLOW_SPARSE_WARMUP_STEPS step).
@@ -94,7 +95,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       it the residual holds gradients at the loss scale of the step that
       produced them. Ignored without CSC.
     use_pool: lazy allreduce over a contiguous gradient pool (zero copy).
-    bucket_mb: pool bucket size in MiB (None: GRADFLOW_POOL_BUCKET_BYTES, 8 MiB).
+    bucket_mb: pool bucket size in MiB (None: GRADFLOW_POOL_BUCKET_BYTES, 8 MiB);
+      the variable's limits apply: at least 4096 bytes (0.00390625 MiB).
+    sparse_ratio and bucket_mb are checked at construction against the limits
+      of their GRADFLOW_* variables (GradflowValueError, a ValueError, naming
+      the keyword, the value and the accepted range).
     overlap: True (default) submits each gradient from its hook, during
       backward. False defers every submission to synchronize()/step(), in
       backward order (benchmarks/ablation.py's "no overlap" step): same pool

@@ -44,6 +44,7 @@ import torch
 from .. import _runtime
 from ..collectives import Average, Max, Min, Sum
 from ..compression import Compression
+from ..settings_check import native_sparse_ratio, pool_bucket_bytes
 
 __all__ = ["GradflowStrategy", "GradflowEnvironment", "strategy_classes"]
 
@@ -151,6 +152,10 @@ def _build(package: str) -> Tuple[type, type]:
                      use_pool: bool = True, bucket_mb: Optional[float] = None,
                      sparse_as_dense: bool = False, accelerator: Any = None,
                      checkpoint_io: Any = None, precision_plugin: Any = None) -> None:
+            # Checked here, where the user passed them, not first in setup()
+            # when DistributedOptimizer gets them (settings_check.py).
+            native_sparse_ratio(sparse_ratio, "GradflowStrategy")
+            pool_bucket_bytes(bucket_mb, "GradflowStrategy")
             env = GradflowEnvironment()
             super().__init__(accelerator=accelerator, parallel_devices=None,
                              cluster_environment=env, checkpoint_io=checkpoint_io,

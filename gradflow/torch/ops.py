@@ -21,6 +21,7 @@ from ..collectives import join as _np_join
 from .aliasing import check_no_aliasing
 from .compression import Compression, split as _split_compression
 from ..process_sets import ProcessSet, global_process_set, process_set_size
+from ..settings_check import native_sparse_ratio
 
 __all__ = [
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
@@ -157,6 +158,7 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
     goes back to before its last step (the DistributedOptimizer's skipped
     steps)."""
     code = native_reduce_op(_op_of(average, op))  # before naming: errors leave counters alone
+    ratio = native_sparse_ratio(sparse_ratio, "allreduce")  # GRADFLOW_SPARSE_RATIO's limits
     wire, user = _split_compression(compression)
     if user is not None:
         sent, ctx = user.compress(tensor)
@@ -170,7 +172,7 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
     return submit(ALLREDUCE, name, buf.data_ptr(), buf.data_ptr(), dtype_code(buf.dtype), buf.shape,
                   (buf, tensor), finish, op=code, wire=wire, prescale=prescale_factor,
                   postscale=postscale_factor,
-                  sparse_ratio=-1.0 if sparse_ratio is None else float(sparse_ratio),
+                  sparse_ratio=ratio,
                   process_set=process_set, step_tag=step_tag, rollback_residual=rollback_residual)
 
 
@@ -184,6 +186,7 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: 
     `synchronize(handle)` returns it. A user Compressor (Horovod's interface)
     compresses the input and decompresses the result, as Horovod's does."""
     code = native_reduce_op(_op_of(average, op))
+    ratio = native_sparse_ratio(sparse_ratio, "allreduce")  # GRADFLOW_SPARSE_RATIO's limits
     wire, user = _split_compression(compression)
     sent, ctx = user.compress(tensor) if user is not None else (tensor, None)
     src = _staged(sent)
@@ -198,7 +201,7 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: 
     return submit(ALLREDUCE, name, src.data_ptr(), out.data_ptr(), dtype_code(src.dtype), src.shape,
                   (src, out), finish, op=code, wire=wire, prescale=prescale_factor,
                   postscale=postscale_factor,
-                  sparse_ratio=-1.0 if sparse_ratio is None else float(sparse_ratio),
+                  sparse_ratio=ratio,
                   process_set=process_set)
 
 

@@ -20,6 +20,7 @@ from .. import _runtime
 from ..collectives import Adasum, Average, check_adasum_options, reduce_op
 from ..elastic import worker as _elastic_worker
 from ..process_sets import member_id, process_set_size
+from ..settings_check import native_sparse_ratio, pool_bucket_bytes
 from . import hyperparameter_check as _hyper_check
 from .compression import split as split_compression
 from .functions import check_same_everywhere
@@ -40,6 +41,12 @@ def setup_optimizer(wrapper, named_parameters, compression, backward_passes_per_
     _hyper_check.reset(s)  # counted from 0 on every rank (and after each join())
     if not isinstance(overlap, bool):
         raise ValueError(f"gradflow: overlap must be True or False, got {overlap!r}")
+    # The limits of GRADFLOW_SPARSE_RATIO / GRADFLOW_POOL_BUCKET_BYTES, whose
+    # meaning these keywords have (settings_check.py): bucket_mb=0 or -1 used
+    # to mean the default silently, and 0.001 MiB buckets under the 4096 bytes
+    # the variable allows passed.
+    ratio = native_sparse_ratio(sparse_ratio, "DistributedOptimizer")
+    bucket_bytes = pool_bucket_bytes(bucket_mb, "DistributedOptimizer")
     s.overlap = overlap
     s.runtime_gen = _runtime.generation()
     op = reduce_op(op)  # Horovod meaning of raw ints; unknown ones raise here
@@ -52,15 +59,13 @@ def setup_optimizer(wrapper, named_parameters, compression, backward_passes_per_
     use_pool = use_pool and op != Adasum
     if backward_passes_per_step < 1:
         raise ValueError("gradflow: backward_passes_per_step must be >= 1")
-    if sparse_ratio is not None and not 0 < sparse_ratio <= 1:
-        raise ValueError(f"gradflow: sparse_ratio must be in (0, 1], got {sparse_ratio}")
     s.op, s.bpps, s.sparse_as_dense = op, int(backward_passes_per_step), sparse_as_dense
     s.wire, user_compressor = split_compression(compression)
     check_adasum_options(op, s.wire, sparse_ratio, "DistributedOptimizer")
     s.compression = compression
     s.prescale = 1.0 / gradient_predivide_factor
     s.postscale = float(gradient_predivide_factor)
-    s.sparse_ratio = -1.0 if sparse_ratio is None else float(sparse_ratio)
+    s.sparse_ratio = ratio  # -1.0: GRADFLOW_SPARSE_RATIO
     # CSC in effect (explicit or GRADFLOW_SPARSE_RATIO): residuals exist.
     s.csc = op != Adasum and (s.sparse_ratio if s.sparse_ratio > 0
                               else _native.config()["sparse_ratio"]) < 1.0
@@ -68,7 +73,7 @@ def setup_optimizer(wrapper, named_parameters, compression, backward_passes_per_
         raise ValueError("gradflow: grad_scaler must be a torch.amp.GradScaler (or have "
                          "get_scale()), got " + type(grad_scaler).__name__)
     s.scaler = grad_scaler
-    s.bucket_bytes = -1 if bucket_mb is None else int(bucket_mb * (1 << 20))
+    s.bucket_bytes = bucket_bytes  # -1: GRADFLOW_POOL_BUCKET_BYTES
     s.prefix = f"DistributedOptimizer{next(_instances.setdefault(s.ps, itertools.count()))}"
 
     seen = set()
