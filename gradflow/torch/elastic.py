@@ -1,6 +1,7 @@
 """Elastic training for PyTorch (Horovod's horovod.torch.elastic): the `run`
-decorator, TorchState (model, optimizer, sampler and plain objects, committed
-in memory, restored after a lost peer, broadcast to joining workers) and
+decorator, TorchState (model, optimizer, sampler, GradScaler and plain
+objects, committed in memory, restored after a lost peer, broadcast to
+joining workers) and
 ElasticSampler (each sample once per epoch across membership changes).
 
     @gradflow.torch.elastic.run
@@ -17,6 +18,7 @@ ElasticSampler (each sample once per epoch across membership changes).
 """
 from __future__ import annotations
 
+import collections
 import copy
 import math
 import random
@@ -148,16 +150,48 @@ class _SamplerHandler(_Handler):
                                                     name="gradflow.elastic.sampler"))
 
 
+class _ScalerHandler(_Handler):
+    """A torch.amp GradScaler, changed in place: the training loop and
+    DistributedOptimizer(grad_scaler=) hold this very object, so a sync must
+    not replace it (as a plain object, ObjectState's sync rebound the
+    attribute to an unpickled copy on ranks other than 0, and the optimizer
+    went on reading the original's scale)."""
+
+    def restore(self) -> None:
+        super().restore()
+        # A step interrupted between scaler.step() and update() leaves its
+        # per-optimizer record ("unscale_() has already been called") behind;
+        # the rolled-back step starts afresh, as after update().
+        fresh = getattr(torch.amp.grad_scaler, "_refresh_per_optimizer_state", None)
+        if fresh is not None and hasattr(self.value, "_per_optimizer_states"):
+            self.value._per_optimizer_states = collections.defaultdict(fresh)
+
+    def sync(self) -> None:
+        # load_state_dict fills the scale and growth tracker tensors in place.
+        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0,
+                                                    name="gradflow.elastic.grad_scaler"))
+
+
 _HANDLERS: List[Tuple[type, type]] = [(torch.nn.Module, _ModelHandler),
                                       (torch.optim.Optimizer, _OptimizerHandler),
-                                      (ElasticSampler, _SamplerHandler)]
+                                      (ElasticSampler, _SamplerHandler),
+                                      (torch.amp.GradScaler, _ScalerHandler)]
+
+
+def _optimizer_scaler(optimizer: Any) -> Any:
+    """The grad_scaler= a DistributedOptimizer was built with, or None."""
+    return getattr(getattr(optimizer, "_gradflow", None), "scaler", None)
 
 
 class TorchState(ObjectState):
-    """The state of a PyTorch training process. Models, optimizers and
-    ElasticSamplers given as keyword arguments (any number) are saved with
-    their state_dict and synced by broadcast from rank 0; anything else is a
-    plain object (ObjectState). All become attributes."""
+    """The state of a PyTorch training process. Models, optimizers,
+    ElasticSamplers and torch.amp GradScalers given as keyword arguments (any
+    number) are saved with their state_dict and synced by broadcast from
+    rank 0 (in place); anything else is a plain object (ObjectState). All
+    become attributes. The GradScaler a DistributedOptimizer was built with
+    (grad_scaler=) is part of the state without being given: a scaler left
+    out kept a joining worker's own loss scale, so ranks scaled their
+    gradients differently and silently ended with different parameters."""
 
     def __init__(self, model: Optional[torch.nn.Module] = None,
                  optimizer: Optional[torch.optim.Optimizer] = None, **kwargs: Any):
@@ -171,23 +205,42 @@ class TorchState(ObjectState):
             else:
                 handlers[k] = cls(v)
         object.__setattr__(self, "_handlers", handlers)
+        object.__setattr__(self, "_auto_scalers", {})  # id(scaler) -> _ScalerHandler
         for name, handler in handlers.items():
             object.__setattr__(self, name, handler.value)
         super().__init__(bcast_object=lambda obj: broadcast_object(
             obj, root_rank=0, name="gradflow.elastic.state"), get_rank=_runtime.rank, **plain)
+        self._all_handlers()  # an optimizer's grad_scaler is saved now, as the rest
+
+    def _all_handlers(self) -> List[_Handler]:
+        """The named handlers, then one per optimizer's grad_scaler not given
+        by name (in the optimizers' order: the same on every rank, which
+        the sync's broadcasts rely on). Looked up on each use, so that an
+        optimizer replaced by assignment brings its own scaler."""
+        named = list(self._handlers.values())
+        held = {id(h.value) for h in named if isinstance(h, _ScalerHandler)}
+        auto: Dict[int, _Handler] = {}
+        for h in named:
+            scaler = _optimizer_scaler(h.value) if isinstance(h, _OptimizerHandler) else None
+            if scaler is not None and id(scaler) not in held and id(scaler) not in auto:
+                old = self._auto_scalers.get(id(scaler))
+                auto[id(scaler)] = old if old is not None and old.value is scaler \
+                    else _ScalerHandler(scaler)
+        object.__setattr__(self, "_auto_scalers", auto)
+        return named + list(auto.values())
 
     def save(self) -> None:
-        for handler in self._handlers.values():
+        for handler in self._all_handlers():
             handler.save()
         super().save()
 
     def restore(self) -> None:
-        for handler in self._handlers.values():
+        for handler in self._all_handlers():
             handler.restore()
         super().restore()
 
     def sync(self) -> None:
-        for handler in self._handlers.values():
+        for handler in self._all_handlers():
             handler.sync()
         super().sync()
 

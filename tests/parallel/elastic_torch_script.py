@@ -18,6 +18,10 @@ environment:
   ELASTIC_EXIT_AFTER   "WORKER:CODE": that worker waits 2 s after training (so
                        another has finished) and exits with CODE, as a crash in
                        a checkpoint save would
+  ELASTIC_AMP          "auto": a torch.amp GradScaler (CPU, growing every 2 steps)
+                       given to DistributedOptimizer(grad_scaler=) only (it joins
+                       the state by itself); "state": also TorchState(scaler=),
+                       and the loop uses state.scaler. Its final scale is logged
   ELASTIC_SAMPLES      if set, log a "batch" event per step: epoch, step, the
                        reset count and the dataset indices this rank trained on
                        (the test checks ElasticSampler's coverage with them)
@@ -91,12 +95,17 @@ def main():
     options = {"csc": dict(sparse_ratio=0.1, compression=hvd.Compression.fp16),
                "bpps2": dict(backward_passes_per_step=2)}.get(variant, {})
     passes = options.get("backward_passes_per_step", 1)
+    amp = os.environ.get("ELASTIC_AMP", "")
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=2) if amp else None
+    if scaler is not None:
+        options["grad_scaler"] = scaler
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **options)
     # The third column is each sample's index, for the coverage log.
     dataset = torch.utils.data.TensorDataset(xtr, ytr, torch.arange(len(xtr)))
     sampler = elastic.ElasticSampler(dataset, shuffle=True, seed=1)
     state = elastic.TorchState(model, opt, sampler=sampler, epoch=0, batch=0, step=0,
-                               grown=False, end_epoch=EPOCHS, resets=0)
+                               grown=False, end_epoch=EPOCHS, resets=0,
+                               **({"scaler": scaler} if amp == "state" else {}))
     def on_reset():
         # After restore(), before sync(). sync() broadcasts rank 0's *saved*
         # state (Horovod's ObjectState), so the count is saved here, or
@@ -123,9 +132,17 @@ def main():
                     log(event="kill", step=state.step)
                     os.kill(os.getpid(), signal.SIGKILL)
                 opt.zero_grad()
+                # "state": the loop reads the state's scaler each step (it
+                # must stay the object the optimizer holds across syncs)
+                amp_scaler = state.scaler if amp == "state" else scaler
                 for part in torch.chunk(torch.arange(len(x)), passes):
-                    (F.cross_entropy(model(x[part]), y[part]) * len(part) / len(x)).backward()
-                opt.step()
+                    loss = F.cross_entropy(model(x[part]), y[part]) * len(part) / len(x)
+                    (loss if amp_scaler is None else amp_scaler.scale(loss)).backward()
+                if amp_scaler is None:
+                    opt.step()
+                else:
+                    amp_scaler.step(opt)
+                    amp_scaler.update()
                 state.step += 1
                 state.batch += 1
                 state.sampler.record_batch(i, BATCH)
@@ -153,7 +170,7 @@ def main():
         acc = (model(xte).argmax(1) == yte).float().mean().item()
     h = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
     log(event="result", rank=hvd.rank(), size=hvd.size(), acc=acc, hash=h.hexdigest(),
-        steps=state.step)
+        steps=state.step, scale=scaler.get_scale() if scaler is not None else None)
     sys.stdout.write(f"RESULT worker={WORKER} rank={hvd.rank()} size={hvd.size()} "
                      f"acc={acc:.4f}\n")
     sys.stdout.flush()

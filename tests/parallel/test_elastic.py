@@ -141,12 +141,24 @@ def test_host_added_by_discovery_joins_and_gets_the_state(tmp_path, start):
     broadcast). From 1: the optimizer leaves its one-rank mode (no pool, no
     CSC) for the pooled path."""
     n = start + 1
+    logs = grow(tmp_path, start)
+    check_identical(results(logs), n)
+    joined = [e for e in events(logs) if e["event"] == "step" and e["worker"] == str(start)]
+    assert joined and joined[0]["step"] > 1, "the new worker did not start from the state"
+
+
+def grow(tmp_path, start, **env_extra):
+    """A job the discovery script grows from `start` slots to start + 1 once
+    training runs; checks that it succeeds with a generation of start + 1
+    and returns its log directory."""
+    n = start + 1
     hosts, script = host_discovery(tmp_path, f"localhost:{start}\n")
     logs = tmp_path / "logs"
     logs.mkdir()
     env = rank_env()
     env.update(ELASTIC_LOG=str(logs), ELASTIC_EPOCHS="4", ELASTIC_STEP_SLEEP="0.05",
                ELASTIC_WAIT=f"{n}:1", ELASTIC_OPTIMIZER="csc")
+    env.update(env_extra)
     cmd = command(["--min-np", str(start), "--max-np", str(n), "--host-discovery-script",
                    str(script)])
     p = subprocess.Popen(cmd, env=env, cwd=run_cwd(), stdout=subprocess.PIPE,
@@ -162,9 +174,27 @@ def test_host_added_by_discovery_joins_and_gets_the_state(tmp_path, start):
             p.kill()
     assert p.returncode == 0, out
     assert f"generation 1: {n} worker(s)" in out, out
-    check_identical(results(logs), n)
-    joined = [e for e in events(logs) if e["event"] == "step" and e["worker"] == str(start)]
-    assert joined and joined[0]["step"] > 1, "the new worker did not start from the state"
+    return logs
+
+
+@pytest.mark.parametrize("amp,optimizer", [("auto", ""), ("state", "csc")])
+def test_grad_scaler_state_reaches_the_new_worker(tmp_path, amp, optimizer):
+    """Growth from 2 to 3 workers with a torch.amp GradScaler (growing every
+    2 steps). "auto": the scaler is given to DistributedOptimizer(grad_scaler=)
+    only, pool path without CSC; the newcomer used to keep its own initial
+    scale and the ranks silently ended with different parameters. "state":
+    also TorchState(scaler=), with CSC (the optimizer reads the scale); the
+    sync used to rebind state.scaler to a copy on ranks > 0 while the
+    optimizer read the original (the ranks' allreduces then disagreed on the
+    scale). Now every rank ends with bitwise identical parameters and the
+    same scale, grown past the initial one (so the newcomer's differed)."""
+    logs = grow(tmp_path, 2, ELASTIC_AMP=amp, ELASTIC_OPTIMIZER=optimizer)
+    res = results(logs)
+    check_identical(res, 3)
+    scales = {r["scale"] for r in res}
+    assert len(scales) == 1 and scales != {1024.0}, res
+    joined = [e for e in events(logs) if e["event"] == "step" and e["worker"] == "2"]
+    assert joined and joined[0]["step"] > 2, "the new worker did not start from the state"
 
 
 def test_blacklisted_host_returns_after_cooldown_and_max_np(tmp_path):

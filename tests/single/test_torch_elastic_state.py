@@ -46,3 +46,68 @@ def test_sampler_gives_every_rank_the_same_count(monkeypatch, shuffle):
                 assert sum(seen.values()) - len(left) == want * size - len(left) < size
                 checked += 1
     assert checked > 200
+
+
+def scale_of(scaler):
+    return scaler.state_dict()["scale"]
+
+
+def optimizer_with(scaler):
+    """What TorchState reads of a DistributedOptimizer built with
+    grad_scaler= (the wrapper's _gradflow.scaler), without a runtime."""
+    from types import SimpleNamespace
+    opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    opt._gradflow = SimpleNamespace(scaler=scaler)
+    return opt
+
+
+@pytest.mark.parametrize("given", [True, False])
+def test_grad_scaler_is_committed_and_restored_in_place(monkeypatch, given):
+    """TorchState(scaler=s) and, not given, the scaler of an optimizer built
+    with grad_scaler=s: commit saves its scale and growth tracker, restore
+    puts them back into the same object (the optimizer and the loop hold
+    it), and forgets a step interrupted after unscale_()."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0, growth_interval=1)
+    opt = optimizer_with(scaler)
+    extra = {"scaler": scaler} if given else {}
+    scaler.scale(torch.ones(()))  # the scale tensor exists from the first scale()
+    state = elastic.TorchState(torch.nn.Linear(2, 2), opt, step=0, **extra)
+    scaler.update(16.0)
+    state.save()
+    scaler.update(64.0)
+    opt.param_groups[0]["params"][0].grad = torch.ones(2, 2)
+    scaler.unscale_(opt)  # the step a lost peer interrupted
+    state.restore()
+    assert scale_of(scaler) == 16.0
+    scaler.unscale_(opt)  # no "unscale_() has already been called"
+    if given:
+        assert state.scaler is scaler
+
+
+@pytest.mark.parametrize("given", [True, False])
+def test_grad_scaler_sync_takes_rank_0s_state_in_place(monkeypatch, given):
+    """sync() on a rank other than 0: rank 0's scale and growth tracker land
+    in this rank's GradScaler object. Given as a plain object, the attribute
+    was rebound to an unpickled copy while DistributedOptimizer(grad_scaler=)
+    kept reading the original; not given, it kept its own scale."""
+    import copy
+    rank0 = torch.amp.GradScaler("cpu", init_scale=4096.0, growth_interval=5)
+    rank0._init_growth_tracker = 3
+
+    def from_rank_0(obj, root_rank=0, name=None):
+        if isinstance(obj, dict) and "scale" in obj:  # a GradScaler's state_dict
+            return rank0.state_dict()
+        return copy.deepcopy(obj)  # anything else: this rank's, as a copy
+
+    monkeypatch.setattr(elastic, "broadcast_object", from_rank_0)
+    monkeypatch.setattr(elastic, "broadcast_parameters", lambda *a, **k: None)
+    monkeypatch.setattr(elastic, "broadcast_optimizer_state", lambda *a, **k: None)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=5)
+    opt = optimizer_with(scaler)
+    extra = {"scaler": scaler} if given else {}
+    state = elastic.TorchState(torch.nn.Linear(2, 2), opt, step=0, **extra)
+    state.sync()
+    assert scaler.state_dict() == rank0.state_dict()
+    assert opt._gradflow.scaler is scaler
+    if given:
+        assert state.scaler is scaler
