@@ -401,9 +401,12 @@ def _install_hooks() -> None:
             if _native.forked_child():
                 _uncaught_exception = True  # only the exit status (see _at_exit)
             elif _native.is_initialized():
-                if isinstance(exc, GradflowError) and _native.failed_fatally():
-                    # Raised because a peer failed or died first: say so to
-                    # gradflowrun, which then names that peer first.
+                if isinstance(exc, GradflowError) and (_native.failed_fatally() or
+                                                       getattr(exc, "job_wide", False)):
+                    # Raised because a peer failed or died first (say so to
+                    # gradflowrun, which then names that peer first), or an
+                    # error every rank got alike (a mismatch, a bounded wait:
+                    # gradflowrun then blames no rank).
                     _notice.report_peer_failure()
                 _native.abort(f"{exc_type.__name__}: {exc}")
                 _uncaught_exception = True

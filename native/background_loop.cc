@@ -109,7 +109,6 @@ bool BackgroundLoop::cycle() {
   const bool blocked_here = queue_.someone_waits();
   CycleResult res = coordinator_.cycle(fresh, shutdown_requested_, abort_message,
                                        blocked(blocked_here), blocked_here);
-  if (links_ && !res.responses.empty()) links_->progress.fetch_add(1);
   agreed_at_ = clock::now();
   stats_.add("seconds_negotiation", res.negotiation_seconds);
   stats_.add("negotiation.cycles", 1);
@@ -235,6 +234,9 @@ void BackgroundLoop::execute(const std::vector<Response>& responses) {
     if (timeline_.enabled()) trace_group(group, entries, started);
     for (size_t i = 0; i < group.size(); ++i) {
       if (!entries[i]) continue;
+      // Every error decided or met while running an agreed response is the
+      // same on every rank (transport failures are fatal and go elsewhere).
+      results[i].agreed = !results[i].error.empty();
       queue_.complete(*entries[i], std::move(results[i]));
       pending_.erase(group[i]->name);
     }

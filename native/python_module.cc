@@ -121,7 +121,18 @@ auto with_submit_args(Act act) {
   };
 }
 
+// The Python GradflowError type (set when the module is made).
+py::handle g_gradflow_error_type;
+
 py::object result_to_python(HandleResult r) {
+  if (!r.error.empty() && r.agreed && g_gradflow_error_type) {
+    // Raised on every rank alike: `job_wide` tells the excepthook to say so
+    // to gradflowrun, which then blames no rank (_runtime._install_hooks).
+    py::object e = g_gradflow_error_type(r.error);
+    e.attr("job_wide") = true;
+    PyErr_SetObject(g_gradflow_error_type.ptr(), e.ptr());
+    throw py::error_already_set();
+  }
   if (!r.error.empty()) throw GradflowError(r.error);
   py::dict out;
   out["wire_overflow"] = r.wire_overflow;
@@ -157,6 +168,7 @@ PYBIND11_MODULE(_native, m) {
       PyExc_RuntimeError, nullptr));
   m.attr("HorovodInternalError") = horovod_internal;
   auto& base = py::register_exception<GradflowError>(m, "GradflowError", horovod_internal);
+  g_gradflow_error_type = base;
   // Registered after GradflowError so pybind11 tries it first: bad arguments
   // refused at submit are both a GradflowError and a ValueError.
   py::register_exception<InvalidArgumentError>(

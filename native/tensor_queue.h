@@ -58,6 +58,11 @@ struct HandleResult {
   std::vector<int64_t> shape;             // shape of `data`
   std::vector<int64_t> recv_splits;       // alltoall: rows received per rank
   bool wire_overflow = false;             // a value overflowed the 16-bit wire
+  // The error is the same on every rank: the coordinator's decision (a
+  // mismatch, a bounded wait) or an agreed response that failed alike
+  // everywhere. Python marks the GradflowError `job_wide`, so gradflowrun
+  // blames no rank for it (runner/supervise.py).
+  bool agreed = false;
 };
 
 // Note [Short spins]

@@ -158,6 +158,23 @@ def test_rank_exiting_early_stops_the_job_within_seconds(exit_code):
         assert r.returncode == 1, report
 
 
+@pytest.mark.parametrize("case,n", [("shape", 2), ("shape", 3), ("names", 3)])
+def test_an_agreed_error_blames_no_rank(case, n):
+    """An error the coordinator decided for every rank alike (a shape
+    mismatch; names that never match, failed by the bounded wait), left
+    uncaught: gradflowrun names no rank as the one that failed first (the
+    GradflowError carries `job_wide`; it used to blame whichever rank's
+    exit it saw first)."""
+    r = gradflowrun("-np", str(n), sys.executable, os.path.join(HERE, "agreed_error_script.py"),
+                    case, env={"GRADFLOW_TIMEOUT": "3"})
+    report = f"stdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}"
+    assert r.returncode != 0 and "no error" not in r.stdout, report
+    assert ("mismatched" if case == "shape" else "GRADFLOW_TIMEOUT") in r.stdout + r.stderr, report
+    ranks = ", ".join(str(i) for i in range(n))
+    assert f"rank(s) {ranks} failed on one job-wide error" in r.stderr, report
+    assert "failed first" not in r.stderr, report
+
+
 def test_exception_on_one_rank():
     t0 = time.monotonic()
     r = gradflowrun("-np", "3", sys.executable, os.path.join(HERE, "raising_rank_script.py"))
