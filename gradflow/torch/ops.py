@@ -104,9 +104,13 @@ def _in_place(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _from_result(result: dict, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Wrap the core's byte result (numpy uint8) as a tensor without copying."""
+    """Wrap the core's byte result (numpy uint8) as a tensor without copying.
+    An empty result (an allgather of 0 rows in all, a rank an alltoall or
+    reducescatter gives nothing) is made afresh: torch refuses to view a
+    0-byte uint8 tensor (stride 0) as a wider dtype."""
+    shape = list(result["shape"])
     raw = torch.from_numpy(result["data"])
-    t = raw.view(dtype).reshape(list(result["shape"]))
+    t = torch.empty(shape, dtype=dtype) if raw.numel() == 0 else raw.view(dtype).reshape(shape)
     return t if device.type == "cpu" else t.to(device)
 
 

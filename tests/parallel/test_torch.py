@@ -19,7 +19,7 @@ def _oks(out, n):
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_torch_ops(n):
     out = run_mpi(n, "torch_ops_script.py", timeout=150)
-    assert len(_oks(out, n)) == 12, out.stdout
+    assert len(_oks(out, n)) == 13, out.stdout
 
 
 @pytest.mark.parametrize("n", [2, 3])

@@ -144,6 +144,29 @@ assert g.dtype == torch.bfloat16 and g.shape == (S, 2)
 assert g[:, 0].tolist() == [float(r) for r in range(N) for _ in range(r + 1)]
 ok("allgather")
 
+# empty results, every dtype: an allgather of 0 rows in all, an alltoall that
+# sends a rank nothing, a reducescatter with fewer rows than ranks, a sparse
+# allreduce with no entry on any rank (a sparse embedding no rank used this
+# step). They raised "must be 1 to view Byte as Float" after the collective.
+for dt in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool,
+           torch.float16, torch.bfloat16, torch.float32, torch.float64):
+    g = hvd.allgather(torch.zeros(0, 3, dtype=dt), name=f"empty.allgather.{dt}")
+    assert g.shape == (0, 3) and g.dtype == dt, (g.shape, g.dtype)
+    # rank 0 sends its 2 rows to rank 0; nobody sends anything to the others
+    x = torch.ones(2 if R == 0 else 0, 3, dtype=dt)
+    got, rsplits = hvd.alltoall(x, splits=[x.shape[0]] + [0] * (N - 1), name=f"empty.a2a.{dt}")
+    assert got.dtype == dt and got.shape == ((2, 3) if R == 0 else (0, 3)), got.shape
+    assert rsplits.tolist() == ([2] + [0] * (N - 1) if R == 0 else [0] * N)
+    if dt not in (torch.bool, torch.uint8):
+        rs = hvd.reducescatter(torch.ones(1, 3, dtype=dt), op=hvd.Sum, name=f"empty.rs.{dt}")
+        assert rs.dtype == dt and rs.shape == ((1, 3) if R == 0 else (0, 3)), rs.shape
+        if R == 0:
+            assert rs.tolist() == [[N] * 3], rs
+none = torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.int64), torch.zeros(0), (4, 5))
+summed = hvd.sparse_allreduce_async(none, name="empty.sparse", op=hvd.Sum).wait()
+assert summed.shape == (4, 5) and summed.to_dense().abs().sum() == 0
+ok("empty results")
+
 # broadcast
 for root in range(N):
     t = val(R)
