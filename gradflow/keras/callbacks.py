@@ -13,6 +13,7 @@ rank sees the same averaged values and takes the same decisions.
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import tempfile
 from typing import Callable, Dict, Optional, Union
@@ -107,8 +108,12 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
 class MetricAverageCallback(keras.callbacks.Callback):
     """Horovod's `MetricAverageCallback(device='')`: at each epoch end,
-    replace every numeric value in `logs` by its mean across ranks (one
-    allreduce of all values, in sorted-key order). `device` is accepted and
+    replace every numeric value in `logs`, scalar or array (a per-class
+    metric such as `F1Score(average=None)`), by its mean across ranks: one
+    allreduce of all values, flattened in sorted-key order. The ranks must
+    log the same keys with the same shapes; where they differ (validation
+    data on some ranks only) every rank raises ValueError naming each
+    rank's keys, before anything is averaged. `device` is accepted and
     ignored (GPU placement)."""
 
     def __init__(self, device: str = ""):
@@ -116,14 +121,39 @@ class MetricAverageCallback(keras.callbacks.Callback):
         self.device = device  # no-op on CPU
 
     def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
-        if not logs:
+        if logs is None:
             return
         keys = sorted(k for k, v in logs.items()
-                      if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number))
-        values = np.array([float(logs[k]) for k in keys], np.float64)
-        averaged = _c.allreduce(values, _c.Average, name="MetricAverageCallback")
-        for k, v in zip(keys, averaged):
-            logs[k] = float(v)
+                      if np.issubdtype(np.asarray(v).dtype, np.number))
+        shapes = [np.shape(logs[k]) for k in keys]
+        self._check_same_keys(keys, shapes)
+        if not keys:
+            return
+        flat = np.concatenate([np.asarray(logs[k], np.float64).ravel() for k in keys])
+        averaged = _c.allreduce(flat, _c.Average, name="MetricAverageCallback")
+        at = 0
+        for k, shape in zip(keys, shapes):
+            n = int(np.prod(shape))
+            part = averaged[at:at + n]
+            logs[k] = float(part[0]) if shape == () else part.reshape(shape)
+            at += n
+
+    @staticmethod
+    def _check_same_keys(keys, shapes) -> None:
+        """Same keys and shapes on every rank, or ValueError on every rank
+        (an allreduce of a different layout would average unrelated values,
+        or fail with a message that does not name the metrics)."""
+        mine = ", ".join(f"{k}{list(s) if s else ''}" for k, s in zip(keys, shapes))
+        # Once per epoch: two small collectives are nothing next to an epoch.
+        every = _c.allgather_pickled(mine, "MetricAverageCallback.keys.size",
+                                     "MetricAverageCallback.keys", None, pickle.dumps,
+                                     pickle.loads, "MetricAverageCallback")
+        if all(k == mine for k in every):
+            return
+        lines = "; ".join(f"rank {r}: [{k}]" for r, k in enumerate(every))
+        raise ValueError("gradflow: MetricAverageCallback: the ranks log different metrics, so "
+                         f"they cannot be averaged ({lines}); give every rank the same "
+                         "metrics and validation data")
 
 
 def _get_lr(optimizer) -> float:
@@ -131,6 +161,19 @@ def _get_lr(optimizer) -> float:
 
 
 def _momentum_buffers(optimizer):
+    """The buffers momentum correction scales: those of an optimizer with a
+    non-zero `momentum` (Keras SGD's `momentums`, RMSprop's `_momentums`),
+    which accumulate learning-rate-scaled steps. As Horovod, which corrects
+    only optimizers with a `momentum` attribute: Adam's `_momentums` are an
+    average of raw gradients, and scaling them would change the training.
+    A LossScaleOptimizer (mixed precision) is looked through."""
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+    try:
+        momentum = float(keras.ops.convert_to_numpy(getattr(optimizer, "momentum", 0.0) or 0.0))
+    except (TypeError, ValueError):
+        return []
+    if momentum == 0.0:
+        return []
     for attr in ("momentums", "_momentums"):
         buffers = getattr(optimizer, attr, None)
         if buffers:
@@ -143,7 +186,8 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     `end_epoch` (exclusive) the learning rate is `initial_lr * multiplier(epoch)`,
     set at the first batch of each epoch (`staircase=True`) or at every batch
     with a fractional epoch `epoch + batch / steps_per_epoch` (`staircase=False`).
-    A float multiplier means a constant factor (staircase).
+    A float multiplier `m` means exponential decay, `m ** (epoch -
+    start_epoch)` (Horovod 0.28's rule; fractional epochs unless staircase).
 
     momentum_correction: when the rate changes from old to new, the momentum
     buffers (SGD's `momentums`) are scaled by new/old before the batch — the
@@ -167,8 +211,8 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         if callable(multiplier):
             self.multiplier = multiplier
         else:
-            self.staircase = True
-            self.multiplier = lambda epoch: multiplier
+            factor = float(multiplier)
+            self.multiplier = lambda epoch: factor ** (epoch - start_epoch)
 
     def _autodetect_steps_per_epoch(self) -> int:
         steps = (self.params or {}).get("steps")

@@ -22,6 +22,7 @@ import zlib
 from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
+from tensorflow.python.eager import record as _tape_record
 
 from ..collectives import Adasum, Average, ReduceOp, Sum, check_adasum_options, reduce_op
 from ..compression import Compression, wire_code
@@ -29,7 +30,7 @@ from ..process_sets import ProcessSet, global_process_set, member_id, process_se
 from ..missing_gradients import zeros_where_others_have_gradients
 from ..one_rank import check_sparse_ratio, gradients_are_local
 from .one_rank import local_gradients
-from .ops import SparseRatio, _allreduce_indexed_slices, _as_tf_variable
+from .ops import SparseRatio, _allreduce_indexed_slices, _as_tf_variable, grouped_allreduce_raw
 from .overlap import start_allreduce
 
 
@@ -75,16 +76,53 @@ def reduce_gradients(grads: Sequence[Any], names: Sequence[str], op: ReduceOp = 
     # Dense allreduces start first (in a graph: as each gradient appears, see
     # overlap.py); the allgathers of IndexedSlices are built after them so they
     # do not hold the submits back, and the dense results are waited for last.
-    pending = start_allreduce([out[i] for i in dense], [names[i] for i in dense], op,
-                              compression, prescale, postscale, sparse_ratio, process_set,
-                              count_step=True, step_tag=step_tag(grads, dense, sliced),
-                              round_tag=round_tag if dense else None)
+    dense_names = [names[i] for i in dense]
+    tag, rtag = step_tag(grads, dense, sliced), (round_tag if dense else None)
+
+    def start(xs):
+        return start_allreduce(xs, dense_names, op, compression, prescale, postscale, sparse_ratio,
+                               process_set, count_step=True, step_tag=tag, round_tag=rtag)
+
+    if dense and op in (Sum, Average) and _tape_record.could_possibly_record():
+        # An outer tape is recording (a gradient penalty, meta-learning):
+        # the reduced gradients must be differentiable, as Horovod's are.
+        # Only then, since the wrapper makes every gradient wait for all of
+        # them (no overlap with backward inside a tf.function).
+        pending = _DifferentiableReduction(start, [out[i] for i in dense], dense_names, op,
+                                           prescale, postscale, process_set)
+    else:
+        pending = start([out[i] for i in dense])
     for i in sliced:
         out[i] = _allreduce_indexed_slices(grads[i], op, names[i], process_set)
     reduced = pending.finish()
     for i, r in zip(dense, reduced):
         out[i] = r
     return out
+
+
+class _DifferentiableReduction:
+    """The dense gradient reduction as a `tf.custom_gradient` op: its
+    gradient is the upstream gradient allreduced with the same op and
+    scaling (the adjoint of a sum over ranks; ops.allreduce's rule).
+    `finish()` gives the reduced list, like start_allreduce's handle."""
+
+    def __init__(self, start, xs, names, op, prescale, postscale, process_set):
+        @tf.custom_gradient
+        def _reduce(*inputs):
+            ys = start(list(inputs)).finish()
+
+            def grad(*dys):
+                return grouped_allreduce_raw(
+                    [tf.convert_to_tensor(d) for d in dys], [f"{n}.grad" for n in names], op,
+                    prescale_factor=prescale, postscale_factor=postscale,
+                    process_set=process_set, grouped=True)
+
+            return ys, grad
+
+        self._reduced = list(_reduce(*xs))
+
+    def finish(self):
+        return self._reduced
 
 
 def step_tag(grads: Sequence[Any], dense: Sequence[int], sliced: Sequence[int]) -> str:

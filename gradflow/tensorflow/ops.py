@@ -129,7 +129,9 @@ def _cross(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
         return [o if f is None else np.reshape(o, f) for o, f in zip(inner(*arrays), full)]
 
     if tf.executing_eagerly():
-        outs = fn(*[np.asarray(t) for t in inputs])
+        # .numpy() first: np.asarray of a 0-d bfloat16 eager tensor raises
+        # "object __array__ method not producing an array".
+        outs = fn(*[np.asarray(t.numpy() if hasattr(t, "numpy") else t) for t in inputs])
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]
     _check_not_xla(what)
     outs = tf.numpy_function(lambda *a: list(fn(*a)), list(inputs), list(touts), stateful=True,

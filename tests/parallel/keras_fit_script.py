@@ -176,10 +176,74 @@ def check_lr_schedule():
             assert np.allclose(b, a * (lr1 / lr0), atol=1e-7), (i, lr0, lr1)
     changed = [i for i, (b, a) in enumerate(zip(before, after)) if b[0] != a[0]]
     assert changed == [S, 2 * S], changed
-    const = gk.LearningRateScheduleCallback(0.2, 0.5, start_epoch=0, momentum_correction=False)
+    # A float multiplier is exponential decay from start_epoch (Horovod 0.28:
+    # multiplier ** (epoch - start_epoch)); it used to be a constant factor.
+    const = gk.LearningRateScheduleCallback(0.2, 0.5, start_epoch=1, end_epoch=3,
+                                            momentum_correction=False)
     rec = Record()
-    model.fit(XT, YT, batch_size=B, epochs=1, shuffle=False, verbose=0, callbacks=[const, rec])
-    assert np.allclose(rec.lrs, 0.1), rec.lrs
+    model.fit(XT, YT, batch_size=B, epochs=4, shuffle=False, verbose=0, callbacks=[const, rec])
+    want = [0.025] * S + [0.2] * S + [0.1] * S + [0.1] * S  # epoch 0: the previous fit's last rate
+    assert np.allclose(rec.lrs, want), rec.lrs
+
+
+def check_momentum_correction_by_optimizer():
+    """Momentum correction scales only buffers of an optimizer with a
+    `momentum` (as Horovod): Adam trains the same with or without it (its
+    first moments were scaled before); under mixed precision the
+    LossScaleOptimizer is looked through, so SGD's buffers are scaled."""
+    def train(make_opt, correction):
+        model = make_model(seed=7)
+        compile_(model, gk.DistributedOptimizer(make_opt(), name="mc"))
+        sched = gk.LearningRateScheduleCallback(0.01, lambda e: 0.5 ** e, start_epoch=1,
+                                                momentum_correction=correction)
+        model.fit(XT, YT, batch_size=B, epochs=3, shuffle=False, verbose=0,
+                  callbacks=[gk.BroadcastGlobalVariablesCallback(0), sched])
+        assert_same_everywhere(model, "momentum correction")
+        return weights_hash(model)
+
+    adam = lambda: keras.optimizers.Adam(0.01)  # noqa: E731
+    assert (train(adam, True) == train(adam, False)).all(), "Adam's moments were rescaled"
+    model = make_model(seed=7)
+    scaled = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1, momentum=0.9))
+    compile_(model, gk.DistributedOptimizer(scaled, name="mc.lso"))
+
+    class Inner(MomentumProbe):
+        def on_train_batch_begin(self, batch, logs=None):
+            opt = self.model.optimizer
+            if not opt.built:
+                opt.build(self.model.trainable_variables)
+            self.store.append([keras.ops.convert_to_numpy(m).copy()
+                               for m in opt.inner_optimizer.momentums])
+
+    before, after = [], []
+    sched = gk.LearningRateScheduleCallback(0.1, lambda e: 0.5 ** e, start_epoch=1)
+    model.fit(XT, YT, batch_size=B, epochs=2, shuffle=False, verbose=0,
+              callbacks=[Inner(before), sched, Inner(after)])
+    b, a = before[S], after[S]  # the first batch of epoch 1, where the rate halves
+    assert all(np.allclose(y, x * 0.5, atol=1e-7) for x, y in zip(b, a)), \
+        "LossScaleOptimizer: SGD's momentum buffers were not scaled at the rate change"
+
+
+def check_metric_average():
+    """MetricAverageCallback averages vector metrics too (Horovod allreduces
+    every log value); ranks that log different keys raise ValueError on every
+    rank, naming them."""
+    model = make_model(seed=9)
+    compile_(model, gk.DistributedOptimizer(keras.optimizers.SGD(0.1), name="avg"))
+    logs = {"loss": float(R), "per_class": np.arange(3.0) * (R + 1), "note": "text"}
+    cb = gk.MetricAverageCallback()
+    cb.set_model(model)
+    cb.on_epoch_end(0, logs)
+    assert logs["loss"] == (N - 1) / 2, logs
+    assert np.allclose(logs["per_class"], np.arange(3.0) * (N + 1) / 2), logs
+    assert logs["note"] == "text"
+    odd = {"loss": 1.0, **({"val_loss": 2.0} if R == 0 else {})}
+    try:
+        cb.on_epoch_end(1, odd)
+    except ValueError as e:
+        assert "the ranks log different metrics" in str(e) and "val_loss" in str(e), e
+    else:
+        raise AssertionError("different keys were averaged")
 
 
 def check_sparse_warmup():
@@ -240,6 +304,8 @@ check_fit_matches_reference(tmp)
 check_backward_passes()
 check_lr_warmup()
 check_lr_schedule()
+check_momentum_correction_by_optimizer()
+check_metric_average()
 check_sparse_warmup()
 check_xla()
 if N > 1:

@@ -299,7 +299,47 @@ def check_queries():
             raise AssertionError(f"expected {exc.__name__}")
 
 
+def check_second_order(mode):
+    """An outer tape differentiates DistributedGradientTape's reduced
+    gradients (a gradient penalty): the same value as with a plain tape on
+    the same data everywhere (it was None: the reduction had no gradient)."""
+    x = tf.constant(np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32))
+    w = tf.Variable(np.random.default_rng(1).standard_normal((4, 3)).astype(np.float32))
+
+    def penalty_grad(distributed):
+        with tf.GradientTape() as outer:
+            with tf.GradientTape() as inner:
+                loss = tf.reduce_sum(tf.sin(tf.matmul(x, w)))
+            if distributed:
+                inner = gtf.DistributedGradientTape(inner)
+            g = inner.gradient(loss, [w])[0]
+            penalty = tf.reduce_sum(g ** 2)
+        return outer.gradient(penalty, w)
+
+    run = penalty_grad if mode == "eager" else tf.function(penalty_grad)
+    got, want = run(True), penalty_grad(False)
+    assert got is not None, f"{mode}: no second-order gradient"
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5)
+    SAME.append(got.numpy().tobytes())
+
+
+def check_bfloat16_scalars():
+    """0-d bfloat16 eager tensors (np.asarray of one raises in TensorFlow)."""
+    got = gtf.allreduce(tf.constant(1.5, tf.bfloat16), op=gtf.Sum, name="bf16.scalar")
+    assert got.dtype == tf.bfloat16 and float(got) == 1.5 * N, got
+    v = tf.Variable(tf.constant(float(R), tf.bfloat16))
+    gtf.broadcast_variables([v], 0)
+    assert float(v.numpy()) == 0.0
+    with tf.GradientTape() as tape:
+        loss = v * v + tf.constant(float(R + 1), tf.bfloat16) * v
+    (g,) = gtf.DistributedGradientTape(tape).gradient(loss, [v])
+    assert g.dtype == tf.bfloat16 and float(g) == (N + 1) / 2, g  # mean of 2v + (r + 1) at v = 0
+
+
 check_queries()
+check_second_order("eager")
+check_second_order("graph")
+check_bfloat16_scalars()
 check_scatter_gather("eager", eager)
 check_scatter_gather("graph", graph)
 check_gradients("eager")
