@@ -50,7 +50,10 @@ def main() -> None:
         gk.BroadcastGlobalVariablesCallback(0),       # first: same start everywhere
         gk.MetricAverageCallback(),                   # before anything that reads metrics
         gk.LearningRateWarmupCallback(initial_lr=lr, warmup_epochs=3, verbose=1),
-        gk.LearningRateScheduleCallback(initial_lr=lr, multiplier=0.1, start_epoch=20),
+        # 10x lower from epoch 20 on (a float multiplier would decay it
+        # every epoch: multiplier ** (epoch - start_epoch), as in Horovod 0.28)
+        gk.LearningRateScheduleCallback(initial_lr=lr, multiplier=lambda epoch: 0.1,
+                                        start_epoch=20),
         gk.BestModelCheckpoint(args.checkpoint, monitor="val_accuracy"),
     ]
     model.fit(X_train[shard], y_train[shard], batch_size=args.batch_size, epochs=args.epochs,
