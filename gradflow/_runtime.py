@@ -51,7 +51,7 @@ def _mpi():
     """mpi4py.MPI; the first call initializes MPI (at THREAD_MULTIPLE).
     MPI's start-up waits for every rank of the job, holding the GIL, and
     gradflow's bounded waits start only after it: a native watchdog ends
-    the process with a message if it takes longer than GRADFLOW_TIMEOUT (a
+    the process with a message if it takes longer than GRADFLOW_INIT_TIMEOUT (a
     rank that never calls init(); native/init_watchdog.h)."""
     if "mpi4py.MPI" in sys.modules:
         from mpi4py import MPI  # noqa: PLC0415

@@ -234,9 +234,10 @@ void BackgroundLoop::execute(const std::vector<Response>& responses) {
     if (timeline_.enabled()) trace_group(group, entries, started);
     for (size_t i = 0; i < group.size(); ++i) {
       if (!entries[i]) continue;
-      // Every error decided or met while running an agreed response is the
-      // same on every rank (transport failures are fatal and go elsewhere).
-      results[i].agreed = !results[i].error.empty();
+      // The coordinator's decisions (mismatches, bounded waits) are the same
+      // on every rank; an error met while executing may be this rank's own
+      // (an allocation), so it is not marked.
+      results[i].agreed = !group[i]->error.empty();
       queue_.complete(*entries[i], std::move(results[i]));
       pending_.erase(group[i]->name);
     }
@@ -245,10 +246,13 @@ void BackgroundLoop::execute(const std::vector<Response>& responses) {
 
 bool BackgroundLoop::blocked(bool blocked_here) {
   if (!owns_links_) return blocked_here;
+  // `executing` before `progress`: an execution ends by bumping progress
+  // and then leaving executing, so one ending between the reads shows.
+  const bool executing = links_->executing.load() != 0;
   const uint64_t progress = links_->progress.load();
   const bool moved = progress != progress_seen_;
   progress_seen_ = progress;
-  return links_->waiting_threads.load() > 0 && links_->executing.load() == 0 && !moved;
+  return links_->waiting_threads.load() > 0 && !executing && !moved;
 }
 
 void BackgroundLoop::apply_tuning(const Response& r, const TensorEntry& e, HandleResult* result) {

@@ -120,6 +120,14 @@ std::vector<KeySpec> make_specs() {
   add_float("GRADFLOW_TIMEOUT", "--timeout-seconds", "60", 0.1, 86400.0,
             "seconds a rank waits for a peer before raising; 0.1 <= value <= 86400",
             [](Config& c, double v) { c.timeout_seconds = v; });
+  // Longer than GRADFLOW_TIMEOUT by default: it covers the ranks' start-up
+  // skew (imports on a shared file system, containers starting apart),
+  // which MPI_Init used to absorb without bound (init_watchdog.h).
+  add_float("GRADFLOW_INIT_TIMEOUT", "--init-timeout-seconds", "300", 0.1, 86400.0,
+            "seconds init() waits for MPI to start on every rank (MPI_Init, when nothing "
+            "started MPI before init()); then the waiting ranks print why and exit with code 1; "
+            "0.1 <= value <= 86400",
+            [](Config& c, double v) { c.init_timeout_seconds = v; });
   add_float("GRADFLOW_STALL_CHECK_TIME", "--stall-check-time-seconds", "60", 0.0, 86400.0,
             "seconds before rank 0 warns about tensors not submitted by every rank, 0 = off",
             [](Config& c, double v) { c.stall_check_seconds = v; });

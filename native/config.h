@@ -22,6 +22,7 @@ struct Config {
   double idle_cycle_max_ms = 20.0;              // GRADFLOW_IDLE_CYCLE_MAX
   int64_t cache_capacity = 1024;                // GRADFLOW_CACHE_CAPACITY
   double timeout_seconds = 60.0;                // GRADFLOW_TIMEOUT
+  double init_timeout_seconds = 300.0;          // GRADFLOW_INIT_TIMEOUT (init_watchdog.h)
   double stall_check_seconds = 60.0;            // GRADFLOW_STALL_CHECK_TIME (0 = off)
   double stall_shutdown_seconds = 0.0;          // GRADFLOW_STALL_SHUTDOWN_TIME (0 = off)
   WireDtype wire_dtype = WireDtype::kNative;    // GRADFLOW_WIRE_DTYPE

@@ -124,8 +124,11 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
   if (cfg_.stall_shutdown_seconds > 0)
     demote_after = std::min(demote_after, cfg_.stall_shutdown_seconds / 2);
   // Note [Bounded waits]: every rank blocked for half the timeout: let rank 0 see all.
+  // (Note [Waits across engines]: the same for the whole job's spell.)
   const double blocked_for = all_blocked_ ? seconds_since(all_blocked_since_) : 0.0;
+  const double job_blocked_for = job_blocked_ ? seconds_since(job_blocked_since_) : 0.0;
   if (all_blocked_ && blocked_for > cfg_.timeout_seconds / 2) demote_after = 0.0;
+  if (job_blocked_ && job_blocked_for > cfg_.timeout_seconds / 2) demote_after = 0.0;
   // Note [Join and process sets]: a cached name cannot complete either.
   if (member_joined_) demote_after = 0.0;
   for (auto it = waiting_on_cache_.begin(); it != waiting_on_cache_.end();) {
@@ -141,10 +144,10 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
 
   // B. one allreduce(BAND) of flags, ready bits and invalid bits.
   // Note [Bounded waits] when every rank waits here; Note [Waits across
-  // engines] (global engine only) when some wait on a process set.
-  const bool deadlock = all_blocked_ && all_blocked_here_ && blocked_for > cfg_.timeout_seconds;
-  const bool job_deadlock = owns_links_ && all_blocked_ && !all_blocked_here_ &&
-                            blocked_for > 1.5 * cfg_.timeout_seconds;
+  // engines] (global engine only) when, for longer, the whole job waits.
+  const bool deadlock = all_blocked_ && blocked_for > cfg_.timeout_seconds;
+  const bool job_deadlock = owns_links_ && job_blocked_ && !all_blocked_ &&
+                            job_blocked_for > 1.5 * cfg_.timeout_seconds;
   bool rank0_due = comm_.rank() == 0 && (stall_action_due() || deadlock || job_deadlock);
   const bool i_joined = links_ && !owns_links_ && links_->global_join.load();
   uint64_t flags = (slow.empty() && invalid.empty() && !rank0_due ? 0 : kFlagSlow) |
@@ -164,8 +167,8 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
   words[0] = blocked ? (words[0] | kFlagBlocked) : (words[0] & ~kFlagBlocked);
   words[0] = blocked_here ? (words[0] | kFlagBlockedHere) : (words[0] & ~kFlagBlockedHere);
   comm_.allreduce_band(words.data(), words.size(), "negotiation (bit vector)");
-  const bool all_blocked = (words[0] & kFlagBlocked) != 0;
-  all_blocked_here_ = (words[0] & kFlagBlockedHere) != 0;
+  const bool job_blocked = (words[0] & kFlagBlocked) != 0;
+  const bool all_blocked = (words[0] & kFlagBlockedHere) != 0;
   flags = ~words[0] & ~(kFlagBlocked | kFlagBlockedHere);
   member_joined_ = (flags & kFlagJoined) != 0;
 
@@ -199,10 +202,14 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
       std::vector<RequestMessage> all;
       for (const auto& bytes : gathered) all.push_back(deserialize_requests(bytes));
       // Listed before build_slow_responses takes completed names out.
-      const std::string job_abort = job_deadlock ? job_deadlock_message(blocked_for) : "";
+      const std::string job_abort = job_deadlock ? job_deadlock_message(job_blocked_for) : "";
       build_slow_responses(all, &decided, deadlock);
       if (member_joined_) fail_names_missing_on_joined(all, &decided);
-      if (!job_abort.empty() && decided.abort_message.empty()) decided.abort_message = job_abort;
+      // Only if this very cycle still finds the whole job waiting and agrees
+      // nothing: a name completed now is movement, not a deadlock.
+      if (!job_abort.empty() && job_blocked && result.responses.empty() &&
+          decided.responses.empty() && decided.abort_message.empty())
+        decided.abort_message = job_abort;
     }
     std::vector<uint8_t> bytes = serialize(decided);
     comm_.bcast_vector(bytes, 0, "negotiation (responses from rank 0)");
@@ -229,6 +236,14 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
   } else if (!all_blocked_) {
     all_blocked_ = true;
     all_blocked_since_ = std::chrono::steady_clock::now();
+  }
+  // Note [Waits across engines]: the whole job's spell (global engine; the
+  // flag also drops whenever any engine moved or any wait began).
+  if (!job_blocked || !result.responses.empty()) {
+    job_blocked_ = false;
+  } else if (!job_blocked_) {
+    job_blocked_ = true;
+    job_blocked_since_ = std::chrono::steady_clock::now();
   }
   result.cache_evictions = evictions_ - evictions_before;
   result.negotiation_seconds = seconds_since(t0);

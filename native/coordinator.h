@@ -99,10 +99,10 @@ class Coordinator {
 
   // One collective negotiation round. `fresh` are requests submitted on
   // this rank since the last cycle.
-  // `blocked`: a thread of this rank is waiting on a handle (see Note
-  // [Bounded waits]); on the global engine, on any engine's, while nothing
-  // moves, and `blocked_here` says whether on this engine's (Note [Waits
-  // across engines], engine_links.h). Set engines pass the same for both.
+  // `blocked_here`: a thread of this rank is waiting on a handle of this
+  // engine (Note [Bounded waits]). `blocked` (global engine): on a handle of
+  // any engine of the process while nothing moves (Note [Waits across
+  // engines], engine_links.h); set engines pass the same for both.
   CycleResult cycle(const std::vector<Request>& fresh, bool shutdown,
                     const std::string& abort_message, bool blocked = false,
                     bool blocked_here = false);
@@ -190,11 +190,13 @@ class Coordinator {
   // all are blocked with nothing agreed for GRADFLOW_TIMEOUT / 2, cached
   // waiters are demoted to the slow path, and after GRADFLOW_TIMEOUT rank 0
   // fails every pending name on every rank, saying who submitted what.
-  // The global engine's `blocked` counts waits on any engine of the process
-  // (Note [Waits across engines], engine_links.h).
+  // This spell counts waits on this engine (`blocked_here`).
   bool all_blocked_ = false;
-  bool all_blocked_here_ = false;  // ... and, in the last cycle, all on this engine
   std::chrono::steady_clock::time_point all_blocked_since_;
+  // Note [Waits across engines] (engine_links.h), global engine: every rank
+  // blocked on any engine of its process while nothing moves (`blocked`).
+  bool job_blocked_ = false;
+  std::chrono::steady_clock::time_point job_blocked_since_;
 };
 
 }  // namespace gradflow

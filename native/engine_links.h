@@ -15,24 +15,32 @@
 // ended it).
 // Now the global engine, which spans every rank, tells its coordinator a
 // rank is blocked when some thread of the process waits on *any* engine,
-// no engine is executing agreed work, and no engine agreed anything since
-// its previous cycle (`progress` did not move); it also says whether a
-// thread waits on the global engine itself. When every rank has been
-// blocked that way with nothing agreed for 1.5 x GRADFLOW_TIMEOUT, and not
-// every rank waits on the global engine (that case stays Note [Bounded
-// waits]'s: its names fail after GRADFLOW_TIMEOUT), rank 0 aborts the job,
-// listing the global set's pending names: the whole job waits and nothing
-// anywhere moves.
+// no engine is executing agreed work, and nothing moved since its previous
+// cycle (`progress`: bumped when any engine finishes running agreed
+// responses, and when any wait begins). Its coordinator keeps that spell
+// beside Note [Bounded waits]'s own (every rank waiting on the global
+// engine itself, unchanged). When every rank has been so blocked for 1.5 x
+// GRADFLOW_TIMEOUT, and not all on the global engine, rank 0 aborts the
+// job, listing the global set's pending names; only if that very cycle
+// still finds every rank blocked and agrees nothing.
 // Why abort rather than fail names, engine by engine: the engines' failures
 // cannot be made to land together. A rank whose wait on one engine failed
 // first could resubmit there, or submit on another engine, and complete a
 // name its peers submitted before the deadlock, pairing data of different
-// steps (seen in testing). Why 1.5 x: a set whose members all wait on it
-// fails its names after GRADFLOW_TIMEOUT by itself (and that is progress);
-// the job-wide abort comes only when that did not happen.
+// steps (seen in testing). Why 1.5 x, and why a wait that begins counts as
+// movement: the job's spell then starts after the last wait anywhere,
+// never before a set's own spell (which starts at its last member's wait),
+// so a set whose members all wait on it fails its names after
+// GRADFLOW_TIMEOUT by itself, first; the job-wide abort comes only when
+// that did not happen.
 // Why the global engine and not each set alone: a set member blocked on
 // another set whose member is busy computing (a straggler) is not
 // deadlocked; only "every rank of the job blocked, nothing moving" is.
+// The approximation Note [Bounded waits] already makes holds here too: a
+// rank counts as blocked while any of its threads waits, even if another
+// thread computes; a program whose every rank keeps a thread waiting on a
+// collective that another thread will complete only after more than 1.5 x
+// GRADFLOW_TIMEOUT of computing is taken for a deadlock.
 #pragma once
 
 #include <atomic>
@@ -48,7 +56,7 @@ struct EngineLinks {
   // Note [Waits across engines].
   std::atomic<int> waiting_threads{0};  // threads blocked in any engine's wait()
   std::atomic<int> executing{0};        // engines running agreed responses now
-  std::atomic<uint64_t> progress{0};    // bumped by every cycle that agreed or ran something
+  std::atomic<uint64_t> progress{0};    // bumped when agreed work ends or a wait begins
 };
 
 }  // namespace gradflow

@@ -1,5 +1,5 @@
 // init_watchdog.h — ends the process when MPI's own start-up, inside
-// gradflow.init(), does not return within GRADFLOW_TIMEOUT.
+// gradflow.init(), does not return within GRADFLOW_INIT_TIMEOUT.
 //
 // Why: MPI_Init waits for every rank of the job (a PMI barrier), and a rank
 // that never calls init() (it hangs before it, or exited with code 0)
@@ -10,6 +10,12 @@
 // the import has not returned by then it writes one line naming the cause
 // to stderr and calls _exit(1) (MPI is half started: nothing can be undone
 // or finalized). The launcher (gradflowrun, mpiexec) then reports the rank.
+// GRADFLOW_INIT_TIMEOUT (300 s) is longer than GRADFLOW_TIMEOUT: MPI_Init
+// also absorbs the ranks' start-up skew (imports, containers), which a
+// correct job may have.
+// Its lock and condition variable are never destroyed: a process that
+// calls exit() while the watchdog waits (MPI_Init's own abort path) must
+// not block in the condition variable's destructor until the deadline.
 #pragma once
 
 namespace gradflow {

@@ -271,16 +271,16 @@ PYBIND11_MODULE(_native, m) {
         "handle stays in flight.");
   m.def("arm_init_watchdog",
         [] {
-          double seconds = Config{}.timeout_seconds;
+          double seconds = Config{}.init_timeout_seconds;
           try {
-            seconds = load_config({}).timeout_seconds;
+            seconds = load_config({}).init_timeout_seconds;
           } catch (const std::exception&) {
             // A bad GRADFLOW_* value is init()'s to report, once MPI is up.
           }
           arm_init_watchdog(seconds);
         },
         "Before MPI's start-up in init(): exit the process with a message if it has not "
-        "returned within GRADFLOW_TIMEOUT (init_watchdog.h).");
+        "returned within GRADFLOW_INIT_TIMEOUT (init_watchdog.h).");
   m.def("disarm_init_watchdog", [] { disarm_init_watchdog(); },
         "MPI's start-up returned: the watchdog stands down.");
   m.def("threads_waiting", [] { return process().waiting.load(); },

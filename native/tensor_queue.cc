@@ -91,11 +91,14 @@ std::optional<HandleResult> TensorQueue::wait(int64_t handle,
   // rest when the loop stops), so this wait ends. Several threads may wait on
   // one handle: each gets the result, the last one out forgets it.
   ++waiters_[handle];
-  // Counted process-wide too while it waits (Note [Waits across engines]).
+  // Counted process-wide too while it waits (Note [Waits across engines]);
+  // a wait that begins is movement: the job's clock starts after the last.
   struct ProcessWaiter {
     EngineLinks* links;
     explicit ProcessWaiter(EngineLinks* l) : links(l) {
-      if (links) links->waiting_threads.fetch_add(1);
+      if (!links) return;
+      links->waiting_threads.fetch_add(1);
+      links->progress.fetch_add(1);
     }
     ~ProcessWaiter() {
       if (links) links->waiting_threads.fetch_sub(1);

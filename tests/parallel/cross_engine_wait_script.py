@@ -17,6 +17,11 @@ Set A = {0, 1}. argv[1] picks the case:
 - "straggler": rank 0 waits on the global allreduce, rank 1 waits on set
   B = {1, 2}, and rank 2 computes (sleeps) 1.6 x GRADFLOW_TIMEOUT before it
   takes part: rank 2 is not blocked, so nothing may fail.
+- "setfirst": ranks 0 and 1 wait on set A under names that differ (a
+  mismatch only A's own bounded wait can end), the others on a global
+  allreduce that ranks 0 and 1 join after. A fails its names after
+  GRADFLOW_TIMEOUT (a per-name GradflowError, caught), before the job-wide
+  check (1.5 x) could abort; then the global allreduce completes (numpy).
 - "torch": two models, one with a DistributedOptimizer on the global set,
   one on A; rank 0 runs backward of the global model first, rank 1 of the
   set model first (each optimizer waits when its backward returns): every
@@ -138,6 +143,19 @@ elif case == "straggler":
     g = gf.allreduce(x(9, R), op=gf.Sum, name="g")
     check(g, 9, range(N))
     print(f"rank {R}: straggler OK after {time.time() - t0:.1f} s", flush=True)
+elif case == "setfirst":
+    t0 = time.time()
+    if R in (0, 1):
+        try:
+            gf.allreduce(x(5, R), op=gf.Sum, name=f"differs.{R}", process_set=A)
+            print(f"rank {R}: no error", flush=True)
+            sys.exit(5)
+        except gf.GradflowError as e:
+            assert "GRADFLOW_TIMEOUT" in str(e) and "aborting" not in str(e), e
+            assert time.time() - t0 < 1.4 * TIMEOUT, time.time() - t0
+    g = gf.allreduce(x(6, R), op=gf.Sum, name="g")
+    check(g, 6, range(N))
+    print(f"rank {R}: setfirst OK after {time.time() - t0:.1f} s", flush=True)
 elif case == "torch":
     import torch
 

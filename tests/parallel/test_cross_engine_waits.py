@@ -55,6 +55,17 @@ def test_optimizers_on_overlapping_sets_with_backward_in_different_orders(n):
     check_every_rank_aborted(proc, n, 4, "DistributedOptimizer0.glob.bias")
 
 
+@pytest.mark.parametrize("n", [3, 4])
+def test_a_sets_own_bounded_wait_comes_before_the_job_abort(n):
+    """Ranks 0 and 1 wait on set {0, 1} under names that differ while the
+    others wait on the global set for them: the set's own bounded wait fails
+    its names after GRADFLOW_TIMEOUT (caught), the job is not aborted, and
+    the global allreduce then completes (numpy)."""
+    proc = run_mpi(n, "cross_engine_wait_script.py", "setfirst", timeout=120, env=SHORT)
+    for r in range(n):
+        assert f"rank {r}: setfirst OK" in proc.stdout, proc.stdout
+
+
 @pytest.mark.parametrize("case", ["progress", "straggler"])
 @pytest.mark.parametrize("n", [3, 4])
 def test_no_false_alarm(case, n):

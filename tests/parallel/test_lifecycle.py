@@ -54,17 +54,27 @@ def test_init_without_the_last_rank_times_out(n):
 @pytest.mark.parametrize("how,n", [("exit0", 2), ("exit0", 3), ("hang", 2)])
 def test_init_before_mpi_started_without_the_last_rank_exits(how, n):
     """The last rank never calls init() and nothing started MPI before:
-    the others leave MPI's start-up after GRADFLOW_TIMEOUT with a message
+    the others leave MPI's start-up after GRADFLOW_INIT_TIMEOUT with a message
     and exit code 1 (they used to wait for ever)."""
     t0 = time.monotonic()
-    out = run_mpi(n, "lifecycle_init_before_mpi_script.py", how, env={"GRADFLOW_TIMEOUT": "3"},
+    out = run_mpi(n, "lifecycle_init_before_mpi_script.py", how, env={"GRADFLOW_INIT_TIMEOUT": "3"},
                   timeout=120, expect_fail=True)
     elapsed = time.monotonic() - t0
     assert "init returned" not in out.stdout, out.stdout
-    assert "init() has waited 3 s (GRADFLOW_TIMEOUT) for MPI to start on every rank" in out.stderr, \
+    assert "init() has waited 3 s (GRADFLOW_INIT_TIMEOUT) for MPI to start on every rank" in \
+        out.stderr, \
         out.stdout + out.stderr
     assert "some rank has not called gradflow.init()" in out.stderr
     assert elapsed < 45, f"took {elapsed:.0f} s"  # "hang" sleeps 60 s: the job must not wait
+
+
+def test_init_before_mpi_started_waits_for_a_late_rank():
+    """A rank 4 s late, GRADFLOW_TIMEOUT 2 s: MPI's start-up waits for it
+    (GRADFLOW_INIT_TIMEOUT, 300 s by default, covers start-up skew)."""
+    out = run_mpi(3, "lifecycle_init_before_mpi_script.py", "late",
+                  env={"GRADFLOW_TIMEOUT": "2"}, timeout=120)
+    for r in range(3):
+        assert f"rank {r} init returned" in out.stdout, out.stdout + out.stderr
 
 
 def test_exit_after_a_dead_peer_with_two_sync_windows():
