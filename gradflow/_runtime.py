@@ -408,6 +408,14 @@ def _install_hooks() -> None:
                     # error every rank got alike (a mismatch, a bounded wait:
                     # gradflowrun then blames no rank).
                     _notice.report_peer_failure()
+                elif not (isinstance(exc, GradflowError) or _native.failed_fatally() or
+                          _peer_dead_notice.is_set()):
+                    # The program's own exception, raised while nothing had
+                    # failed (not, say, Keras wrapping a peer's failure):
+                    # this rank failed first, whatever notice reaches it
+                    # while it exits (a busy machine may schedule its exit
+                    # after its peers').
+                    _notice.report_own_failure()
                 _native.abort(f"{exc_type.__name__}: {exc}")
                 _uncaught_exception = True
         except Exception:

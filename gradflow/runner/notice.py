@@ -27,6 +27,11 @@ _MAX_MESSAGE = 4096
 # failed first (its collective raised after the runtime failed fatally), so
 # gradflowrun blames the peer even when this rank's exit is seen first.
 PEER_FAILURE_ENV = "GRADFLOWRUN_PEER_FAILURE_FILE"
+# And the converse: a file the rank creates when an exception of its own
+# (not a GradflowError) ends it, so a notice of a peer's exit that reaches it
+# while it is still exiting does not make it count as "told" (it failed
+# first; a busy machine may schedule its exit after the peers').
+OWN_FAILURE_ENV = "GRADFLOWRUN_OWN_FAILURE_FILE"
 # Diagnostics: with this set to 1, a rank that gradflowrun stops (SIGTERM:
 # the grace period after a failure, or the user's stop) first prints every
 # Python thread's stack to stderr (faulthandler), then dies as before. For a
@@ -73,7 +78,16 @@ def send(fd: int, message: str) -> bool:
 def report_peer_failure(environ=None) -> None:
     """Rank side: record that this rank's failure is a consequence of a
     peer's (no-op outside gradflowrun); never raises, never follows a link."""
-    path = (os.environ if environ is None else environ).get(PEER_FAILURE_ENV)
+    _create((os.environ if environ is None else environ).get(PEER_FAILURE_ENV))
+
+
+def report_own_failure(environ=None) -> None:
+    """Rank side: record that an exception of this rank's own ends it (no-op
+    outside gradflowrun); never raises, never follows a link."""
+    _create((os.environ if environ is None else environ).get(OWN_FAILURE_ENV))
+
+
+def _create(path: Optional[str]) -> None:
     if not path:
         return
     try:

@@ -205,10 +205,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     env.setdefault("PYTHONUNBUFFERED", "1")  # Python ranks: lines arrive as printed
     notice_r, notice_w, notice_env = _notice.open_channel()
     env.update(notice_env)
-    peer_failure_file = None
+    peer_failure_file = own_failure_file = None
     if status_dir and os.path.isdir(status_dir):
         peer_failure_file = os.path.join(status_dir, f"rank.{rank}.peer_failure")
         env[_notice.PEER_FAILURE_ENV] = peer_failure_file
+        own_failure_file = os.path.join(status_dir, f"rank.{rank}.own_failure")
+        env[_notice.OWN_FAILURE_ENV] = own_failure_file
     try:
         # Own session: a signal reaches the command once, through forward().
         # close_fds=False: the MPI launcher's inherited descriptors (hydra's
@@ -265,7 +267,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     # its gradflow runtime reported failing because of a peer
     # (notice.report_peer_failure): its own failure is a consequence, and the
     # launcher blames the others first.
-    consequence = notified.is_set() or bool(peer_failure_file and os.path.exists(peer_failure_file))
+    # An exception of its own (notice.report_own_failure) wins over a notice
+    # that reached it while it was exiting.
+    own = bool(own_failure_file and os.path.exists(own_failure_file))
+    consequence = not own and (notified.is_set() or
+                               bool(peer_failure_file and os.path.exists(peer_failure_file)))
     write_status(status_dir, rank, "exit",
                  f"{code} {1 if stopped else 0} {1 if consequence else 0}\n")
     for t in pumps:  # a grandchild may keep the pipes open: do not wait forever

@@ -175,9 +175,14 @@ def test_an_agreed_error_blames_no_rank(case, n):
     assert "failed first" not in r.stderr, report
 
 
-def test_exception_on_one_rank():
+@pytest.mark.parametrize("slow_exit", [False, True])
+def test_exception_on_one_rank(slow_exit):
+    """slow_exit: the raising rank is still exiting when the peers' exits
+    are seen and gradflowrun's notice reaches it; it must still be named
+    first (notice.report_own_failure), not counted as told."""
     t0 = time.monotonic()
-    r = gradflowrun("-np", "3", sys.executable, os.path.join(HERE, "raising_rank_script.py"))
+    r = gradflowrun("-np", "3", sys.executable, os.path.join(HERE, "raising_rank_script.py"),
+                    env={"SLOW_EXIT": "1"} if slow_exit else None)
     elapsed = time.monotonic() - t0
     report = f"stdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}"
     assert "[1]<stderr>: ValueError: boom on rank 1" in r.stderr, report
