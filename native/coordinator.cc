@@ -23,6 +23,9 @@ constexpr uint64_t kFlagJoined = 16;
 // (Note [Waits across engines]; on set engines the same as kFlagBlocked).
 constexpr uint64_t kFlagBlockedHere = 32;
 constexpr const char* kJoinName = kJoinTensorName;
+// Note [Join and process sets]: how long a set's name waits on a joined
+// member before it fails (fail_names_missing_on_joined says why).
+constexpr double kJoinedGraceSeconds = 2.0;
 
 void set_bit(std::vector<uint64_t>& w, size_t base, int32_t bit) {
   w[base + bit / 64] |= (uint64_t{1} << (bit % 64));
@@ -437,6 +440,13 @@ void Coordinator::fail_names_missing_on_joined(const std::vector<RequestMessage>
     int absent = -1;
     for (int r : joined)
       if (absent < 0 && p.by_rank[r].name.empty()) absent = r;
+    // A member's join flag may still be up for a moment after its join
+    // completed on another member, which already submits to the set (each
+    // rank's global loop takes the join's response in its own time): only a
+    // name that has waited kJoinedGrace is failed (seen in a full run: a
+    // name submitted right after join() returned failed, naming a member
+    // whose join had just completed too).
+    if (absent >= 0 && seconds_since(p.first_seen) < kJoinedGraceSeconds) absent = -1;
     if (absent < 0) {
       ++it;
       continue;

@@ -62,8 +62,10 @@
 // pending, and each set engine ORs it into the cycle's flags (kFlagJoined):
 // while any member has joined, every cycle takes the slow path, cache
 // waiters go there at once, and rank 0 fails each name the joined member
-// has not submitted, on every rank, naming that member. Call join() after
-// the last process-set collective.
+// has not submitted and that has waited 2 s, on every rank, naming that
+// member (the grace covers the moment a member's flag is still up after
+// its join completed elsewhere). Call join() after the last process-set
+// collective.
 #pragma once
 
 #include <atomic>
