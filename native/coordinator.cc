@@ -27,6 +27,14 @@ constexpr const char* kJoinName = kJoinTensorName;
 // member before it fails (fail_names_missing_on_joined says why).
 constexpr double kJoinedGraceSeconds = 2.0;
 
+// "submitted by ranks [ 0 2 ], missing on ranks [ 1 ]" for one pending name
+// (a rank's entry is empty until it submitted): stall and deadlock messages.
+std::string who_submitted(const std::vector<Request>& by_rank) {
+  std::ostringstream have, missing;
+  for (size_t r = 0; r < by_rank.size(); ++r) (by_rank[r].name.empty() ? missing : have) << r << " ";
+  return "submitted by ranks [ " + have.str() + "], missing on ranks [ " + missing.str() + "]";
+}
+
 void set_bit(std::vector<uint64_t>& w, size_t base, int32_t bit) {
   w[base + bit / 64] |= (uint64_t{1} << (bit % 64));
 }
@@ -480,17 +488,13 @@ void Coordinator::check_stalls(ResponseMessage* out, bool deadlock) {
   for (auto it = table_order_.begin(); it != table_order_.end();) {
     PendingOnRank0& p = table_[*it];
     double age = seconds_since(p.first_seen);
-    std::ostringstream have, missing;
     OpKind kind = OpKind::kAllreduce;  // of the first rank that submitted (rank 0 may not have)
     for (size_t r = p.by_rank.size(); r-- > 0;) {
       if (!p.by_rank[r].name.empty()) kind = p.by_rank[r].kind;
     }
-    for (size_t r = 0; r < p.by_rank.size(); ++r)
-      (p.by_rank[r].name.empty() ? missing : have) << r << " ";
     std::string msg = "gradflow stall: '" + *it + "' (" + op_kind_name(kind) +
-                      ") has waited " + std::to_string(static_cast<int>(age)) +
-                      " s; submitted by ranks [ " + have.str() + "], missing on ranks [ " +
-                      missing.str() + "]";
+                      ") has waited " + std::to_string(static_cast<int>(age)) + " s; " +
+                      who_submitted(p.by_rank);
     if (cfg_.stall_check_seconds > 0 && age > cfg_.stall_check_seconds && !p.warned) {
       p.warned = true;
       stall_warnings_.push_back(msg);
@@ -527,14 +531,8 @@ std::string Coordinator::job_deadlock_message(double blocked_for) const {
     m << ". Nothing is pending on the global set; the waits are on process sets";
   } else {
     m << ". Pending on the global set:";
-    for (const std::string& name : table_order_) {
-      const PendingOnRank0& p = table_.at(name);
-      std::ostringstream have, missing;
-      for (size_t r = 0; r < p.by_rank.size(); ++r)
-        (p.by_rank[r].name.empty() ? missing : have) << r << " ";
-      m << " '" << name << "' submitted by ranks [ " << have.str() << "], missing on ranks [ "
-        << missing.str() << "];";
-    }
+    for (const std::string& name : table_order_)
+      m << " '" << name << "' " << who_submitted(table_.at(name).by_rank) << ";";
   }
   return m.str();
 }

@@ -33,22 +33,16 @@ def _assert_names(err: Exception, keyword: str, value, fragment: str) -> None:
     assert f"{keyword}={value!r}" in msg and "Accepted" in msg and fragment in msg, msg
 
 
-@pytest.mark.parametrize("value", BAD_BUCKET_MB, ids=repr)
-def test_torch_optimizer_bucket_mb_has_the_variables_limits(value):
+@pytest.mark.parametrize("keyword,value,fragment",
+                         [("bucket_mb", v, "at least 4096 bytes") for v in BAD_BUCKET_MB] +
+                         [("sparse_ratio", v, "1e-6 <= value <= 1") for v in BAD_SPARSE_RATIO],
+                         ids=repr)
+def test_torch_optimizer_keywords_have_the_variables_limits(keyword, value, fragment):
     m = torch.nn.Linear(4, 2)
     with pytest.raises(_native.GradflowValueError) as e:
         hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
-                                 named_parameters=m.named_parameters(), bucket_mb=value)
-    _assert_names(e.value, "bucket_mb", value, "at least 4096 bytes")
-
-
-@pytest.mark.parametrize("value", BAD_SPARSE_RATIO, ids=repr)
-def test_torch_optimizer_sparse_ratio_has_the_variables_limits(value):
-    m = torch.nn.Linear(4, 2)
-    with pytest.raises(_native.GradflowValueError) as e:
-        hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
-                                 named_parameters=m.named_parameters(), sparse_ratio=value)
-    _assert_names(e.value, "sparse_ratio", value, "1e-6 <= value <= 1")
+                                 named_parameters=m.named_parameters(), **{keyword: value})
+    _assert_names(e.value, keyword, value, fragment)
 
 
 @pytest.mark.parametrize("call", [
