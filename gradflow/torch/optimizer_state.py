@@ -3,12 +3,15 @@
 # state object, parameter names, the gradient pools' layout and lifetime (build_pools,
 # destroy_pools), and the LR-scheduler re-patch applied when wrapping.
 """State, gradient pools and wrapping helpers of gradflow.torch.DistributedOptimizer."""
+import os
+import sys
+import warnings
 import weakref
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from .. import _handles, _native
+from .. import _handles, _native, collectives
 from ..collectives import native_reduce_op
 from . import hyperparameter_check as _hyper_check
 from .functions import allgather_object
@@ -31,10 +34,14 @@ class _Pool:
         self.padding = padding
 
 
+_LIVE: "weakref.WeakSet" = weakref.WeakSet()  # every wrapper's _State, for join()
+
+
 class _State:
     """Everything the wrapper adds, kept off the optimizer's own attributes."""
 
     def __init__(self):
+        _LIVE.add(self)  # for join(): Note [Unfinished step at join]
         self.prefix = ""
         self.params: List[torch.Tensor] = []      # requires_grad params, param-group order
         self.names: List[str] = []                # "<prefix>.<name>", same order
@@ -304,6 +311,68 @@ def rebind_after_elastic_reset(self) -> None:
     s.solo = _runtime.size() == 1 and s.user_compressor is None
     s.use_pool, s.csc = (False, False) if s.solo else s.wanted
     s.runtime_gen = _runtime.generation()
+
+
+# Note [Unfinished step at join]
+# -------------------------------
+# With backward_passes_per_step=k, a rank whose data ends inside a window
+# (it ran j < k passes since its last step, then calls join(), as a loop
+# that steps every k batches does when its batch count is not a multiple of
+# k) keeps those j passes counted. After join() every rank starts the next
+# epoch, but that rank reduces after k - j passes while the others wait for
+# k: its buckets and the others' never pair up, and the job stalled until
+# GRADFLOW_TIMEOUT (found by the 2026-11-28 combination audit; Horovod's
+# delay counters do the same). Those j passes cannot be reduced with
+# anything (the other ranks are in other windows), so join() drops the
+# unfinished step on every rank: the counts start again, the gradients stay
+# in param.grad (zero_grad() clears them, as for any local gradient), and a
+# warning says so. Call step() before join() to apply them instead (a step
+# of j passes, reduced with the others' next step). Nothing was submitted in
+# such a step (a gradient goes out at its k-th pass), so nothing is pending.
+
+
+def drop_unfinished_step(s) -> int:
+    """join() returned: forget the backward passes of a step that was
+    started (a hook fired) but never reduced; returns how many passes were
+    dropped (0: none, or something was already submitted and the step is
+    left as it is)."""
+    if not s.fired or s.handles or s.pool_handles or s.marked:
+        return 0
+    dropped = max(s.passes_done, max(s.passes.values(), default=0))
+    s.passes.clear()
+    s.deferred.clear()  # overlap=False: recorded, not submitted
+    s.complete = s.passes_done = 0
+    s.fired = s.synchronized = False
+    s.failed_submit = ""
+    if s.groups is not None:
+        s.groups = GroupTracker(s.groups.groups)
+    return dropped
+
+
+def _outside_gradflow() -> int:
+    """warnings.warn's stacklevel, for a call from _after_join, that names
+    the first frame outside the gradflow package (the user's join() call,
+    whether through gradflow.torch.join or gradflow.join)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(2), 2  # 1: _after_join itself
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _after_join() -> None:
+    for s in list(_LIVE):
+        dropped = drop_unfinished_step(s)
+        if dropped:
+            warnings.warn(
+                f"gradflow: {s.prefix}: join() was called with {dropped} of "
+                f"backward_passes_per_step={s.bpps} backward passes of a step that was not "
+                "reduced; they are dropped (their gradients stay in param.grad until "
+                "zero_grad()) so that every rank starts the next step together. Call step() "
+                "before join() to apply them", stacklevel=_outside_gradflow())
+
+
+collectives.after_join.append(_after_join)
 
 
 def repatch_scheduler_step(wrapped, optimizer) -> None:

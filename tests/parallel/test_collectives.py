@@ -79,6 +79,18 @@ def test_join_with_distributed_optimizer(n):
     assert f"join optimizer OK on {n} ranks" in out.stdout
 
 
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_join_with_an_unfinished_accumulation_step(n):
+    # backward_passes_per_step=2 and a rank whose data ends inside a window:
+    # join() drops that step on every rank, so the next epoch's steps pair up
+    # (pool, copy, no-overlap). The old code stalled until GRADFLOW_TIMEOUT,
+    # shortened here so that it fails in seconds rather than minutes.
+    pytest.importorskip("torch")
+    out = run_mpi(n, "join_torch_accumulation_script.py", timeout=240,
+                  env={"GRADFLOW_TIMEOUT": "20"})
+    assert out.stdout.count(f"OK on {n} ranks") == 3, out.stdout
+
+
 @pytest.mark.parametrize("n", [3, 4])
 def test_init_on_sub_communicator(n):
     out = run_mpi(n, "subcomm_script.py", timeout=120)
