@@ -28,6 +28,13 @@ Unlike Horovod's, CPU tensors are supported (Horovod's needs CUDA kernels);
 statistics are combined in float64, in rank order, so every rank computes
 bitwise the same mean/variance. Calls are synchronous: every rank must run
 the layer's forward (and backward) in the same order, as for any collective.
+
+``process_set=`` (a gradflow extra, as torch's ``process_group=``): the
+global batch is that of the set's members only, and only they communicate.
+Models trained on disjoint process sets need it: with the default (all
+ranks) their layers' statistics were pooled across the sets, silently, or,
+when only one set's model has the layer, its members waited on the others
+until those shut down (found by the 2026-11-28 combination audit).
 """
 from __future__ import annotations
 
@@ -37,8 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .._runtime import size
 from ..collectives import Sum
+from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
 from .ops import allgather_async, allreduce_async
 
 __all__ = ["SyncBatchNorm"]
@@ -53,7 +60,7 @@ def _channel_view(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return v.reshape([1, -1] + [1] * (x.dim() - 2))
 
 
-def _global_moments(x: torch.Tensor, name: str):
+def _global_moments(x: torch.Tensor, name: str, process_set: Optional[ProcessSet]):
     """(count, mean, biased var, unbiased var) per channel over all ranks'
     inputs, as float64. Each rank sends (n, local mean, local sum of squared
     deviations); the combination (Chan et al.) avoids E[x^2]-E[x]^2
@@ -72,7 +79,7 @@ def _global_moments(x: torch.Tensor, name: str):
         m2 = torch.zeros(c, dtype=acc)
     mine = torch.stack([torch.full((c,), float(n), dtype=torch.float64), mean.double().cpu(),
                         m2.double().cpu()]).unsqueeze(0)
-    every = allgather_async(mine, name=name).wait()  # (ranks, 3, C)
+    every = allgather_async(mine, name=name, process_set=process_set).wait()  # (ranks, 3, C)
     counts, means, m2s = every[:, 0], every[:, 1], every[:, 2]
     total = counts[:, 0].sum()
     if total <= 1:
@@ -88,9 +95,10 @@ class _SyncBatchNormFn(torch.autograd.Function):
     """Global-batch normalization with its exact gradient (see module docstring)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, eps, momentum, name):
+    def forward(ctx, x, weight, bias, running_mean, running_var, eps, momentum, name,
+                process_set):
         x = x.contiguous()
-        total, g_mean, g_var, g_var_unbiased = _global_moments(x, name + ".stats")
+        total, g_mean, g_var, g_var_unbiased = _global_moments(x, name + ".stats", process_set)
         if running_mean is not None:  # torch's update: unbiased variance, in place
             with torch.no_grad():
                 running_mean.mul_(1 - momentum).add_(g_mean.to(running_mean), alpha=momentum)
@@ -107,7 +115,7 @@ class _SyncBatchNormFn(torch.autograd.Function):
             y = y + _channel_view(bias.to(acc), x)
         ctx.save_for_backward(x, weight, mean, invstd)
         ctx.total = float(total)
-        ctx.name = name
+        ctx.name, ctx.process_set = name, process_set
         ctx.has_bias = bias is not None
         return y.to(x.dtype)
 
@@ -130,7 +138,8 @@ class _SyncBatchNormFn(torch.autograd.Function):
             # The global statistics depend on every rank's input, so each
             # rank's input gradient needs the global sums of dy and dy*xhat.
             both = torch.stack([sum_dy, sum_dy_xhat]).double().cpu()
-            g = allreduce_async(both, name=ctx.name + ".grad", op=Sum).wait()
+            g = allreduce_async(both, name=ctx.name + ".grad", op=Sum,
+                                process_set=ctx.process_set).wait()
             g = (g / ctx.total).to(device=x.device, dtype=acc)
             scale = invstd if weight is None else invstd * weight.to(acc)
             grad_x = (_channel_view(scale, x) * (dya - _channel_view(g[0], x)
@@ -139,7 +148,7 @@ class _SyncBatchNormFn(torch.autograd.Function):
             grad_w = sum_dy_xhat.to(weight.dtype)
         if ctx.has_bias and need_b:
             grad_b = sum_dy.to(weight.dtype if weight is not None else x.dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None
 
 
 class SyncBatchNorm(_BatchNorm):
@@ -151,11 +160,19 @@ class SyncBatchNorm(_BatchNorm):
     ``track_running_stats``. Local batch sizes may differ between ranks.
     Every rank must call forward/backward of its SyncBatchNorm layers in the
     same order (they communicate). See the module docstring for gradients.
+    ``process_set`` (keyword only; default all ranks): the ranks whose local
+    batches make the global batch; only its members may run the layer in
+    training mode (others raise ValueError there, before communicating).
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1,
-                 affine: bool = True, track_running_stats: bool = True) -> None:
+                 affine: bool = True, track_running_stats: bool = True, *,
+                 process_set: Optional[ProcessSet] = global_process_set) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats)
+        if process_set is not None and not isinstance(process_set, ProcessSet):
+            raise ValueError("gradflow: SyncBatchNorm: process_set must be a gradflow.ProcessSet "
+                             f"(or None for all ranks), got {process_set!r}")
+        self.process_set = process_set
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() < 2:
@@ -177,24 +194,31 @@ class SyncBatchNorm(_BatchNorm):
         track = not self.training or self.track_running_stats
         running_mean = self.running_mean if track else None
         running_var = self.running_var if track else None
-        if not use_batch_stats or size() == 1:
+        # getattr: a module pickled before process_set existed has none (all ranks)
+        ps = getattr(self, "process_set", global_process_set)
+        if use_batch_stats:
+            member_id(ps, "SyncBatchNorm")  # a non-member raises here, before communicating
+        if not use_batch_stats or process_set_size(ps, "SyncBatchNorm") == 1:
             return F.batch_norm(input, running_mean, running_var, self.weight, self.bias,
                                 use_batch_stats, factor, self.eps)
         # Names depend on the channel count only, so layers of equal width
         # share one cached negotiation; calls are synchronous, never two in flight.
         return _SyncBatchNormFn.apply(input, self.weight, self.bias, running_mean, running_var,
-                                      self.eps, factor, f"sync_batch_norm.{self.num_features}")
+                                      self.eps, factor, f"sync_batch_norm.{self.num_features}", ps)
 
     @classmethod
-    def convert_sync_batchnorm(cls, module: torch.nn.Module) -> torch.nn.Module:
+    def convert_sync_batchnorm(cls, module: torch.nn.Module,
+                               process_set: Optional[ProcessSet] = global_process_set
+                               ) -> torch.nn.Module:
         """Return `module` with every ``torch.nn.BatchNorm*d`` (any ``_BatchNorm``
         that is not already a SyncBatchNorm) replaced by a SyncBatchNorm holding
-        the same parameters, buffers, training flag and requires_grad (as
-        ``torch.nn.SyncBatchNorm.convert_sync_batchnorm``; not in Horovod)."""
+        the same parameters, buffers, training flag and requires_grad, over
+        `process_set` (as ``torch.nn.SyncBatchNorm.convert_sync_batchnorm``
+        with its ``process_group``; not in Horovod)."""
         out = module
         if isinstance(module, _BatchNorm) and not isinstance(module, cls):
             out = cls(module.num_features, module.eps, module.momentum, module.affine,
-                      module.track_running_stats)
+                      module.track_running_stats, process_set=process_set)
             if module.affine:
                 with torch.no_grad():
                     out.weight = module.weight
@@ -206,5 +230,5 @@ class SyncBatchNorm(_BatchNorm):
             if hasattr(module, "qconfig"):
                 out.qconfig = module.qconfig
         for child_name, child in module.named_children():
-            out.add_module(child_name, cls.convert_sync_batchnorm(child))
+            out.add_module(child_name, cls.convert_sync_batchnorm(child, process_set))
         return out

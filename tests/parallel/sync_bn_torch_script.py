@@ -3,7 +3,8 @@
 # rank rebuilds every rank's data): forward output, running stats, input /
 # weight / bias gradients, for equal, unequal and empty local batches, fp32
 # and fp64; eval mode; convert_sync_batchnorm; training with
-# DistributedOptimizer against single-process training; errors on every rank.
+# DistributedOptimizer against single-process training; errors on every rank;
+# process_set= (3+ ranks: two disjoint sets, each its own global batch).
 import torch
 import torch.nn.functional as F
 
@@ -169,3 +170,80 @@ if N > 1:
     bn(torch.randn(1, 3))  # one row per rank is enough globally: no error
 hvd.barrier()
 ok("errors on every rank")
+
+
+# 6. process_set=: the global batch is the set's. Two disjoint sets (3 ranks:
+# {0, 2} and the one-rank {1}; 4 ranks: {0, 2} and {1, 3}) train their own
+# model on data of different scales, each equal to single-process training on
+# its set's batch; a layer only one set has does not wait for the other set.
+# Before: every SyncBatchNorm pooled all ranks' statistics (silently mixing
+# the sets), or waited on the ranks without the layer until they shut down.
+if N >= 3:
+    sets = [[r for r in range(N) if r % 2 == 0], [r for r in range(N) if r % 2 == 1]]
+    handles = [hvd.add_process_set(ranks) for ranks in sets]
+    mine_ranks = sets[R % 2]
+    mine = handles[R % 2]
+    other = handles[1 - R % 2]
+    M, me = len(mine_ranks), mine_ranks.index(R)
+    sizes = [5 + 2 * r for r in mine_ranks]  # this set's local batch sizes, in set order
+    lo, hi = bounds(sizes, me)
+    shift = 0.0 if R % 2 == 0 else 50.0  # the sets' data differ: pooled statistics would show
+
+    # a layer of this set against BatchNorm on the set's batch (forward, grads, running stats)
+    gen = torch.Generator().manual_seed(11 + R % 2)
+    X = (torch.randn(sum(sizes), 4, 3, generator=gen, dtype=torch.float64) * 2 + shift)
+    G = torch.randn(sum(sizes), 4, 3, generator=gen, dtype=torch.float64)
+    ref = torch.nn.BatchNorm1d(4).double()
+    bn = hvd.SyncBatchNorm(4, process_set=mine).double()
+    Xr = X.clone().requires_grad_()
+    (ref(Xr) * G).sum().backward()
+    x = X[lo:hi].clone().requires_grad_()
+    out = bn(x)
+    (out * G[lo:hi]).sum().backward()
+    what = f"process set {mine_ranks}"
+    ref_out = torch.nn.functional.batch_norm(X, None, None, training=True)[lo:hi]
+    assert_close(out.detach(), ref_out, f"{what} output", 1e-11)
+    assert_close(x.grad, Xr.grad[lo:hi], f"{what} input grad", 1e-11)
+    w_sum = hvd.allreduce(bn.weight.grad, op=hvd.Sum, process_set=mine)
+    assert_close(w_sum, ref.weight.grad, f"{what} weight grad", 1e-11)
+    assert_close(bn.running_mean, ref.running_mean, f"{what} running_mean", 1e-11)
+    assert_close(bn.running_var, ref.running_var, f"{what} running_var", 1e-11)
+
+    # only the even set's model has this layer; the odd set does not take part
+    if R % 2 == 0:
+        only = hvd.SyncBatchNorm(7, process_set=mine)
+        only(torch.randn(3, 7)).sum().backward()
+    else:  # a non-member in training mode raises before communicating ...
+        foreign = hvd.SyncBatchNorm(7, process_set=other)
+        expect_error(lambda: foreign(torch.randn(3, 7)), "not a member", exc=ValueError)
+        foreign.eval()  # ... and in eval mode with running statistics needs no peer
+        assert_close(foreign(torch.ones(2, 7)), torch.ones(2, 7) / (1 + 1e-5) ** 0.5,
+                     "non-member eval", 1e-6)
+
+    # training on each set: DistributedOptimizer and SyncBatchNorm over it
+    model = hvd.SyncBatchNorm.convert_sync_batchnorm(net(), process_set=mine)
+    assert model[1].process_set is mine
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   model.named_parameters(), process_set=mine)
+    ref = net()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    Xd, Yd = digits()
+    Xd = Xd + shift / 10
+    for step in range(3):
+        idx = torch.randperm(Xd.shape[0], generator=torch.Generator().manual_seed(step))
+        xb, yb = Xd[idx[:sum(sizes)]], Y[idx[:sum(sizes)]]
+        opt.zero_grad()
+        F.cross_entropy(model(xb[lo:hi]), yb[lo:hi]).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        out = ref(xb)
+        loss = sum(F.cross_entropy(out[a:b], yb[a:b])
+                   for a, b in (bounds(sizes, k) for k in range(M)))
+        (loss / M).backward()
+        ref_opt.step()
+        assert_close(flat(model.parameters()), flat(ref.parameters()), f"{what} step {step}", 1e-5)
+    every = hvd.allgather(flat(list(model.parameters()) + list(model.buffers())[:2]).reshape(1, -1),
+                          process_set=mine)
+    assert all(torch.equal(every[0], e) for e in every), f"{what}: members differ"
+    hvd.barrier()
+    ok("process sets: per-set statistics, no waiting on other sets, per-set training")
