@@ -6,7 +6,9 @@ changes:
 * a worker dies (non-zero exit, signal): its host is blacklisted, the other
   workers of its generation are told (their collectives raise
   HorovodInternalError: they roll back to their last commit), and once all
-  survivors are ready again a new generation forms without it;
+  survivors are ready again a new generation forms without it; once
+  training has finished (a worker exited 0) they are still told, but no
+  generation forms again and the job ends with the dead worker's code;
 * hosts appear (discovery script): workers are started there (up to
   --max-np); once one is ready, the running workers are told the hosts
   changed (HostsUpdatedInterrupt at their next commit) and the next
@@ -69,6 +71,7 @@ class Worker:
         self.formed = False
         self.dismiss = False      # its host was removed: send `exit` when ready
         self.wants_sync = True    # its last `ready` asked for a state sync
+        self.told = False         # sent a failure notice in its generation
         self.started = time.monotonic()
 
     def send(self, msg: Dict) -> None:
@@ -194,7 +197,15 @@ class ElasticDriver:
             for w in self._alive():
                 if w.state == "ready" and not w.dismiss:
                     w.dismiss = True
-                    w.send({"op": "exit"})
+                    if w.gen >= 0 and self.failed_after_finish is not None:
+                        # It rolled back after that failure: it did not finish
+                        # and must not look as if it had (exit 1, saying why).
+                        w.send({"op": "abort", "message": (
+                            f"training finished on another worker, then "
+                            f"{self.failed_after_finish[0]}; no new generation forms after a "
+                            f"finished training, so worker {w.id} leaves")})
+                    else:
+                        w.send({"op": "exit"})
         if self.forming or self.aborted or self.finished:
             return
         alive = self._alive()
@@ -227,7 +238,7 @@ class ElasticDriver:
         self.gen += 1
         self.forming = members
         for r, w in enumerate(members):
-            w.state, w.gen, w.rank, w.formed = "running", self.gen, r, False
+            w.state, w.gen, w.rank, w.formed, w.told = "running", self.gen, r, False, False
         for w in members:
             w.send({"op": "assign", "gen": self.gen, "rank": w.rank, "size": len(members),
                     "sync": sync})
@@ -332,13 +343,22 @@ class ElasticDriver:
                 self.note(what)
             return
         what = f"{w.label()} {describe_code(code)}"
+        if w.told:  # likely a consequence (it did not roll back): say so
+            what += ", after it was told of a peer's failure"
         self.lost.append(what)
         delay = self.hosts.blacklist(w.host)
         self.note(f"{what}; host {w.host} blacklisted "
                   + ("for the rest of the job" if delay == float("inf") else f"for {delay:g} s"))
-        if self.finished and self.failed_after_finish is None:
-            self.failed_after_finish = (what, code)
-        if self.finished or self.aborted:
+        if self.finished:
+            if self.failed_after_finish is None:
+                self.failed_after_finish = (what, code)
+            # No reset follows a finished training, but a member may still
+            # wait for this one in a collective (a process set without the
+            # finished workers, the tail of the last allreduce): tell it, as
+            # gradflowrun's notice does outside elastic mode, or it waits
+            # GRADFLOW_TIMEOUT (60 s). If it rolls back, _try_form ends it.
+            self._tell_members(w, f"gradflowrun elastic: {what} after training finished on "
+                                  "another worker (no reset follows a finished training)")
             return
         if w in self.forming:
             # Its peers are inside MPI_Comm_accept/connect with it and cannot
@@ -351,11 +371,18 @@ class ElasticDriver:
                 self._abort(f"{what}; that is reset {self.resets}, more than --reset-limit "
                             f"{self.reset_limit}" + self._lost_text())
                 return
-            msg = f"gradflowrun elastic: {what}"
-            for m in self.members:
-                if m is not w and m.state == "running":
-                    m.send({"op": "failure", "gen": self.gen, "message": msg})
+            self._tell_members(w, f"gradflowrun elastic: {what}")
         self._fill_slots()
+
+    def _tell_members(self, dead: Worker, message: str) -> None:
+        """The failure notice to the running members of the dead worker's
+        generation: their waits fail at once (worker.py, on_failure)."""
+        if dead not in self.members:
+            return
+        for m in self.members:
+            if m is not dead and m.state == "running":
+                m.told = True
+                m.send({"op": "failure", "gen": self.gen, "message": message})
 
     def _on_hosts(self, known: Dict[str, int]) -> None:
         if self.hosts.last_error:

@@ -18,6 +18,23 @@ environment:
   ELASTIC_EXIT_AFTER   "WORKER:CODE": that worker waits 2 s after training (so
                        another has finished) and exits with CODE, as a crash in
                        a checkpoint save would
+  ELASTIC_DIE_AFTER_FINISH  "WORKER[:train]": after training (after train(),
+                       or at the end of it: inside the elastic run loop),
+                       every rank logs its parameters' hash ("trained") and
+                       registers a process set of ranks 1..size-1; rank 0 then
+                       ends (the driver counts training as finished) while the
+                       others allreduce on the set; once rank 0's process is
+                       gone (+ 2 s for the driver to see it) worker WORKER
+                       SIGKILLs itself instead. The others log "set_wait" and
+                       the error they get ("set_error", or "set_done")
+  ELASTIC_GATE         a path the test creates at a moment of its choosing (it
+                       saw a newcomer ready in gradflowrun's output), for:
+  ELASTIC_KILL_AT_GATE "WORKER": that worker SIGKILLs itself at its first step
+                       once the gate exists
+  ELASTIC_EXIT_AT_GATE "WORKER": that worker, dismissed (its host removed),
+                       leaves only once the gate exists (at most 120 s): the
+                       others re-form only after it left, so the newcomer is
+                       ready by then and joins the same generation
   ELASTIC_AMP          "auto": a torch.amp GradScaler (CPU, growing every 2 steps)
                        given to DistributedOptimizer(grad_scaler=) only (it joins
                        the state by itself); "state": also TorchState(scaler=),
@@ -56,6 +73,10 @@ KILLS = {int(step) for w, _, step in (k.partition(":") for k in KILL.split(",") 
 SAMPLES = bool(os.environ.get("ELASTIC_SAMPLES"))
 BATCH = 32  # per rank
 TRACE = bool(os.environ.get("ELASTIC_TRACE"))  # debugging: log every step
+DIE_AFTER_FINISH, _, DIE_WHERE = os.environ.get("ELASTIC_DIE_AFTER_FINISH", "").partition(":")
+GATE = os.environ.get("ELASTIC_GATE", "")
+KILL_AT_GATE = os.environ.get("ELASTIC_KILL_AT_GATE") == WORKER
+EXIT_AT_GATE = os.environ.get("ELASTIC_EXIT_AT_GATE") == WORKER
 
 
 def log(**event):
@@ -128,7 +149,7 @@ def main():
         while state.epoch < state.end_epoch or (not state.grown and state.epoch < 200):
             loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=state.sampler)
             for i, (x, y, idx) in enumerate(loader):
-                if state.step in KILLS:
+                if state.step in KILLS or (KILL_AT_GATE and os.path.exists(GATE)):
                     log(event="kill", step=state.step)
                     os.kill(os.getpid(), signal.SIGKILL)
                 opt.zero_grad()
@@ -164,21 +185,65 @@ def main():
             state.batch = 0
             state.sampler.set_epoch(state.epoch)
             state.commit()
+        if DIE_AFTER_FINISH and DIE_WHERE == "train":
+            die_after_finish(DIE_AFTER_FINISH, model)
 
-    train(state)
+    try:
+        train(state)
+    except SystemExit as e:  # ElasticAbort: dismissed, or the job ended
+        if EXIT_AT_GATE:
+            deadline = time.time() + 120
+            while not os.path.exists(GATE) and time.time() < deadline:
+                time.sleep(0.05)
+            log(event="leave", code=e.code)
+        raise
     with torch.no_grad():
         acc = (model(xte).argmax(1) == yte).float().mean().item()
-    h = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
-    log(event="result", rank=hvd.rank(), size=hvd.size(), acc=acc, hash=h.hexdigest(),
+    log(event="result", rank=hvd.rank(), size=hvd.size(), acc=acc, hash=params_hash(model),
         steps=state.step, scale=scaler.get_scale() if scaler is not None else None)
     sys.stdout.write(f"RESULT worker={WORKER} rank={hvd.rank()} size={hvd.size()} "
                      f"acc={acc:.4f}\n")
     sys.stdout.flush()
+    if DIE_AFTER_FINISH and DIE_WHERE != "train":
+        die_after_finish(DIE_AFTER_FINISH, model)
     who, _, code = os.environ.get("ELASTIC_EXIT_AFTER", "").partition(":")
     if who == WORKER:
         time.sleep(2)
         sys.stderr.write(f"worker {WORKER}: failing after training, code {code}\n")
         sys.exit(int(code))
+
+
+def params_hash(model):
+    return hashlib.sha256(b"".join(p.detach().numpy().tobytes()
+                                   for p in model.parameters())).hexdigest()
+
+
+def die_after_finish(victim, model):
+    """A worker dies after another one finished, while a third waits for it
+    in a collective (ELASTIC_DIE_AFTER_FINISH). A process set without rank 0
+    makes the wait certain: rank 0 can end while ranks 1.. still have a
+    collective to do together."""
+    log(event="trained", rank=hvd.rank(), size=hvd.size(), hash=params_hash(model))
+    pid0 = hvd.broadcast_object(os.getpid(), root_rank=0, name="pid0")
+    group = hvd.add_process_set(list(range(1, hvd.size())))
+    if hvd.rank() == 0:
+        return
+    # The victim must die only after the driver has seen rank 0 finish:
+    # rank 0's process gone (its proxy reaps it), then its mpiexec's exit.
+    deadline = time.time() + 60
+    while os.path.exists(f"/proc/{pid0}") and time.time() < deadline:
+        time.sleep(0.05)
+    if WORKER == victim:
+        time.sleep(2)
+        log(event="kill", step=-1, rank=hvd.rank())
+        os.kill(os.getpid(), signal.SIGKILL)
+    log(event="set_wait", rank=hvd.rank())
+    try:
+        out = hvd.allreduce(torch.ones(4), op=hvd.Sum, process_set=group, name="after_finish")
+    except Exception as e:
+        log(event="set_error", rank=hvd.rank(), type=type(e).__name__, message=str(e))
+        raise
+    log(event="set_done", rank=hvd.rank(), value=out.tolist())
 
 
 if __name__ == "__main__":

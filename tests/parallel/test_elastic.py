@@ -254,6 +254,43 @@ def test_a_worker_failing_after_another_finished_fails_the_job(tmp_path):
     check_identical(results(tmp_path), 2)
 
 
+@pytest.mark.parametrize("where", ["after", "train"])
+def test_a_worker_dying_after_another_finished_is_reported_to_the_survivor(tmp_path, where):
+    """3 workers train to the end; rank 0 exits 0 (training finished) while
+    ranks 1 and 2 allreduce on a process set without it; worker 1 SIGKILLs
+    itself before its part. Worker 2, waiting for it, is told by the driver
+    and raises at once, naming the dead worker and host; it used to wait
+    GRADFLOW_TIMEOUT (60 s by default: 60.0 s measured after the kill).
+    No reset follows a finished training: the job ends with the dead
+    worker's code and says why. "after": the set's allreduce comes after
+    train() (the error ends worker 2); "train": at the end of the elastic
+    function, so worker 2 rolls back and asks for a generation: the driver
+    tells it none forms and why. Default settings (no short GRADFLOW_TIMEOUT)."""
+    victim = "1" if where == "after" else "1:train"
+    r = gradflowrun(["--min-np", "1", "-np", "3", "--max-np", "3"], tmp_path,
+                    ELASTIC_EPOCHS="1", ELASTIC_DIE_AFTER_FINISH=victim, timeout=200)
+    out = r.stdout + r.stderr
+    dead = "rank 1 (worker 1 on host localhost) exited with code 9 (SIGKILL, if it was killed)"
+    assert r.returncode == 9, out
+    assert f"training finished, but {dead} afterwards" in out, out
+    ev = events(tmp_path)
+    trained = [e for e in ev if e["event"] == "trained"]
+    check_identical(trained, 3)
+    res = results(tmp_path)
+    assert res and {e["hash"] for e in res} == {trained[0]["hash"]}, res
+    kill = next(e for e in ev if e["event"] == "kill")
+    assert kill["worker"] == "1", ev
+    error = next((e for e in ev if e["event"] == "set_error"), None)
+    assert error is not None and error["worker"] == "2", ev
+    assert dead in error["message"], error
+    waited = error["t"] - kill["t"]
+    assert waited < 15, f"the survivor learnt of the dead worker after {waited:.1f} s"
+    if where == "train":
+        assert (f"gradflow elastic: training finished on another worker, then {dead}; no new "
+                "generation forms after a finished training, so worker 2 leaves") in out, out
+        assert "generation 1" not in out, out
+
+
 def test_reset_limit_ends_the_job_after_the_limit(tmp_path):
     """--reset-limit 1: the first lost worker costs reset 1 and the job goes
     on with 2; the second loss would be reset 2: the job ends with a message

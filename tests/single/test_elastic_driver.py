@@ -93,3 +93,27 @@ def test_assignment_skips_sync_only_when_no_member_wants_it():
             d._on_message(w, {"op": "ready", "gen": 3, "sync": wish})
         d._try_form()
         assert [m["sync"] for m in assignments(d).values()] == [expect] * 2, wishes
+
+
+def test_a_failure_after_another_worker_finished_is_told_to_the_others():
+    """Worker 0 finished; worker 1 dies while worker 2 may be waiting for it
+    in a collective: worker 2 gets the failure notice naming worker 1 (the
+    driver used to send none after a finish: it waited GRADFLOW_TIMEOUT).
+    If it then rolls back and asks for a generation, it is told why none
+    forms (abort, exit 1); a newcomer that was only waiting leaves quietly."""
+    d = driver()
+    w0, w1, w2 = (worker(d, i, gen=0, rank=i) for i in range(3))
+    late = worker(d, 3, state="ready")  # started for a slot, never in a generation
+    d.gen, d.members = 0, [w0, w1, w2]
+    d._on_exit(w0, 0)
+    d._on_exit(w1, 9)
+    notices = [m for m in w2.sent if m["op"] == "failure"]
+    assert len(notices) == 1 and notices[0]["gen"] == 0, w2.sent
+    assert "rank 1 (worker 1 on host localhost) exited with code 9" in notices[0]["message"]
+    assert not w0.sent and not w1.sent
+    d._on_message(w2, {"op": "ready", "gen": 0, "sync": True})
+    d._try_form()
+    assert [m["op"] for m in w2.sent[1:]] == ["abort"], w2.sent
+    assert "then rank 1 (worker 1 on host localhost) exited with code 9" in w2.sent[1]["message"]
+    assert [m["op"] for m in late.sent] == ["exit"], late.sent
+    assert d.gen == 0 and d._exit_code() == 9
