@@ -154,6 +154,7 @@ from . import optimizer_residual as _residual
 from .functions import check_same_everywhere
 from .optimizer_autotune import after_synchronize as _autotune_step
 from .optimizer_groups import flush_groups, submit_group
+from .complex_grads import real_grad
 from .optimizer_state import (agree_layout, build_pools, clear_padding,
                               rebind_after_elastic_reset, register_late_parameters)
 from .ops import allreduce, allreduce_async_, sparse_allreduce_async
@@ -361,7 +362,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # residual under the parameter's name would never be delivered once
         # the pool's buckets take over (they own their residuals).
         ratio = 1.0 if s.use_pool else (None if s.sparse_ratio < 0 else s.sparse_ratio)
-        s.handles[id(p)] = allreduce_async_(grad, name=s.names[i], op=s.op,
+        s.handles[id(p)] = allreduce_async_(real_grad(p), name=s.names[i], op=s.op,
                                             prescale_factor=s.prescale / s.loss_scale,
                                             postscale_factor=s.postscale * s.loss_scale,
                                             compression=s.compression, sparse_ratio=ratio,

@@ -10,6 +10,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Set
 
 import torch
 
+from .complex_grads import real_grad
 from .ops import grouped_allreduce_async_
 
 
@@ -114,7 +115,7 @@ def _submit(s, g: int, members: List[int]) -> None:
     core's GRADFLOW_SPARSE_RATIO; groups never use the pool, so CSC runs
     from step 1 with one residual per tensor name)."""
     ratio = None if s.sparse_ratio < 0 else s.sparse_ratio
-    h = Once(grouped_allreduce_async_([s.params[j].grad for j in members],
+    h = Once(grouped_allreduce_async_([real_grad(s.params[j]) for j in members],
                                       name=f"{s.prefix}.group{g}", op=s.op,
                                       prescale_factor=s.prescale / s.loss_scale,
                                       postscale_factor=s.postscale * s.loss_scale,

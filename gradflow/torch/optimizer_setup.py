@@ -87,6 +87,7 @@ def setup_optimizer(wrapper, named_parameters, compression, backward_passes_per_
                 else:
                     s.frozen.append(p)
     s.names = parameter_names(s, wrapper.param_groups, named_parameters)
+    _check_parameters(s, op)
     formed = form_groups(s.params, groups)
     s.groups = None if formed is None else GroupTracker(formed)
     # A user Compressor runs in Python around each gradient's allreduce,
@@ -118,3 +119,22 @@ def setup_optimizer(wrapper, named_parameters, compression, backward_passes_per_
     s.hook = hook
     s.hook_handles = [p.register_post_accumulate_grad_hook(hook) for p in s.params]
     wrapper._gradflow_finalizer = weakref.finalize(wrapper, destroy_pools, [])
+
+
+def _check_parameters(s, op) -> None:
+    """What no reduction can take, refused here on every rank alike (every
+    rank wraps the same parameters) rather than inside the first backward."""
+    for name, p in zip(s.names, s.params):
+        name = name[len(s.prefix) + 1:]  # the user's name, without "<prefix>."
+        if p.device.type == "meta":
+            # A model built on the meta device and materialized later
+            # (to_empty) gets new parameter objects: these would never see a
+            # gradient (the first step failed with "no backward pass produced a
+            # gradient", after a warning about CUDA parameters).
+            raise ValueError(f"gradflow: DistributedOptimizer: parameter '{name}' is on the meta "
+                             "device (it has no data); create the optimizer over the materialized "
+                             "parameters (after to_empty() / loading the weights)")
+        if p.is_complex() and op == Adasum:  # Note [Complex gradients]: reduced as float pairs
+            raise ValueError(f"gradflow: DistributedOptimizer: op=Adasum of the complex parameter "
+                             f"'{name}' is not supported (its real and imaginary parts would be "
+                             "combined as one real vector)")

@@ -16,6 +16,7 @@ from ..collectives import native_reduce_op
 from . import hyperparameter_check as _hyper_check
 from .functions import allgather_object
 from .ops import dtype_code
+from .complex_grads import real_dtype
 from .optimizer_groups import GroupTracker
 from .optimizer_residual import residual_in_pool
 
@@ -222,10 +223,11 @@ def build_pools(self) -> None:
     order = list(first) + [i for i in range(len(s.params)) if i not in first]
     layout = [i for i in order if i not in sparse and s.params[i].numel() > 0]
     by_dtype: Dict[torch.dtype, List[int]] = {}
-    for i in layout:
-        by_dtype.setdefault(s.params[i].dtype, []).append(i)
+    for i in layout:  # complex gradients in their real dtype's pool: Note [Complex gradients]
+        by_dtype.setdefault(real_dtype(s.params[i].dtype), []).append(i)
     for dtype, idxs in by_dtype.items():
-        sizes = [pool_range_elements(s.params[i].numel(), dtype) for i in idxs]
+        reals = [s.params[i].numel() * (2 if s.params[i].is_complex() else 1) for i in idxs]
+        sizes = [pool_range_elements(n, dtype) for n in reals]
         total = sum(sizes)
         buf = torch.zeros(total, dtype=dtype)  # torch's CPU allocator: 64-byte aligned
         # Residual in the pool: P (buf) starts as the zero residual and G
@@ -234,10 +236,10 @@ def build_pools(self) -> None:
         off, ranges, padding = 0, [], []
         pool_index = len(s.pools)
         with torch.no_grad():
-            for r, (i, size) in enumerate(zip(idxs, sizes)):
+            for r, (i, n, size) in enumerate(zip(idxs, reals, sizes)):
                 p = s.params[i]
-                view = buf[off:off + p.numel()].view(p.shape)
-                seen = view if out is None else out[off:off + p.numel()].view(p.shape)
+                view = _range_view(buf, off, n, p)
+                seen = view if out is None else _range_view(out, off, n, p)
                 if p.grad is not None:
                     seen.copy_(p.grad)
                 p.grad = seen
@@ -245,7 +247,7 @@ def build_pools(self) -> None:
                 if out is not None:
                     s.out_of[id(p)] = seen
                 ranges.append(size)  # the padding travels as zeros (see clear_padding)
-                padding.extend(range(off + p.numel(), off + size))
+                padding.extend(range(off + n, off + size))
                 off += size
         pid = _native.pool_create(buf.data_ptr(), dtype_code(dtype), ranges, s.bucket_bytes,
                                   native_reduce_op(s.op), s.wire, s.prescale / s.loss_scale,
@@ -262,6 +264,13 @@ def build_pools(self) -> None:
                                                     tuple(q.out for q in s.pools if q.out is not None),
                                                     s.pool_handles, s.ps)
     s.pool_built = True
+
+
+def _range_view(buf: torch.Tensor, off: int, n: int, p: torch.Tensor) -> torch.Tensor:
+    """`p`'s gradient as a view of the `n` elements of `buf` from `off`
+    (a complex parameter's as view_as_complex of n = 2 * numel floats)."""
+    flat = buf[off:off + n]
+    return torch.view_as_complex(flat.view(*p.shape, 2)) if p.is_complex() else flat.view(p.shape)
 
 
 def clear_padding(s) -> None:

@@ -50,6 +50,18 @@ def test_torch_sparse_gradients_unused_on_some_ranks(n):
     assert len(_oks(out, n)) == 23, out.stdout
 
 
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_torch_optimizer_parameter_kinds(n):
+    """Complex64/complex128 parameters (reduced as view_as_real, Note [Complex
+    gradients]; a lazily conjugated gradient among them), a tied weight, a
+    non-contiguous parameter and a channels_last conv, on the pool, copy,
+    groups, CSC, fp16-wire and accumulation paths: bitwise identical, equal to
+    plain torch. Meta-device parameters and Adasum of a complex one raise
+    ValueError at construction (before: TypeError inside the first backward)."""
+    out = run_mpi(n, "torch_param_kinds_script.py", timeout=240)
+    assert len(_oks(out, n)) == 7, out.stdout
+
+
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_torch_late_parameters_are_reduced(n):
     """Unfrozen after wrapping, or added by add_param_group: reduced like the
