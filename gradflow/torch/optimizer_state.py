@@ -267,10 +267,18 @@ def build_pools(self) -> None:
 
 
 def _range_view(buf: torch.Tensor, off: int, n: int, p: torch.Tensor) -> torch.Tensor:
-    """`p`'s gradient as a view of the `n` elements of `buf` from `off`
-    (a complex parameter's as view_as_complex of n = 2 * numel floats)."""
+    """`p`'s gradient as a view of the `n` elements of `buf` from `off` (a
+    complex parameter's as view_as_complex of n = 2 * numel floats), with
+    `p`'s own strides when `p` is dense (channels_last, transposed), as DDP's
+    bucket views: torch's gradient layout contract then holds (autograd
+    warned "grad and param do not obey the gradient layout contract" for
+    every such parameter, and accumulated across layouts)."""
     flat = buf[off:off + n]
-    return torch.view_as_complex(flat.view(*p.shape, 2)) if p.is_complex() else flat.view(p.shape)
+    strides = torch.empty_like(p, device="meta").stride()  # p's if dense, else contiguous
+    if p.is_complex():
+        pairs = flat.as_strided((*p.shape, 2), tuple(2 * st for st in strides) + (1,))
+        return torch.view_as_complex(pairs)
+    return flat.as_strided(p.shape, strides)
 
 
 def clear_padding(s) -> None:

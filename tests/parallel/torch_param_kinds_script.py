@@ -4,8 +4,10 @@
 # between an embedding and the output layer, a non-contiguous parameter and a
 # channels_last convolution; on the pool, copy, groups, CSC, fp16-wire and
 # accumulation paths. Every rank must end bitwise identical and equal to plain
-# torch averaging the ranks' gradients. Parameters on the meta device and
-# op=Adasum on a complex parameter are refused at construction, on every rank.
+# torch averaging the ranks' gradients, and the pool's gradient views must
+# keep the parameters' strides (no "gradient layout contract" warning from
+# autograd). Parameters on the meta device and op=Adasum on a complex
+# parameter are refused at construction, on every rank.
 import warnings
 
 import torch
@@ -16,7 +18,6 @@ from _torch_common import assert_close, assert_identical, expect_error, flat, ok
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
-warnings.filterwarnings("ignore", "grad and param do not obey")  # channels_last vs pool views
 STEPS, B = 3, 4
 
 
@@ -81,15 +82,24 @@ PATHS = [("pool", {}, 1e-6), ("copy", {"use_pool": False}, 1e-6), ("groups", {"g
          ("csc", {"sparse_ratio": 0.5}, 1e-6),  # one chunk per bucket: everything is sent
          ("fp16 wire", {"compression": hvd.Compression.fp16}, 2e-3),
          ("accumulation", {"backward_passes_per_step": 2}, 1e-6)]
+layout_warnings = []
 for path, kw, tol in PATHS:
     bpps = kw.get("backward_passes_per_step", 1)
     model = make()
     opt = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters(), **kw)
-    for step in range(STEPS):
-        opt.zero_grad()
-        for k in range(bpps):
-            loss_of(model, step * bpps + k, R).backward()
-        opt.step()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(STEPS):
+            opt.zero_grad()
+            for k in range(bpps):
+                loss_of(model, step * bpps + k, R).backward()
+            opt.step()
+    # autograd warns once per process: the pool path runs first
+    layout_warnings += [str(w.message) for w in caught if "layout contract" in str(w.message)]
+    assert not layout_warnings, f"{path}: {layout_warnings[0]}"
+    if path == "pool":
+        assert model.conv.weight.grad.stride() == model.conv.weight.stride()
+        assert model.t.grad.stride() == model.t.stride() == (1, 6)
     assert model.wc.grad.dtype == torch.complex64 and model.wd.grad.dtype == torch.complex128
     assert_identical([torch.view_as_real(p.detach()) if p.is_complex() else p
                       for p in model.parameters()], f"{path}: parameter kinds")
