@@ -128,6 +128,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       member must (the pool, CSC and the 16-bit wire work in a set as on
       all ranks).
     """
+    if "_gradflow" in getattr(optimizer, "__dict__", {}):
+        # Both wrappers' hooks would reduce every gradient: the second one's
+        # step() then failed with "no backward pass produced a gradient".
+        raise ValueError("gradflow: DistributedOptimizer: this optimizer is already a gradflow "
+                         "DistributedOptimizer; wrap the torch optimizer once")
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` (as in Horovod)",
                       DeprecationWarning, stacklevel=2)

@@ -6,8 +6,9 @@
 # accumulation paths. Every rank must end bitwise identical and equal to plain
 # torch averaging the ranks' gradients, and the pool's gradient views must
 # keep the parameters' strides (no "gradient layout contract" warning from
-# autograd). Parameters on the meta device and op=Adasum on a complex
-# parameter are refused at construction, on every rank.
+# autograd). Parameters on the meta device, op=Adasum on a complex parameter
+# and wrapping a DistributedOptimizer again are refused at construction, on
+# every rank.
 import warnings
 
 import torch
@@ -120,5 +121,8 @@ if N & (N - 1) == 0:  # Adasum runs on power-of-two rank counts only
     cplx = torch.nn.Parameter(torch.ones(3, dtype=torch.complex64))
     expect_error(lambda: hvd.DistributedOptimizer(torch.optim.SGD([cplx], lr=0.1), op=hvd.Adasum),
                  "op=Adasum of the complex parameter", exc=ValueError)
+once = hvd.DistributedOptimizer(torch.optim.SGD(lazy.to_empty(device="cpu").parameters(), lr=0.1))
+expect_error(lambda: hvd.DistributedOptimizer(once), "already a gradflow DistributedOptimizer",
+             exc=ValueError)
 hvd.barrier()
-ok("meta-device parameters and Adasum of a complex one are refused at construction")
+ok("meta-device parameters, Adasum of a complex one and wrapping twice are refused at construction")
