@@ -1,7 +1,8 @@
 # complex_grads.py — how the torch DistributedOptimizer hands a complex
 # parameter's gradient to the core, which reduces real dtypes only: as its
-# view_as_real, in place (no communication here; the core reduces).
-"""Complex gradients for gradflow.torch.DistributedOptimizer (Note [Complex gradients])."""
+# view_as_real, in place; and how the whole-model broadcasts (functions.py)
+# send complex parameters and optimizer state. No communication here.
+"""Complex tensors for gradflow.torch's optimizer and helpers (Note [Complex gradients])."""
 import torch
 
 
@@ -33,3 +34,19 @@ def real_grad(p: torch.Tensor) -> torch.Tensor:
     if g.is_conj() or g.is_neg():
         p.grad = g = g.resolve_conj().resolve_neg()
     return torch.view_as_real(g)
+
+
+def broadcast_view(t: torch.Tensor, root: bool) -> torch.Tensor:
+    """`t` as the in-place broadcast of broadcast_parameters /
+    broadcast_optimizer_state sends or receives it: itself, or a complex
+    tensor's view_as_real (its own memory). Root only reads, so a lazily
+    conjugated or negated tensor is resolved into a copy there; a receiving
+    one must be plain (else the result could not land in its memory)."""
+    if not t.is_complex():
+        return t
+    if t.is_conj() or t.is_neg():
+        if not root:
+            raise ValueError("gradflow: cannot broadcast into a lazily conjugated or negated "
+                             "complex tensor; call resolve_conj() / resolve_neg() on it first")
+        t = t.resolve_conj().resolve_neg()
+    return torch.view_as_real(t)

@@ -13,6 +13,7 @@ import torch
 from .. import collectives as _np_coll
 from .._runtime import ALLGATHER, BROADCAST, GradflowError, auto_name, rank
 from ..process_sets import ProcessSet, global_process_set
+from .complex_grads import broadcast_view
 from .hyperparameter_check import restart_crc
 from .ops import broadcast_async_
 
@@ -101,7 +102,9 @@ def broadcast_parameters(params: Union[Dict[str, torch.Tensor], Iterable[Tuple[s
                              "not a tensor")
     check_same_everywhere([(n, tuple(p.shape), str(p.dtype)) for n, p in items],
                           "broadcast_parameters")
-    handles = [broadcast_async_(p, root_rank, name=f"broadcast_parameters.{n}") for n, p in items]
+    root = rank() == root_rank  # complex tensors travel as float pairs (broadcast_view)
+    handles = [broadcast_async_(broadcast_view(p.detach(), root), root_rank,
+                                name=f"broadcast_parameters.{n}") for n, p in items]
     for h in handles:
         h.wait()
 
@@ -172,7 +175,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
         refs: List[_TensorRef] = []
         _collect_refs(skeleton, refs)
         tensors = [torch.empty(r.shape, dtype=r.dtype) for r in sorted(refs, key=lambda r: r.index)]
-    handles = [broadcast_async_(t, root_rank, name=f"broadcast_optimizer_state.{i}")
+    handles = [broadcast_async_(broadcast_view(t, root), root_rank,
+                                name=f"broadcast_optimizer_state.{i}")
                for i, t in enumerate(tensors)]
     for h in handles:
         h.wait()
@@ -182,7 +186,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
         # Root (and the ranks without state) took the initialising step, the
         # ranks with state did not: root's parameters are the ones to keep.
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        for h in [broadcast_async_(p.data, root_rank, name=f"broadcast_optimizer_state.param.{i}")
+        for h in [broadcast_async_(broadcast_view(p.data, root), root_rank,
+                                   name=f"broadcast_optimizer_state.param.{i}")
                   for i, p in enumerate(params)]:
             h.wait()
     state = optimizer.__dict__.get("_gradflow")

@@ -6,8 +6,9 @@
 # accumulation paths. Every rank must end bitwise identical and equal to plain
 # torch averaging the ranks' gradients, and the pool's gradient views must
 # keep the parameters' strides (no "gradient layout contract" warning from
-# autograd). Parameters on the meta device, op=Adasum on a complex parameter
-# and wrapping a DistributedOptimizer again are refused at construction, on
+# autograd). Complex parameters and optimizer state broadcast from root.
+# Parameters on the meta device, op=Adasum on a complex parameter and
+# wrapping a DistributedOptimizer again are refused at construction, on
 # every rank.
 import warnings
 
@@ -110,6 +111,28 @@ for path, kw, tol in PATHS:
             if p.is_complex() else (p.detach(), q.detach())
         assert_close(got.double(), exp.double(), f"{path}: {name}", tol)
     ok(f"complex, tied, non-contiguous and channels_last parameters: {path}")
+
+# broadcast_parameters / broadcast_optimizer_state of complex parameters and
+# state (SGD momentum buffers): every rank ends with root's values, bitwise.
+# Before: TypeError "unsupported dtype complex64" on every rank.
+model = make()
+opt = sgd(model)
+with torch.no_grad():
+    for p in model.parameters():
+        p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(R)).to(p.dtype))
+loss_of(model, 0, R).backward()
+opt.step()  # momentum buffers, complex ones included, differ per rank
+ROOT = N - 1
+want = hvd.broadcast_object(([p.detach().clone() for p in model.parameters()],
+                             [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]),
+                            root_rank=ROOT)
+hvd.broadcast_parameters(model.state_dict(), root_rank=ROOT)
+hvd.broadcast_optimizer_state(opt, root_rank=ROOT)
+for p, w, m in zip(model.parameters(), *want):
+    assert torch.equal(p.detach(), w) and torch.equal(opt.state[p]["momentum_buffer"], m), p.shape
+assert_identical([torch.view_as_real(t) if t.is_complex() else t for p in model.parameters()
+                  for t in (p.detach(), opt.state[p]["momentum_buffer"])], "complex broadcasts")
+ok("complex parameters and optimizer state broadcast from root")
 
 # Refused at construction (every rank passes the same model, so all raise alike).
 with torch.device("meta"):
