@@ -184,20 +184,20 @@ class SyncBatchNorm(_BatchNorm):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
+        use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
+        # getattr: a module pickled before process_set existed has none (all ranks)
+        ps = getattr(self, "process_set", global_process_set)
+        if use_batch_stats:  # a non-member raises here, before communicating or counting
+            member_id(ps, "SyncBatchNorm")
         # Momentum and the batch counter exactly as torch's _BatchNorm.forward.
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
             self.num_batches_tracked.add_(1)
             factor = (1.0 / float(self.num_batches_tracked) if self.momentum is None
                       else self.momentum)
-        use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
         track = not self.training or self.track_running_stats
         running_mean = self.running_mean if track else None
         running_var = self.running_var if track else None
-        # getattr: a module pickled before process_set existed has none (all ranks)
-        ps = getattr(self, "process_set", global_process_set)
-        if use_batch_stats:
-            member_id(ps, "SyncBatchNorm")  # a non-member raises here, before communicating
         if not use_batch_stats or process_set_size(ps, "SyncBatchNorm") == 1:
             return F.batch_norm(input, running_mean, running_var, self.weight, self.bias,
                                 use_batch_stats, factor, self.eps)

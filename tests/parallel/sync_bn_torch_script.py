@@ -216,6 +216,7 @@ if N >= 3:
     else:  # a non-member in training mode raises before communicating ...
         foreign = hvd.SyncBatchNorm(7, process_set=other)
         expect_error(lambda: foreign(torch.randn(3, 7)), "not a member", exc=ValueError)
+        assert int(foreign.num_batches_tracked) == 0  # nothing counted either
         foreign.eval()  # ... and in eval mode with running statistics needs no peer
         assert_close(foreign(torch.ones(2, 7)), torch.ones(2, 7) / (1 + 1e-5) ** 0.5,
                      "non-member eval", 1e-6)
