@@ -45,7 +45,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       or a user Compressor (Horovod's compress/decompress interface), applied
       around each gradient's allreduce (copy path: no pool).
     backward_passes_per_step: gradients accumulate locally for that many
-      backward passes; the last one submits.
+      backward passes; the last one submits. A rank that calls join() in the
+      middle of a step (its data ended after fewer passes) drops that step,
+      with a warning: call step() first to apply those passes (Note
+      [Unfinished step at join] in optimizer_state.py).
     gradient_predivide_factor: scale by 1/f before the sum and f after.
     groups: Horovod's explicit grouping: an int n splits the parameters into
       n groups, a list of lists of parameters makes each list a group (and
