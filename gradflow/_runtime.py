@@ -29,6 +29,7 @@ from . import _handles  # noqa: E402
 from . import monitor as _monitor  # noqa: E402
 from . import process_sets as _process_sets  # noqa: E402
 from . import settings_check as _settings_check  # noqa: E402
+from . import _withdrawal  # noqa: E402
 from ._handles import Handle  # noqa: E402
 from .runner import notice as _notice  # noqa: E402
 from .elastic import worker as _elastic  # noqa: E402
@@ -309,9 +310,14 @@ _group: contextvars.ContextVar[Optional[_Group]] = contextvars.ContextVar("gradf
 
 
 @contextlib.contextmanager
-def submitting_group(size: int):
+def submitting_group(size: int, names: Sequence[str] = (), kind: int = ALLREDUCE,
+                     process_set: Any = None):
     """Collectives submitted inside are the `size` members of one grouped op
-    (named `<base>.<i>`); `size` 0: not a group, submitted at once.
+    (named `<base>.<i>`, or `names`); `size` 0: not a group, submitted at once.
+    If the block fails, every member name (`names`, else the members seen
+    so far; of `kind` on `process_set`) that did not reach the core is
+    withdrawn: every rank fails it (native Note [Withdrawn names]); `size`
+    0 too.
 
     All or nothing: the members reach the core only when the block ends,
     after the core checked every one of them, so a member that fails on
@@ -322,15 +328,17 @@ def submitting_group(size: int):
     that pass lists of different lengths fail at once (native Note [Grouped
     lists]) instead of reducing the common ones and stalling on the rest."""
     if size <= 0:
-        yield
+        with _withdrawal.reaching_core(names, kind, process_set):
+            yield
         return
     group = _Group(int(size))
     token = _group.set(group)
     try:
         yield
-    except BaseException:
+    except BaseException as exc:
         for _, handle in group.members:
             handle.never_submitted()
+        _withdraw_group(group, names, kind, process_set, exc)
         raise
     finally:
         _group.reset(token)
@@ -339,12 +347,26 @@ def submitting_group(size: int):
             _native.check(*args)
         for args, handle in group.members:
             handle.submitted(_native.submit(*args))
-    except BaseException:
+    except BaseException as exc:
         # (A submit can still fail: a name another call has in flight.)
         for _, handle in group.members:
             if handle.native is None:
                 handle.never_submitted()
+        _withdraw_group(group, names, kind, process_set, exc)
         raise
+
+
+def _withdraw_group(group: _Group, names: Sequence[str], kind: int, process_set: Any,
+                    exc: BaseException) -> None:
+    """Withdraws a failed group's members that never reached the core."""
+    reached = {handle.name for _, handle in group.members if handle.native is not None}
+    if names:
+        _withdrawal.withdraw_all(kind, [n for n in names if n not in reached], process_set, exc,
+                                 group.size)
+    else:  # native submit() arguments: kind, name, ..., process set id (14th)
+        for args, _ in group.members:
+            if args[1] not in reached:
+                _withdrawal.withdraw(args[0], args[1], args[13], exc, group.size)
 
 
 def submit(kind: int, name: str, in_ptr: int, out_ptr: int, dtype: int, shape: Sequence[int],
@@ -369,9 +391,16 @@ def submit(kind: int, name: str, in_ptr: int, out_ptr: int, dtype: int, shape: S
             float(prescale), float(postscale), [int(s) for s in splits], float(sparse_ratio), ps,
             step_tag, bool(rollback_residual), group.size if group else 0)
     if group is None:
-        return Handle(_native.submit(*args), keep_alive, finish, name, ps)
+        try:
+            native = _native.submit(*args)
+        except BaseException as exc:  # refused here: the other ranks must not wait for it
+            _withdrawal.withdraw(kind, name, ps, exc)
+            raise
+        _withdrawal.mark_submitted(name)
+        return Handle(native, keep_alive, finish, name, ps)
     handle = Handle(None, keep_alive, finish, name, ps)  # submitted when the group is complete
     group.members.append((args, handle))
+    _withdrawal.mark_submitted(name)  # the group answers for it now
     return handle
 
 

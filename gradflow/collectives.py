@@ -18,6 +18,7 @@ from . import _dtypes
 from ._handles import Handle
 from ._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, JOIN, REDUCESCATTER,
                        GradflowError, advance_auto_names, auto_name, auto_name_counts, rank, submit)
+from ._withdrawal import preparing
 from .compression import wire_code
 from .process_sets import ProcessSet
 from .settings_check import native_sparse_ratio
@@ -125,13 +126,15 @@ def allreduce_async(array: ArrayLike, op: ReduceOp = Average, name: Optional[str
     tags (the ranks run different steps; native Note [Step tags])."""
     code = native_reduce_op(op)  # before naming: a bad op leaves the name counters alone
     ratio = native_sparse_ratio(sparse_ratio, "allreduce")  # GRADFLOW_SPARSE_RATIO's limits
-    a = _prepare(array)
-    out = np.empty_like(a)
+    wire = wire_code(compression)
     name = auto_name(ALLREDUCE, name, process_set)
-    return submit(ALLREDUCE, name, a.ctypes.data, out.ctypes.data, _dtypes.code_of_numpy(a.dtype),
-                  a.shape, (a, out), lambda r: out, op=code, wire=wire_code(compression),
-                  prescale=prescale_factor, postscale=postscale_factor,
-                  sparse_ratio=ratio, process_set=process_set, step_tag=step_tag)
+    with preparing(ALLREDUCE, name, process_set):  # fails here: every rank fails `name`
+        a = _prepare(array)
+        out = np.empty_like(a)
+        return submit(ALLREDUCE, name, a.ctypes.data, out.ctypes.data,
+                      _dtypes.code_of_numpy(a.dtype), a.shape, (a, out), lambda r: out, op=code,
+                      wire=wire, prescale=prescale_factor, postscale=postscale_factor,
+                      sparse_ratio=ratio, process_set=process_set, step_tag=step_tag)
 
 
 def allreduce(array: ArrayLike, op: ReduceOp = Average, name: Optional[str] = None,
@@ -148,12 +151,13 @@ def allreduce(array: ArrayLike, op: ReduceOp = Average, name: Optional[str] = No
 def allgather_async(array: ArrayLike, name: Optional[str] = None,
                     process_set: Optional[ProcessSet] = None) -> Handle:
     """Start an allgather; the first dimension may differ between ranks."""
-    a = _prepare(array)
-    if a.ndim == 0:
-        a = a.reshape(1)
     name = auto_name(ALLGATHER, name, process_set)
-    return submit(ALLGATHER, name, a.ctypes.data, 0, _dtypes.code_of_numpy(a.dtype), a.shape, (a,),
-                  lambda r: _result_array(r, a.dtype), process_set=process_set)
+    with preparing(ALLGATHER, name, process_set):
+        a = _prepare(array)
+        if a.ndim == 0:
+            a = a.reshape(1)
+        return submit(ALLGATHER, name, a.ctypes.data, 0, _dtypes.code_of_numpy(a.dtype), a.shape,
+                      (a,), lambda r: _result_array(r, a.dtype), process_set=process_set)
 
 
 def allgather(array: ArrayLike, name: Optional[str] = None,
@@ -166,11 +170,14 @@ def broadcast_async(array: ArrayLike, root_rank: int, name: Optional[str] = None
                     process_set: Optional[ProcessSet] = None) -> Handle:
     """Start a broadcast of root's `array`; the result is a new array.
     `root_rank` is a global rank (a member of `process_set`), as in Horovod."""
-    a = _prepare(array)
-    out = np.empty_like(a)
+    root = int(root_rank)
     name = auto_name(BROADCAST, name, process_set)
-    return submit(BROADCAST, name, a.ctypes.data, out.ctypes.data, _dtypes.code_of_numpy(a.dtype),
-                  a.shape, (a, out), lambda r: out, root=int(root_rank), process_set=process_set)
+    with preparing(BROADCAST, name, process_set):
+        a = _prepare(array)
+        out = np.empty_like(a)
+        return submit(BROADCAST, name, a.ctypes.data, out.ctypes.data,
+                      _dtypes.code_of_numpy(a.dtype), a.shape, (a, out), lambda r: out,
+                      root=root, process_set=process_set)
 
 
 def broadcast(array: ArrayLike, root_rank: int, name: Optional[str] = None,
@@ -191,14 +198,16 @@ def reducescatter_async(array: ArrayLike, op: ReduceOp = Average, name: Optional
     .bf16: float32 travels as 16 bits, each hop's partial sum added in fp32;
     None: the GRADFLOW_WIRE_DTYPE setting)."""
     code = native_reduce_op(op)
-    a = _prepare(array)
-    if a.ndim == 0:
-        raise ValueError("gradflow: reducescatter needs an array with at least one dimension")
+    wire = wire_code(compression)
     name = auto_name(REDUCESCATTER, name, process_set)
-    return submit(REDUCESCATTER, name, a.ctypes.data, 0, _dtypes.code_of_numpy(a.dtype), a.shape,
-                  (a,), lambda r: _result_array(r, a.dtype), op=code,
-                  wire=wire_code(compression), prescale=prescale_factor,
-                  postscale=postscale_factor, process_set=process_set)
+    with preparing(REDUCESCATTER, name, process_set):
+        a = _prepare(array)
+        if a.ndim == 0:
+            raise ValueError("gradflow: reducescatter needs an array with at least one dimension")
+        return submit(REDUCESCATTER, name, a.ctypes.data, 0, _dtypes.code_of_numpy(a.dtype),
+                      a.shape, (a,), lambda r: _result_array(r, a.dtype), op=code, wire=wire,
+                      prescale=prescale_factor, postscale=postscale_factor,
+                      process_set=process_set)
 
 
 def reducescatter(array: ArrayLike, op: ReduceOp = Average, name: Optional[str] = None,
@@ -217,16 +226,18 @@ def alltoall_async(array: ArrayLike, splits: Optional[Sequence[int]] = None,
                    name: Optional[str] = None,
                    process_set: Optional[ProcessSet] = None) -> Handle:
     """Start an alltoall; the result is (array, received_splits)."""
-    a = _prepare(array)
-    if a.ndim == 0:
-        a = a.reshape(1)
     name = auto_name(ALLTOALL, name, process_set)
-    sp = [] if splits is None else [int(s) for s in splits]
-    if any(s < 0 for s in sp):
-        raise ValueError(f"gradflow: alltoall splits must be >= 0, got {sp}")
-    return submit(ALLTOALL, name, a.ctypes.data, 0, _dtypes.code_of_numpy(a.dtype), a.shape, (a,),
-                  lambda r: (_result_array(r, a.dtype), np.asarray(r["recv_splits"], np.int64)),
-                  splits=sp, process_set=process_set)
+    with preparing(ALLTOALL, name, process_set):
+        a = _prepare(array)
+        if a.ndim == 0:
+            a = a.reshape(1)
+        sp = [] if splits is None else [int(s) for s in splits]
+        if any(s < 0 for s in sp):
+            raise ValueError(f"gradflow: alltoall splits must be >= 0, got {sp}")
+        return submit(ALLTOALL, name, a.ctypes.data, 0, _dtypes.code_of_numpy(a.dtype), a.shape,
+                      (a,), lambda r: (_result_array(r, a.dtype),
+                                       np.asarray(r["recv_splits"], np.int64)),
+                      splits=sp, process_set=process_set)
 
 
 def alltoall(array: ArrayLike, splits: Optional[Sequence[int]] = None, name: Optional[str] = None,

@@ -118,6 +118,22 @@ void Runtime::check(const SubmitArgs& a) {
   });
 }
 
+bool Runtime::withdraw(OpKind kind, const std::string& name, int32_t group_size,
+                       const std::string& reason) {
+  TensorEntry e;
+  e.request.rank = comm_->rank();
+  e.request.kind = kind;
+  e.request.name = name;
+  e.request.group_size = group_size;
+  e.request.withdrawn = reason.empty() ? "no reason given" : reason;
+  try {
+    queue_.submit(std::move(e));
+    return true;
+  } catch (const GradflowError&) {
+    return false;  // in flight here, or closed: there is nothing to withdraw
+  }
+}
+
 SubmitArgs Runtime::for_set(const SubmitArgs& a) const {
   // A set's engine: broadcast's root is a global rank (as in Horovod), the
   // engine's communicator counts set ranks.

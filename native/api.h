@@ -83,6 +83,12 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // submit()'s checks without submitting (a grouped op checks every member
   // before it submits any: gradflow/_runtime.py submitting_group).
   void check(const SubmitArgs& args);
+  // This rank failed between naming collective `name` and submitting it:
+  // tell the other ranks, which fail it with `reason` (Note [Withdrawn
+  // names] in coordinator.h). False if nothing was sent: the name is in
+  // flight here (it was submitted after all) or the runtime is closed.
+  bool withdraw(OpKind kind, const std::string& name, int32_t group_size,
+                const std::string& reason);
   bool poll(int64_t handle);
   std::optional<HandleResult> wait(int64_t handle,
                                    const std::function<bool()>& interrupted = nullptr);  // blocks; callers release the GIL

@@ -53,13 +53,17 @@ void BackgroundLoop::fail_all(const std::string& reason) {
     std::lock_guard<std::mutex> lock(mu_);
     if (failure_.empty()) failure_ = reason;
   }
-  for (TensorEntry& e : queue_.close(reason)) pending_.emplace(e.request.name, std::move(e));
-  for (auto& kv : pending_) {
+  // Queued entries are failed apart from pending_: a call held back behind
+  // its withdrawn name (Note [Withdrawn names]) shares the name's key.
+  std::vector<TensorEntry> queued = queue_.close(reason);
+  auto fail = [&](const TensorEntry& e) {
     HandleResult r;
-    r.error = reason + " (while '" + kv.first + "' was pending)";
-    queue_.complete(kv.second, std::move(r));
-  }
+    r.error = reason + " (while '" + e.request.name + "' was pending)";
+    queue_.complete(e, std::move(r));
+  };
+  for (auto& kv : pending_) fail(kv.second);
   pending_.clear();
+  for (const TensorEntry& e : queued) fail(e);
 }
 
 void BackgroundLoop::run() {

@@ -351,6 +351,18 @@ void Coordinator::build_slow_responses(const std::vector<RequestMessage>& all,
   check_stalls(out, deadlock);
 }
 
+// "rank 1 (ValueError: boom)" for every rank that withdrew the name
+// (Note [Withdrawn names]); empty if none did.
+static std::string withdrawn_reasons(const std::vector<Request>& reqs) {
+  std::string out;
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    if (reqs[r].name.empty() || reqs[r].withdrawn.empty()) continue;
+    out += (out.empty() ? "rank " : " and rank ") + std::to_string(r) + " (" + reqs[r].withdrawn +
+           ")";
+  }
+  return out;
+}
+
 Response Coordinator::validate(const std::string& name, const std::vector<Request>& reqs,
                                std::string* abort_job) {
   const Request* first = nullptr;
@@ -369,6 +381,16 @@ Response Coordinator::validate(const std::string& name, const std::vector<Reques
   resp.postscale = first->postscale;
   resp.sparse_ratio = first->sparse_ratio;
   resp.in_pool = first->in_pool;
+  // Note [Withdrawn names]: a rank that failed before it could submit the
+  // name decides it, whatever the others gave (step tags and lists too:
+  // its request carries neither).
+  std::string why = withdrawn_reasons(reqs);
+  if (!why.empty()) {
+    resp.error = "gradflow: " + std::string(op_kind_name(first->kind)) + " '" + name +
+                 "' failed on " + why + " before it was submitted there, so it fails on every "
+                 "rank (the ranks' next calls under this name start afresh)";
+    return resp;
+  }
   const std::string sig = first->signature();
   std::ostringstream err;
   for (size_t r = 0; r < reqs.size(); ++r) {

@@ -66,6 +66,21 @@
 // member (the grace covers the moment a member's flag is still up after
 // its join completed elsewhere). Call join() after the last process-set
 // collective.
+// Note [Withdrawn names]: a rank can fail between naming a collective and
+// submitting it (a user Compressor raising, an input only that rank
+// refuses). Before, the other ranks waited for it (GRADFLOW_TIMEOUT), and
+// if the program caught the error and called again under the same name,
+// that call was reduced with the others' earlier one: a step's data paired
+// with the previous step's, silently. Now the binding withdraws the name
+// (gradflow/_runtime.py `preparing`): the rank submits a request with no
+// buffers whose `withdrawn` says why. It is negotiated as any request (its
+// signature differs from a cached one, so the name goes to the slow path on
+// every rank) and validate() turns a complete name with any withdrawal into
+// an error response naming the rank and its reason: every rank's handle
+// fails with it, the withdrawing rank's entry is dropped unseen
+// (TensorQueue::complete), and the next call under that name pairs with the
+// next calls. Until then the name is in flight on the withdrawing rank, and
+// a new call under it is refused there, saying so.
 #pragma once
 
 #include <atomic>

@@ -119,6 +119,7 @@ std::string Request::signature() const {
       break;
   }
   if (group_size > 0) os << " group_of=" << group_size;
+  if (!withdrawn.empty()) os << " withdrawn";
   return os.str();
 }
 
@@ -143,6 +144,7 @@ void fields(Archive& a, Request& r) {
   a.field(r.in_pool);
   a.field(r.step_tag);
   a.field(r.group_size);
+  a.field(r.withdrawn);
 }
 
 template <typename Archive>

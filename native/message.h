@@ -38,6 +38,11 @@ struct Request {
   // The length of the list a grouped op submitted this `<base>.<i>` with
   // (0: not part of a group); in the signature (Note [Grouped lists]).
   int32_t group_size = 0;
+  // Non-empty: this rank failed before it could submit the name (a user
+  // Compressor raising, an input only it refuses); the text says why. Not a
+  // collective: every rank fails the name with it (Note [Withdrawn names]
+  // in coordinator.h). Marked in signature(), so a cached name goes slow.
+  std::string withdrawn;
 
   int64_t num_elements() const;
   // Fields that must be equal on every rank for `kind`, as a string used for

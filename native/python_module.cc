@@ -239,6 +239,16 @@ PYBIND11_MODULE(_native, m) {
   m.def("check", with_submit_args([](Runtime& rt, const SubmitArgs& a) { rt.check(a); }),
         "submit()'s checks (same arguments) without submitting: raises what submit() would "
         "raise for a bad argument.");
+  m.def("withdraw",
+        [](int kind, const std::string& name, int process_set, const std::string& reason,
+           int group_size) {
+          return engine(process_set)->withdraw(static_cast<OpKind>(kind), name, group_size, reason);
+        },
+        py::arg("kind"), py::arg("name"), py::arg("process_set"), py::arg("reason"),
+        py::arg("group_size") = 0,
+        "This rank failed before it submitted collective `name` of `process_set`: every rank "
+        "fails it with `reason` (Note [Withdrawn names]). False if nothing was sent (the name "
+        "is in flight here, or the runtime is closed).");
   m.def("poll", [](int64_t h, int ps) { return handle_engine(ps)->poll(h); }, py::arg("handle"),
         py::arg("process_set") = 0, "True once the handle (of that process set) is done.");
   m.def("wait",

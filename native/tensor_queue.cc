@@ -27,8 +27,11 @@ void yield_until_counter_moves(const std::atomic<uint64_t>& counter, uint64_t se
 int64_t TensorQueue::submit(TensorEntry entry) {
   std::unique_lock<std::mutex> lock(mu_);
   GF_CHECK(!closed_, close_reason_);
+  const bool after_withdrawal =
+      withdrawn_names_.count(entry.request.name) && !held_.count(entry.request.name) &&
+      entry.request.withdrawn.empty();
   // An invalid argument (ValueError), as in Horovod.
-  GF_CHECK_ARG(!in_flight_names_.count(entry.request.name),
+  GF_CHECK_ARG(after_withdrawal || !in_flight_names_.count(entry.request.name),
            "gradflow: " << op_kind_name(entry.request.kind) << " '" << entry.request.name
                         << "' was submitted twice on rank " << entry.request.rank
                         << " before the first one completed; use distinct names or wait "
@@ -36,8 +39,16 @@ int64_t TensorQueue::submit(TensorEntry entry) {
   entry.handle = g_next_handle++;
   entry.submitted = std::chrono::steady_clock::now();
   in_flight_names_.insert(entry.request.name);
+  if (!entry.request.withdrawn.empty()) withdrawn_names_.insert(entry.request.name);
   in_flight_handles_.insert(entry.handle);
   int64_t h = entry.handle;
+  if (after_withdrawal) {
+    // Note [Withdrawn names] (coordinator.h): the withdrawn call is still
+    // being failed on the other ranks; this next call under its name waits
+    // here until it is, so the coordinator never sees two at once.
+    held_.emplace(entry.request.name, std::move(entry));
+    return h;
+  }
   queue_.push_back(std::move(entry));
   // Wake the background loop: a sleeping loop starts its next cycle now
   // instead of at the end of GRADFLOW_CYCLE_TIME (see BackgroundLoop::cycle).
@@ -64,6 +75,19 @@ void TensorQueue::complete(const TensorEntry& entry, HandleResult result) {
     std::lock_guard<std::mutex> lock(mu_);
     in_flight_names_.erase(entry.request.name);
     in_flight_handles_.erase(entry.handle);
+    // A withdrawal has no caller: nobody holds its handle; a call made under
+    // its name since goes out now (Note [Withdrawn names]).
+    if (!entry.request.withdrawn.empty()) {
+      withdrawn_names_.erase(entry.request.name);
+      auto held = held_.find(entry.request.name);
+      if (held == held_.end()) return;
+      in_flight_names_.insert(held->first);
+      queue_.push_back(std::move(held->second));
+      held_.erase(held);
+      wakes_.fetch_add(1, std::memory_order_release);
+      wake_cv_.notify_all();
+      return;
+    }
     if (released_.erase(entry.handle)) {
       reaped_.push_back(entry.handle);
       if (!waiters_.count(entry.handle)) return;  // nobody will wait: drop the result
@@ -169,6 +193,8 @@ std::vector<TensorEntry> TensorQueue::close(const std::string& reason) {
   std::vector<TensorEntry> out(std::make_move_iterator(queue_.begin()),
                                std::make_move_iterator(queue_.end()));
   queue_.clear();
+  for (auto& kv : held_) out.push_back(std::move(kv.second));
+  held_.clear();
   return out;
 }
 

@@ -92,7 +92,10 @@ constexpr std::chrono::milliseconds kInterruptCheck{100};
 class TensorQueue {
  public:
   // Registers a handle and queues the entry. Throws GradflowError if the
-  // name is already in flight on this rank or the queue is closed.
+  // name is already in flight on this rank or the queue is closed. An
+  // entry with `request.withdrawn` has no buffers and no caller: its handle
+  // is never waited on and its completion is dropped; the next call under
+  // its name is held back until then (Note [Withdrawn names], coordinator.h).
   int64_t submit(TensorEntry entry);
   // Moves every queued entry to the caller (the background loop).
   std::vector<TensorEntry> drain();
@@ -149,6 +152,9 @@ class TensorQueue {
   std::set<int64_t> released_;           // released while in flight
   std::vector<int64_t> reaped_;          // released, since completed
   std::set<std::string> in_flight_names_;
+  std::set<std::string> withdrawn_names_;  // in flight as withdrawals (no handle)
+  // The next call under a withdrawn name, queued when the withdrawal completes.
+  std::map<std::string, TensorEntry> held_;
   bool closed_ = false;
   std::string close_reason_;
   // Bumped under mu_ by every complete() (completions_) and every submit()

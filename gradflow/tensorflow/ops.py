@@ -188,7 +188,7 @@ def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op
             _monitor.count_step()
         tag = combine(step_tag, round_tag.begin(*arrays[count:]) if round_inputs else "")
         ratio = _resolve_ratio(sparse_ratio)
-        with submitting_group(count if grouped else 0):
+        with submitting_group(count if grouped else 0, names[:count], ALLREDUCE, process_set):
             handles = [_c.allreduce_async(a, op, n, prescale_factor, postscale_factor,
                                           compression, ratio, process_set, step_tag=tag)
                        for a, n in zip(arrays[:count], names)]
@@ -393,9 +393,9 @@ def broadcast_(variables: Union[tf.Variable, Sequence[tf.Variable]], root_rank: 
     root = int(root_rank)
 
     def fn(*arrays):
-        with submitting_group(len(arrays)):
-            handles = [_c.broadcast_async(a, root, f"{base}.{i}", process_set)
-                       for i, a in enumerate(arrays)]
+        names = [f"{base}.{i}" for i in range(len(arrays))]
+        with submitting_group(len(arrays), names, BROADCAST, process_set):
+            handles = [_c.broadcast_async(a, root, n, process_set) for a, n in zip(arrays, names)]
         return wait_all(handles)
 
     outs = _cross(fn, values, [v.dtype for v in values], [v.shape for v in values],

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from .. import collectives as _c
 from .._handles import wait_all
-from .._runtime import submitting_group
+from .._runtime import ALLGATHER, REDUCESCATTER, submitting_group
 from ..collectives import Average, ReduceOp, Sum, reduce_op
 from ..compression import Compression, wire_code
 from ..process_sets import (ProcessSet, global_process_set, process_set_id, process_set_rank,
@@ -79,7 +79,8 @@ def _scatter(xs: List[tf.Tensor], names: List[str], op: ReduceOp, pre: float, po
     @tf.custom_gradient
     def _fn(*xs):
         def fn(*arrays):
-            with submitting_group(len(arrays) if grouped else 0):
+            with submitting_group(len(arrays) if grouped else 0, names, REDUCESCATTER,
+                                  process_set):
                 handles = [_c.reducescatter_async(a, op, n, process_set, pre, post, compression)
                            for a, n in zip(arrays, names)]
             return wait_all(handles)
@@ -169,7 +170,7 @@ def grouped_allgather(tensors: Sequence[TensorLike], name: Optional[str] = None,
     @tf.custom_gradient
     def _fn(*xs):
         def fn(*arrays):
-            with submitting_group(len(arrays)):
+            with submitting_group(len(arrays), names, ALLGATHER, process_set):
                 handles = [_c.allgather_async(a, n, process_set) for a, n in zip(arrays, names)]
             return wait_all(handles)
 

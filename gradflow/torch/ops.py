@@ -19,6 +19,7 @@ from .._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, auto
 from ..collectives import Average, ReduceOp, Sum, native_reduce_op, op_from_average, reduce_op
 from ..collectives import join as _np_join
 from .aliasing import check_no_aliasing
+from .._withdrawal import preparing
 from .compression import Compression, split as _split_compression
 from ..process_sets import ProcessSet, global_process_set, process_set_size
 from ..settings_check import native_sparse_ratio
@@ -164,20 +165,21 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
     code = native_reduce_op(_op_of(average, op))  # before naming: errors leave counters alone
     ratio = native_sparse_ratio(sparse_ratio, "allreduce")  # GRADFLOW_SPARSE_RATIO's limits
     wire, user = _split_compression(compression)
-    if user is not None:
-        sent, ctx = user.compress(tensor)
-        buf = _staged(sent)
-        _bump_version(tensor)
-        finish = lambda r: _write_back(tensor, user.decompress(buf, ctx))  # noqa: E731
-    else:
-        buf = _in_place(tensor)
-        finish = lambda r: _write_back(tensor, buf)  # noqa: E731
     name = auto_name(ALLREDUCE, name, process_set)
-    return submit(ALLREDUCE, name, buf.data_ptr(), buf.data_ptr(), dtype_code(buf.dtype), buf.shape,
-                  (buf, tensor), finish, op=code, wire=wire, prescale=prescale_factor,
-                  postscale=postscale_factor,
-                  sparse_ratio=ratio,
-                  process_set=process_set, step_tag=step_tag, rollback_residual=rollback_residual)
+    with preparing(ALLREDUCE, name, process_set):  # fails here: every rank fails `name`
+        if user is not None:
+            sent, ctx = user.compress(tensor)
+            buf = _staged(sent)
+            _bump_version(tensor)
+            finish = lambda r: _write_back(tensor, user.decompress(buf, ctx))  # noqa: E731
+        else:
+            buf = _in_place(tensor)
+            finish = lambda r: _write_back(tensor, buf)  # noqa: E731
+        return submit(ALLREDUCE, name, buf.data_ptr(), buf.data_ptr(), dtype_code(buf.dtype),
+                      buf.shape, (buf, tensor), finish, op=code, wire=wire,
+                      prescale=prescale_factor, postscale=postscale_factor, sparse_ratio=ratio,
+                      process_set=process_set, step_tag=step_tag,
+                      rollback_residual=rollback_residual)
 
 
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
@@ -192,21 +194,21 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: 
     code = native_reduce_op(_op_of(average, op))
     ratio = native_sparse_ratio(sparse_ratio, "allreduce")  # GRADFLOW_SPARSE_RATIO's limits
     wire, user = _split_compression(compression)
-    sent, ctx = user.compress(tensor) if user is not None else (tensor, None)
-    src = _staged(sent)
-    out = torch.empty_like(src)
     name = auto_name(ALLREDUCE, name, process_set)
-    device = tensor.device
+    with preparing(ALLREDUCE, name, process_set):
+        sent, ctx = user.compress(tensor) if user is not None else (tensor, None)
+        src = _staged(sent)
+        device = tensor.device
+        out = torch.empty_like(src)
 
-    def finish(r):
-        res = out if device.type == "cpu" else out.to(device)
-        return user.decompress(res, ctx) if user is not None else res
+        def finish(r):
+            res = out if device.type == "cpu" else out.to(device)
+            return user.decompress(res, ctx) if user is not None else res
 
-    return submit(ALLREDUCE, name, src.data_ptr(), out.data_ptr(), dtype_code(src.dtype), src.shape,
-                  (src, out), finish, op=code, wire=wire, prescale=prescale_factor,
-                  postscale=postscale_factor,
-                  sparse_ratio=ratio,
-                  process_set=process_set)
+        return submit(ALLREDUCE, name, src.data_ptr(), out.data_ptr(), dtype_code(src.dtype),
+                      src.shape, (src, out), finish, op=code, wire=wire,
+                      prescale=prescale_factor, postscale=postscale_factor, sparse_ratio=ratio,
+                      process_set=process_set)
 
 
 class _AllreduceFn(torch.autograd.Function):
@@ -280,8 +282,9 @@ def start_group(kind: int, name: Optional[str], process_set: Optional[ProcessSet
     [Grouped lists])."""
     base = auto_name(kind, name, process_set)
     tensors = list(tensors)
-    with submitting_group(len(tensors)):
-        return GroupHandle([start_one(t, f"{base}.{i}") for i, t in enumerate(tensors)])
+    names = [f"{base}.{i}" for i in range(len(tensors))]
+    with submitting_group(len(tensors), names, kind, process_set):
+        return GroupHandle([start_one(t, n) for t, n in zip(tensors, names)])
 
 
 def _grouped(allreduce_one, tensors, average, name, op, prescale_factor, postscale_factor,
@@ -367,13 +370,14 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
                     process_set: Optional[ProcessSet] = global_process_set) -> Handle:
     """Start an allgather along dim 0 over `process_set` (sizes of dim 0 may
     differ between ranks)."""
-    src = _staged(tensor)
-    if src.dim() == 0:
-        src = src.reshape(1)
     name = auto_name(ALLGATHER, name, process_set)
-    dtype, device = src.dtype, tensor.device
-    return submit(ALLGATHER, name, src.data_ptr(), 0, dtype_code(dtype), src.shape, (src,),
-                  lambda r: _from_result(r, dtype, device), process_set=process_set)
+    with preparing(ALLGATHER, name, process_set):
+        src = _staged(tensor)
+        if src.dim() == 0:
+            src = src.reshape(1)
+        dtype, device = src.dtype, tensor.device
+        return submit(ALLGATHER, name, src.data_ptr(), 0, dtype_code(dtype), src.shape, (src,),
+                      lambda r: _from_result(r, dtype, device), process_set=process_set)
 
 
 class _AllgatherFn(torch.autograd.Function):
@@ -409,23 +413,27 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] =
                      process_set: Optional[ProcessSet] = global_process_set) -> Handle:
     """Start an in-place broadcast of root's `tensor` (`root_rank` is a
     global rank, a member of `process_set`, as in Horovod)."""
-    buf = _in_place(tensor)
+    root = int(root_rank)
     name = auto_name(BROADCAST, name, process_set)
-    return submit(BROADCAST, name, buf.data_ptr(), buf.data_ptr(), dtype_code(buf.dtype), buf.shape,
-                  (buf, tensor), lambda r: _write_back(tensor, buf), root=int(root_rank),
-                  process_set=process_set)
+    with preparing(BROADCAST, name, process_set):
+        buf = _in_place(tensor)
+        return submit(BROADCAST, name, buf.data_ptr(), buf.data_ptr(), dtype_code(buf.dtype),
+                      buf.shape, (buf, tensor), lambda r: _write_back(tensor, buf), root=root,
+                      process_set=process_set)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                     process_set: Optional[ProcessSet] = global_process_set) -> Handle:
     """Start a broadcast of root's `tensor` into a new tensor (`root_rank`: global)."""
-    src = _staged(tensor)
-    out = torch.empty_like(src)
+    root = int(root_rank)
     name = auto_name(BROADCAST, name, process_set)
-    device = tensor.device
-    return submit(BROADCAST, name, src.data_ptr(), out.data_ptr(), dtype_code(src.dtype), src.shape,
-                  (src, out), lambda r: out if device.type == "cpu" else out.to(device),
-                  root=int(root_rank), process_set=process_set)
+    with preparing(BROADCAST, name, process_set):
+        src = _staged(tensor)
+        device = tensor.device
+        out = torch.empty_like(src)
+        return submit(BROADCAST, name, src.data_ptr(), out.data_ptr(), dtype_code(src.dtype),
+                      src.shape, (src, out), lambda r: out if device.type == "cpu" else out.to(device),
+                      root=root, process_set=process_set)
 
 
 class _BroadcastFn(torch.autograd.Function):
@@ -463,24 +471,25 @@ def alltoall_async(tensor: torch.Tensor, splits=None, name: Optional[str] = None
                    process_set: Optional[ProcessSet] = global_process_set) -> Handle:
     """Start an alltoall over `process_set` (one split per member); the
     result is (tensor, received_splits)."""
-    src = _staged(tensor)
-    if src.dim() == 0:
-        src = src.reshape(1)
-    if torch.is_tensor(splits) and (splits.dtype.is_floating_point or splits.dtype.is_complex
-                                    or splits.dtype == torch.bool):
-        # Horovod: "alltoall expects splits to contain 32-bit integer elements"
-        # (ValueError); gradflow also takes the other integer dtypes.
-        raise ValueError(f"gradflow: alltoall splits must hold integers, got {splits.dtype}")
-    sp = [] if splits is None else [int(s) for s in (splits.tolist() if torch.is_tensor(splits)
-                                                      else splits)]
-    if any(s < 0 for s in sp):
-        raise ValueError(f"gradflow: alltoall splits must be >= 0, got {sp}")
     name = auto_name(ALLTOALL, name, process_set)
-    dtype, device = src.dtype, tensor.device
-    return submit(ALLTOALL, name, src.data_ptr(), 0, dtype_code(dtype), src.shape, (src,),
-                  lambda r: (_from_result(r, dtype, device),
-                             torch.tensor(list(r["recv_splits"]), dtype=torch.int32)),
-                  splits=sp, process_set=process_set)
+    with preparing(ALLTOALL, name, process_set):  # splits may differ per rank: so may errors
+        src = _staged(tensor)
+        if src.dim() == 0:
+            src = src.reshape(1)
+        if torch.is_tensor(splits) and (splits.dtype.is_floating_point or splits.dtype.is_complex
+                                        or splits.dtype == torch.bool):
+            # Horovod: "alltoall expects splits to contain 32-bit integer elements"
+            # (ValueError); gradflow also takes the other integer dtypes.
+            raise ValueError(f"gradflow: alltoall splits must hold integers, got {splits.dtype}")
+        sp = [] if splits is None else [int(s) for s in (splits.tolist() if torch.is_tensor(splits)
+                                                          else splits)]
+        if any(s < 0 for s in sp):
+            raise ValueError(f"gradflow: alltoall splits must be >= 0, got {sp}")
+        dtype, device = src.dtype, tensor.device
+        return submit(ALLTOALL, name, src.data_ptr(), 0, dtype_code(dtype), src.shape, (src,),
+                      lambda r: (_from_result(r, dtype, device),
+                                 torch.tensor(list(r["recv_splits"]), dtype=torch.int32)),
+                      splits=sp, process_set=process_set)
 
 
 class _AlltoallFn(torch.autograd.Function):

@@ -11,6 +11,7 @@ import torch
 
 from .._handles import Handle
 from .._runtime import ALLGATHER, REDUCESCATTER, auto_name, submit
+from .._withdrawal import preparing
 from ..collectives import Average, native_reduce_op
 from .compression import Compression, split as split_compression
 from ..process_sets import ProcessSet, global_process_set, process_set_size
@@ -39,14 +40,16 @@ def _start_reducescatter(tensor: torch.Tensor, name: Optional[str], op: int,
     `compression=`). Horovod's async signature has no `compression`, so the
     synchronous forms reach the wire through here."""
     code = native_reduce_op(_op_of(None, op))  # before naming: errors leave counters alone
-    src = _staged(tensor)
-    if src.dim() == 0:
-        raise ValueError("gradflow: reducescatter needs a tensor with at least one dimension")
     name = auto_name(REDUCESCATTER, name, process_set)
-    dtype, device = src.dtype, tensor.device
-    return submit(REDUCESCATTER, name, src.data_ptr(), 0, dtype_code(dtype), src.shape, (src,),
-                  lambda r: _from_result(r, dtype, device), op=code, wire=wire,
-                  prescale=prescale_factor, postscale=postscale_factor, process_set=process_set)
+    with preparing(REDUCESCATTER, name, process_set):  # fails here: every rank fails `name`
+        src = _staged(tensor)
+        if src.dim() == 0:
+            raise ValueError("gradflow: reducescatter needs a tensor with at least one dimension")
+        dtype, device = src.dtype, tensor.device
+        return submit(REDUCESCATTER, name, src.data_ptr(), 0, dtype_code(dtype), src.shape,
+                      (src,), lambda r: _from_result(r, dtype, device), op=code, wire=wire,
+                      prescale=prescale_factor, postscale=postscale_factor,
+                      process_set=process_set)
 
 
 class _ReducescatterFn(torch.autograd.Function):

@@ -131,3 +131,19 @@ def test_handle_corners(n):
     pytest.importorskip("torch")
     out = run_mpi(n, "handle_corners_script.py", timeout=120)
     assert out.stdout.count("handle corners OK") == n, out.stdout
+
+
+@pytest.mark.parametrize("n,framework", [(2, "numpy"), (3, "numpy"), (4, "numpy"), (3, "torch")])
+def test_a_call_that_fails_before_submission_fails_everywhere(n, framework):
+    """Native Note [Withdrawn names]: one rank's call fails before it reaches
+    the core (a user Compressor, an input only it refuses, a grouped op's
+    member; named, unnamed, cached, in a process set, peers not there yet):
+    the others raise its error at once, not after GRADFLOW_TIMEOUT (60 s
+    here, the default), and the next calls pair with each other, never with
+    the failed call's data (checked against numpy on every rank)."""
+    out = run_mpi(n, "withdrawn_names_script.py", env={"FRAMEWORK": framework}, timeout=240)
+    cases = ["named", "unnamed", "cached", "late", "refused", "set"]
+    if framework == "torch":
+        cases.append("grouped")
+    for case in cases:
+        assert out.stdout.count(f"OK {case} ") == n, out.stdout

@@ -1,0 +1,126 @@
+"""Withdrawn names: a collective that fails on this rank between being named
+and reaching the core is failed on every rank (native Note [Withdrawn
+names], coordinator.h).
+
+Why: the other ranks have submitted (or will submit) the same name. Left
+alone they wait for it until GRADFLOW_TIMEOUT, and if the program catches
+the error and calls again under that name, the new call is reduced with
+their earlier one: this step's data paired with the last step's, on every
+rank alike, silently. Withdrawing sends the core a request without buffers
+that carries the error; every rank's handle of that name fails with it, and
+the next calls pair afresh.
+
+Bindings name a collective first, then prepare its buffers inside
+`preparing(...)` (a user Compressor, staging, conversions), then call
+`_runtime.submit`, which marks the name submitted (or withdraws it itself if
+the core refuses it). Checks that raise alike on every rank (a bad op code)
+stay before the name is drawn, so they cost nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Any, Iterator, Optional, Sequence, Set
+
+from . import _native
+from . import process_sets as _process_sets
+
+_KIND_NAMES = ["allreduce", "allgather", "broadcast", "reducescatter", "alltoall", "barrier", "join"]
+
+
+class _Preparing:
+    """The collective being prepared on this thread, and whether it reached
+    the core (or a grouped op, which then answers for it)."""
+
+    __slots__ = ("name", "submitted")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.submitted = False
+
+
+_current: contextvars.ContextVar[Optional[_Preparing]] = contextvars.ContextVar(
+    "gradflow_preparing", default=None)
+
+
+@contextlib.contextmanager
+def preparing(kind: int, name: str, process_set: Any = None) -> Iterator[None]:
+    """The block prepares collective `name` (of `kind`, on `process_set`) and
+    submits it: if it raises before the submit, every rank fails `name` with
+    this rank's error instead of waiting for it."""
+    ps = _process_sets.process_set_id(process_set, _KIND_NAMES[kind])
+    state = _Preparing(name)
+    token = _current.set(state)
+    try:
+        yield
+    except BaseException as exc:
+        if not state.submitted:
+            withdraw(kind, name, ps, exc)
+        raise
+    finally:
+        _current.reset(token)
+
+
+# Names that reached the core inside the innermost `reaching_core` block.
+_reached: contextvars.ContextVar[Optional[Set[str]]] = contextvars.ContextVar(
+    "gradflow_reached", default=None)
+
+
+def mark_submitted(name: str) -> None:
+    """`name` reached the core (or its grouped op): `preparing` and
+    `reaching_core` leave it be."""
+    state = _current.get()
+    if state is not None and state.name == name:
+        state.submitted = True
+    reached = _reached.get()
+    if reached is not None:
+        reached.add(name)
+
+
+@contextlib.contextmanager
+def reaching_core(names: Sequence[str], kind: int, process_set: Any = None) -> Iterator[None]:
+    """The block submits collectives `names` one by one (a list that is not
+    a grouped op): if it raises, those that did not reach the core are
+    withdrawn, so the other ranks do not wait for the rest of the list. A
+    name that did is left alone even if it has completed since: a
+    withdrawal then would fail the name's next call instead."""
+    if not names:
+        yield
+        return
+    reached: Set[str] = set()
+    token = _reached.set(reached)
+    try:
+        yield
+    except BaseException as exc:
+        withdraw_all(kind, [n for n in names if n not in reached], process_set, exc)
+        raise
+    finally:
+        _reached.reset(token)
+
+
+def withdraw_all(kind: int, names: Sequence[str], process_set: Any, exc: BaseException,
+                 group_size: int = 0) -> None:
+    """`withdraw` for each of `names` on `process_set` (as the caller passed it)."""
+    try:
+        ps = _process_sets.process_set_id(process_set, _KIND_NAMES[kind])
+    except Exception:
+        return  # an unregistered set: nothing of it reached the core
+    for n in names:
+        withdraw(kind, n, ps, exc, group_size)
+
+
+def withdraw(kind: int, name: str, ps: int, exc: BaseException, group_size: int = 0) -> bool:
+    """Tell process set `ps`'s engine (the core's id) that this rank will
+    not submit `name`; every rank fails it with `exc`'s text. Never raises
+    (the caller is raising already); False if nothing was sent (not
+    initialized, the name is in flight here after all, or the runtime is
+    closed)."""
+    try:
+        if not _native.is_initialized():
+            return False
+        text = f"{type(exc).__name__}: {exc}"
+        if len(text) > 2000:  # every rank's error carries it
+            text = text[:2000] + " ..."
+        return bool(_native.withdraw(kind, name, ps, text, group_size))
+    except Exception:
+        return False

@@ -1,0 +1,176 @@
+"""Native Note [Withdrawn names]: a collective that fails on one rank before it
+reaches the core (a user Compressor raising, an input only that rank
+refuses) fails on every rank at once with that rank's error, and the calls
+after it pair with each other, never with the failed call's data.
+
+Each case: the last rank fails call A of a name while the others submit
+theirs; every rank checks the error it got (and how fast: well under
+GRADFLOW_TIMEOUT, which the test sets high), then every rank calls the
+same name (or the next unnamed one) again with step-2 data and checks the
+result against numpy, bitwise alike on every rank. FRAMEWORK picks numpy or
+torch; CASES (comma-separated) which cases run. Prints "OK <case>" each."""
+import os
+import sys
+import time
+
+import numpy as np
+
+import gradflow as gf
+
+gf.init()
+R, N = gf.rank(), gf.size()
+LAST = N - 1
+FRAMEWORK = os.environ.get("FRAMEWORK", "numpy")
+if FRAMEWORK == "torch":
+    import torch
+
+    import gradflow.torch as gt
+
+
+def data(step, rank, n=6):
+    return np.arange(n, dtype=np.float32) * (step + 1) + 10 * rank
+
+
+def expected_sum(step, n=6):
+    return sum(data(step, r, n) for r in range(N))
+
+
+class Refuses:
+    """A user Compressor (Horovod's interface) that raises on this rank."""
+
+    @staticmethod
+    def compress(tensor):
+        raise RuntimeError(f"compressor broke on rank {R}")
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
+def allreduce_sum(x, name=None, failing=False):
+    """One Sum allreduce of `x`; `failing`: this rank's call fails before
+    it reaches the core (a user Compressor in torch, an object array in numpy)."""
+    if FRAMEWORK == "torch":
+        comp = Refuses if failing else gt.Compression.none
+        out = gt.allreduce(torch.from_numpy(x), name=name, op=gt.Sum, compression=comp)
+        return out.numpy()
+    arr = np.array([object()] * len(x)) if failing else x
+    return gf.allreduce(arr, op=gf.Sum, name=name)
+
+
+def expect_failure(call, mine, who=LAST):
+    """`call` must raise: on LAST its own error, elsewhere GradflowError
+    naming LAST's error (as rank `who`: a set counts its members). Returns
+    seconds taken."""
+    t0 = time.time()
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001 - checked below
+        took = time.time() - t0
+        text = str(e)
+        if R == LAST:
+            assert mine in text or not isinstance(e, gf.GradflowError), (R, text)
+        else:
+            assert isinstance(e, gf.GradflowError), (R, type(e), text)
+            assert f"failed on rank {who}" in text and "before it was submitted" in text, text
+        return took
+    raise AssertionError(f"rank {R}: the call did not fail")
+
+
+def check_same_everywhere(result, want):
+    np.testing.assert_array_equal(result, want)
+    everyone = gf.allgather(np.asarray(result, np.float32).reshape(1, -1), name="same.check")
+    assert (everyone == everyone[0]).all(), everyone
+
+
+def case_named():
+    """Named call; the failing rank retries at once under the same name."""
+    took = expect_failure(lambda: allreduce_sum(data(0, R), "w", failing=R == LAST), "broke")
+    check_same_everywhere(allreduce_sum(data(1, R), "w"), expected_sum(1))
+    return took
+
+
+def case_unnamed():
+    """Unnamed calls: the counters stay aligned after the failure."""
+    took = expect_failure(lambda: allreduce_sum(data(0, R), failing=R == LAST), "broke")
+    check_same_everywhere(allreduce_sum(data(1, R)), expected_sum(1))
+    check_same_everywhere(allreduce_sum(data(2, R)), expected_sum(2))
+    return took
+
+
+def case_cached():
+    """A name the response cache knows (its fast path) is withdrawn."""
+    for step in range(3):
+        check_same_everywhere(allreduce_sum(data(step, R), "cached"), expected_sum(step))
+    took = expect_failure(lambda: allreduce_sum(data(5, R), "cached", failing=R == LAST), "broke")
+    check_same_everywhere(allreduce_sum(data(6, R), "cached"), expected_sum(6))
+    return took
+
+
+def case_late_peers():
+    """The failing rank retries before the others even reach the call: its
+    retry waits for them to fail the first one, then pairs with their retry."""
+    if R != LAST:
+        time.sleep(1.0)
+    took = expect_failure(lambda: allreduce_sum(data(0, R), "late", failing=R == LAST), "broke")
+    check_same_everywhere(allreduce_sum(data(1, R), "late"), expected_sum(1))
+    return took
+
+
+def case_grouped():
+    """A torch grouped allreduce whose Compressor fails on one rank: every
+    member fails everywhere, the next grouped call is whole."""
+    def call(step, failing):
+        ts = [torch.from_numpy(data(step, R)), torch.from_numpy(data(step, R, 3) * 2)]
+        comp = Refuses if failing else gt.Compression.none
+        return [t.numpy() for t in gt.grouped_allreduce(ts, name="grp", op=gt.Sum,
+                                                        compression=comp)]
+    took = expect_failure(lambda: call(0, R == LAST), "broke")
+    out = call(1, False)
+    check_same_everywhere(out[0], expected_sum(1))
+    check_same_everywhere(out[1], sum(data(1, r, 3) * 2 for r in range(N)))
+    return took
+
+
+def case_refused_by_core():
+    """An input only this rank's core refuses (alltoall splits summing past
+    the first dimension) is withdrawn too."""
+    rows = np.arange(N * 2, dtype=np.float32).reshape(N * 2, 1) + 100 * R
+    splits = [2] * N
+    if R == LAST:
+        splits[0] = 3
+    took = expect_failure(lambda: gf.alltoall(rows, splits=splits, name="a2a"), "sum to")
+    got, _ = gf.alltoall(rows, splits=[2] * N, name="a2a")
+    want = np.concatenate([np.arange(N * 2, dtype=np.float32).reshape(N * 2, 1)[2 * R:2 * R + 2]
+                           + 100 * r for r in range(N)])
+    np.testing.assert_array_equal(got, want)
+    return took
+
+
+def case_process_set():
+    """The same on a process set's engine (the last rank is a member): its
+    members fail the call, the next one pairs; the other ranks take no part."""
+    members = list(range(1, N))  # (at 2 ranks a one-member set: its one-rank path)
+    ps = gf.add_process_set(members)
+    took = 0.0
+    if R in members:
+        def call(step, failing):
+            arr = np.array([object()] * 6) if failing else data(step, R)
+            return gf.allreduce(arr, op=gf.Sum, name="in.set", process_set=ps)
+        took = expect_failure(lambda: call(0, R == LAST), "object", members.index(LAST))
+        np.testing.assert_array_equal(call(1, False), sum(data(1, r) for r in members))
+    gf.remove_process_set(ps)
+    return took
+
+
+CASES = {"named": case_named, "unnamed": case_unnamed, "cached": case_cached,
+         "late": case_late_peers, "grouped": case_grouped, "refused": case_refused_by_core,
+         "set": case_process_set}
+default = [c for c in CASES if FRAMEWORK == "torch" or c != "grouped"]
+for case in os.environ.get("CASES", ",".join(default)).split(","):
+    took = CASES[case]()
+    # GRADFLOW_TIMEOUT is 60 s: the other ranks learn within a few cycles.
+    assert took < 10, (case, took)
+    print(f"rank {R}: OK {case} ({took:.2f} s)", flush=True)
+gf.shutdown()
+sys.exit(0)
