@@ -93,4 +93,8 @@ expect_error(lambda: one_step(m, opt, 0), "compress boom", exc=RuntimeError)
 for step in (1, 2):
     expect_error(lambda: one_step(m, opt, step), "raised inside gradflow's reduction",
                  "RuntimeError: compress boom", "build a new DistributedOptimizer")
+# Steps 1 and 2 raise without communicating: without this a rank could reach
+# the end (shutdown) before a slower one submitted step 0's first gradient,
+# which then failed with "shutdown() was called" (seen on a loaded machine).
+hvd.barrier()
 ok("a failed reduction names its cause at the next step")
