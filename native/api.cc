@@ -47,6 +47,7 @@ Runtime::Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>
   comm_ = std::make_unique<MpiComm>(comm_handle, cfg_.timeout_seconds);
   check_config_matches_everywhere();
   if (set_id_ == 0) {
+    log_process_rank_ref().store(comm_->rank());
     for (int r = 0; r < comm_->size(); ++r) set_ranks_.push_back(r);
     links_ = std::make_shared<EngineLinks>();
     sets_ = std::make_unique<ProcessSetTable>(*this, comm_handle, overrides);

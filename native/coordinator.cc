@@ -397,7 +397,8 @@ Response Coordinator::validate(const std::string& name, const std::vector<Reques
     if (reqs[r].name.empty()) {
       if (first->kind != OpKind::kAllreduce && first->kind != OpKind::kJoin)
         err << "gradflow: " << op_kind_name(first->kind) << " '" << name << "' cannot run while rank "
-            << r << " has called join() (only allreduce can)";
+            << r << " has called join() (only allreduce can; a torch DistributedOptimizer's "
+               "sparse gradients travel by allgather: pass sparse_as_dense=True to use join())";
       continue;
     }
     if (reqs[r].step_tag != first->step_tag) {

@@ -1,7 +1,8 @@
 // log.h — the core's stderr log with one process-wide level, set from
 // GRADFLOW_LOG_LEVEL at Runtime start (trace < debug < info < warning <
 // error < fatal; default warning). Header-only; a disabled level costs one
-// relaxed atomic load. Lines read "[gradflow rank R] LEVEL: message".
+// relaxed atomic load. Lines read "[gradflow rank R] LEVEL: message", R the
+// process's global rank (also on a process set's engine).
 #pragma once
 
 #include <atomic>
@@ -32,9 +33,19 @@ inline const char* log_level_name(LogLevel l) {
   static const char* kNames[] = {"TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"};
   return kNames[static_cast<int>(l)];
 }
+// This process's rank in the job (set by the global engine; -1 before). A
+// process-set engine logs with its communicator's rank, which counts the
+// set's members: the prefix names the process by its global rank instead,
+// so a set engine's line is not taken for another process's.
+inline std::atomic<int>& log_process_rank_ref() {
+  static std::atomic<int> rank{-1};
+  return rank;
+}
 // One whole line per call (a single fprintf), so ranks' lines do not interleave mid-line.
 inline void log_line(LogLevel l, int rank, const std::string& msg) {
-  std::fprintf(stderr, "[gradflow rank %d] %s: %s\n", rank, log_level_name(l), msg.c_str());
+  const int global = log_process_rank_ref().load(std::memory_order_relaxed);
+  std::fprintf(stderr, "[gradflow rank %d] %s: %s\n", global >= 0 ? global : rank,
+               log_level_name(l), msg.c_str());
 }
 
 }  // namespace gradflow

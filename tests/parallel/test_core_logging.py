@@ -46,6 +46,13 @@ def test_trace_logs_each_response(n):
     for r in range(n):
         for step in range(3):
             assert f"[gradflow rank {r}] TRACE:   allreduce 'logged.{step}'" in err, err
+    if n >= 3:
+        # The set {1, ..., n-1}'s engine numbers its members from 0; each
+        # process's lines still carry its global rank (gradflowrun's "[r]"
+        # prefix says which process wrote the line).
+        for r in range(n):
+            line = f"[{r}]<stderr>: [gradflow rank {r}] TRACE:   allreduce 'in.set.logged'"
+            assert (line in err) == (r >= 1), err
 
 
 def test_error_level_hides_info():
