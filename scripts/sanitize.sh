@@ -2,7 +2,7 @@
 # Builds gradflow's native core with AddressSanitizer + UndefinedBehaviorSanitizer
 # in a copy of the tree (never touching the in-place build) and runs the
 # parallel collectives / errors / techniques / property / soak / reinit /
-# lifecycle / join scripts under it at 2 and 3 ranks. Exits non-zero on the
+# lifecycle / join / withdrawn-names scripts under it at 2 and 3 ranks. Exits non-zero on the
 # first sanitizer report or failure.
 #
 #   scripts/sanitize.sh              # build (if stale) + run everything
@@ -112,6 +112,8 @@ for n in $NPS; do
   run lifecycle-handles "$n" -- lifecycle_handles_script.py
   run lifecycle-threads "$n" -- lifecycle_threads_script.py
   run join "$n" GRADFLOW_STALL_SHUTDOWN_TIME=10 GRADFLOW_STALL_CHECK_TIME=5 -- join_script.py together
+  # Withdrawn names: requests without buffers, a retry held in the queue.
+  run withdrawn "$n" -- withdrawn_names_script.py
 done
 if [ $fail = 0 ]; then
   echo "sanitize.sh: clean (no ASan/UBSan reports) at ranks: $NPS"
