@@ -72,15 +72,18 @@
 // if the program caught the error and called again under the same name,
 // that call was reduced with the others' earlier one: a step's data paired
 // with the previous step's, silently. Now the binding withdraws the name
-// (gradflow/_runtime.py `preparing`): the rank submits a request with no
-// buffers whose `withdrawn` says why. It is negotiated as any request (its
+// (gradflow/_withdrawal.py `preparing`; the core's own refusal in
+// _runtime.submit; grouped ops in submitting_group): the rank submits a
+// request with no buffers whose `withdrawn` says why. It is negotiated as any request (its
 // signature differs from a cached one, so the name goes to the slow path on
 // every rank) and validate() turns a complete name with any withdrawal into
 // an error response naming the rank and its reason: every rank's handle
 // fails with it, the withdrawing rank's entry is dropped unseen
 // (TensorQueue::complete), and the next call under that name pairs with the
-// next calls. Until then the name is in flight on the withdrawing rank, and
-// a new call under it is refused there, saying so.
+// next calls. Until then the name is in flight on the withdrawing rank; a
+// new call under it there is held in the TensorQueue and goes out when the
+// withdrawal completes, so rank 0 never holds two calls of one name from
+// one rank (a third call is refused as "submitted twice").
 #pragma once
 
 #include <atomic>
