@@ -309,6 +309,11 @@ _group: contextvars.ContextVar[Optional[_Group]] = contextvars.ContextVar("gradf
                                                                           default=None)
 
 
+def in_group() -> bool:
+    """A grouped op is being submitted on this thread (submitting_group)."""
+    return _group.get() is not None
+
+
 @contextlib.contextmanager
 def submitting_group(size: int, names: Sequence[str] = (), kind: int = ALLREDUCE,
                      process_set: Any = None):
@@ -395,6 +400,7 @@ def submit(kind: int, name: str, in_ptr: int, out_ptr: int, dtype: int, shape: S
             native = _native.submit(*args)
         except BaseException as exc:  # refused here: the other ranks must not wait for it
             _withdrawal.withdraw(kind, name, ps, exc)
+            _withdrawal.mark_submitted(name)  # answered for: `preparing` must not withdraw again
             raise
         _withdrawal.mark_submitted(name)
         return Handle(native, keep_alive, finish, name, ps)

@@ -51,7 +51,11 @@ class preparing:
     def __exit__(self, exc_type, exc, tb) -> bool:
         _current.reset(self._token)
         if exc is not None and not self.submitted:
+            from . import _runtime  # (imports this module)
+            if _runtime.in_group():
+                return False  # the grouped op withdraws all its members itself
             withdraw_all(self.kind, [self.name], self.process_set, exc)
+            mark_submitted(self.name)  # withdrawn once only (an enclosing reaching_core)
         return False
 
 
@@ -59,14 +63,16 @@ _current: contextvars.ContextVar[Optional[preparing]] = contextvars.ContextVar(
     "gradflow_preparing", default=None)
 
 
-# Names that reached the core inside the innermost `reaching_core` block.
+# Names that reached the core (or were withdrawn) inside the innermost
+# `reaching_core` block.
 _reached: contextvars.ContextVar[Optional[Set[str]]] = contextvars.ContextVar(
     "gradflow_reached", default=None)
 
 
 def mark_submitted(name: str) -> None:
-    """`name` reached the core (or its grouped op): `preparing` and
-    `reaching_core` leave it be."""
+    """`name` reached the core (or its grouped op), or was withdrawn already:
+    `preparing` and `reaching_core` leave it be (a second withdrawal, after
+    the first completed, would fail the name's next call)."""
     state = _current.get()
     if state is not None and state.name == name:
         state.submitted = True
