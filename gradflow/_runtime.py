@@ -315,14 +315,12 @@ def in_group() -> bool:
 
 
 @contextlib.contextmanager
-def submitting_group(size: int, names: Sequence[str] = (), kind: int = ALLREDUCE,
-                     process_set: Any = None):
-    """Collectives submitted inside are the `size` members of one grouped op
-    (named `<base>.<i>`, or `names`); `size` 0: not a group, submitted at once.
-    If the block fails, every member name (`names`, else the members seen
-    so far; of `kind` on `process_set`) that did not reach the core is
-    withdrawn: every rank fails it (native Note [Withdrawn names]); `size`
-    0 too.
+def submitting_group(size: int, names: Sequence[str], kind: int, process_set: Any):
+    """Collectives submitted inside are the `size` members of one grouped op,
+    named `names` (`<base>.<i>`); `size` 0: not a group, submitted at once.
+    If the block fails, every name that did not reach the core (of `kind`,
+    on `process_set` as the caller passed it) is withdrawn: every rank fails
+    it (native Note [Withdrawn names]); `size` 0 too.
 
     All or nothing: the members reach the core only when the block ends,
     after the core checked every one of them, so a member that fails on
@@ -365,13 +363,8 @@ def _withdraw_group(group: _Group, names: Sequence[str], kind: int, process_set:
                     exc: BaseException) -> None:
     """Withdraws a failed group's members that never reached the core."""
     reached = {handle.name for _, handle in group.members if handle.native is not None}
-    if names:
-        _withdrawal.withdraw_all(kind, [n for n in names if n not in reached], process_set, exc,
-                                 group.size)
-    else:  # native submit() arguments: kind, name, ..., process set id (14th)
-        for args, _ in group.members:
-            if args[1] not in reached:
-                _withdrawal.withdraw(args[0], args[1], args[13], exc, group.size)
+    _withdrawal.withdraw_all(kind, [n for n in names if n not in reached], process_set, exc,
+                             group.size)
 
 
 def submit(kind: int, name: str, in_ptr: int, out_ptr: int, dtype: int, shape: Sequence[int],

@@ -25,8 +25,6 @@ from typing import Any, Iterator, Optional, Sequence, Set
 from . import _native
 from . import process_sets as _process_sets
 
-_KIND_NAMES = ["allreduce", "allgather", "broadcast", "reducescatter", "alltoall", "barrier", "join"]
-
 
 class preparing:
     """`with preparing(kind, name, process_set):` around the code that
@@ -88,9 +86,6 @@ def reaching_core(names: Sequence[str], kind: int, process_set: Any = None) -> I
     withdrawn, so the other ranks do not wait for the rest of the list. A
     name that did is left alone even if it has completed since: a
     withdrawal then would fail the name's next call instead."""
-    if not names:
-        yield
-        return
     reached: Set[str] = set()
     token = _reached.set(reached)
     try:
@@ -105,6 +100,7 @@ def reaching_core(names: Sequence[str], kind: int, process_set: Any = None) -> I
 def withdraw_all(kind: int, names: Sequence[str], process_set: Any, exc: BaseException,
                  group_size: int = 0) -> None:
     """`withdraw` for each of `names` on `process_set` (as the caller passed it)."""
+    from ._runtime import _KIND_NAMES  # (imports this module; a failure path only)
     try:
         ps = _process_sets.process_set_id(process_set, _KIND_NAMES[kind])
     except Exception:
