@@ -55,6 +55,7 @@ from ..missing_gradients import fill_zeros, start_presence_sum, zeros_where_othe
 from ..one_rank import check_sparse_ratio, gradients_are_local
 from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
 from . import loss_scale as _loss_scale
+from . import saved_accumulation as _saved_accumulation
 from .hyperparameter_check import HyperparameterCheck
 
 
@@ -403,7 +404,10 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     cls = type(base.__name__, (_DistributedMixin, base),
                {"__module__": base.__module__, "_gradflow_base": base,
                 "_gradflow_settings": settings,
-                "_gradflow_passes": int(backward_passes_per_step)})
+                "_gradflow_passes": int(backward_passes_per_step),
+                # Note [Saved accumulation]: a .keras file says backward_passes_per_step.
+                "save_assets": _saved_accumulation.save_assets,
+                "load_assets": _saved_accumulation.load_assets})
     config = optimizer.get_config()
     if backward_passes_per_step > 1:
         if config.get("gradient_accumulation_steps"):

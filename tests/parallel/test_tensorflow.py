@@ -38,6 +38,16 @@ def test_keras_horovod_functions(ranks):
     assert out.stdout.count("keras hvd api OK") == ranks, out.stdout
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_keras_load_model_keeps_backward_passes_per_step(ranks):
+    """A model saved with DistributedOptimizer(backward_passes_per_step=k)
+    comes back from gradflow.keras.load_model with k (Horovod's sum, reduced
+    once per k) and its state: it trains on as the never-saved model and as
+    a single-process reference (Note [Saved accumulation])."""
+    out = run_mpi(ranks, "keras_saved_accumulation_script.py", env=TF_ENV, timeout=300)
+    assert out.stdout.count("keras saved accumulation OK") == ranks, out.stdout
+
+
 def test_keras_fit_and_callbacks():
     out = run_mpi(2, "keras_fit_script.py", env=TF_ENV, timeout=300)
     assert out.stdout.count("keras OK") == 2, out.stdout
