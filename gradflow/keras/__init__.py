@@ -19,6 +19,7 @@ from .functions import (allgather, allreduce, broadcast, broadcast_global_variab
 from .optimizer import DistributedOptimizer, PartialDistributedOptimizer, is_distributed
 from .sync_batch_norm import SyncBatchNormalization
 from .stats_callback import TensorBoardStatsCallback
+from .epoch_agreement import EpochAgreementCallback
 from . import elastic  # noqa: E402  (hvd.elastic.KerasState, ... as in Horovod)
 
 __all__ = [
@@ -29,7 +30,7 @@ __all__ = [
     "broadcast_keras_variables", "cross_rank", "cross_size", "Adasum",
     "PartialDistributedOptimizer", "allreduce", "allgather", "broadcast", "reducescatter",
     "broadcast_global_variables", "load_model", "callbacks", "elastic",
-    "SyncBatchNormalization", "TensorBoardStatsCallback",
+    "SyncBatchNormalization", "TensorBoardStatsCallback", "EpochAgreementCallback",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
     "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "start_timeline",

@@ -27,6 +27,7 @@ from ..settings_check import native_sparse_ratio
 from .hyperparameter_check import restart_crc_of
 from .optimizer import is_distributed
 from .stats_callback import TensorBoardStatsCallback  # noqa: F401  (gradflow.keras.callbacks.*)
+from .epoch_agreement import EpochAgreementCallback  # noqa: F401,E402  (the same)
 
 
 def _variables_of(model: keras.Model):

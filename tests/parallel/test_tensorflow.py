@@ -48,6 +48,17 @@ def test_keras_load_model_keeps_backward_passes_per_step(ranks):
     assert out.stdout.count("keras saved accumulation OK") == ranks, out.stdout
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_keras_epoch_agreement(ranks):
+    """EpochAgreementCallback: uneven batch counts and a stop on one rank only
+    raise GradflowError on every rank within seconds (not after
+    GRADFLOW_TIMEOUT); uneven_batches="sync" goes on as under join() (ranks
+    identical, numbers vs a reference); no effect when the ranks agree."""
+    env = dict(TF_ENV, GRADFLOW_TIMEOUT="60")  # the default: the script checks < 30 s
+    out = run_mpi(ranks, "keras_epoch_agreement_script.py", env=env, timeout=300)
+    assert out.stdout.count("keras epoch agreement OK") == ranks, out.stdout
+
+
 def test_keras_fit_and_callbacks():
     out = run_mpi(2, "keras_fit_script.py", env=TF_ENV, timeout=300)
     assert out.stdout.count("keras OK") == 2, out.stdout
