@@ -19,7 +19,8 @@ One process per rank, started by ``gradflowrun`` / ``mpiexec`` / ``srun``;
 * wraps every optimizer of ``configure_optimizers`` in
   :func:`gradflow.torch.DistributedOptimizer` (options pass through:
   compression, sparse_ratio, use_pool, bucket_mb, ...; Lightning's
-  ``accumulate_grad_batches`` becomes ``backward_passes_per_step``), and
+  ``accumulate_grad_batches`` becomes ``backward_passes_per_step``, the
+  GradScaler of Lightning's 16-bit AMP plugin becomes ``grad_scaler``), and
   waits for the reduced gradients right after backward, before Lightning's
   gradient clipping and the optimizer step;
 * broadcasts parameters and optimizer state from rank 0 before training;
@@ -216,6 +217,14 @@ def _build(package: str) -> Tuple[type, type]:
             # and the step-counting patch torch's scheduler put on it (copied
             # along by DistributedOptimizer) runs the same update on that
             # shared state (tests/parallel/lightning_script.py checks it).
+            # Lightning's AMP plugin ("16-mixed", or MixedPrecision(scaler=))
+            # owns the GradScaler: the optimizer gets it as grad_scaler=, so
+            # CSC residuals stay in unscaled units (DistributedOptimizer's
+            # grad_scaler; a Lightning user has no other way to pass it).
+            kwargs = dict(self._optimizer_kwargs)
+            scaler = getattr(self.precision_plugin, "scaler", None)
+            if scaler is not None:
+                kwargs["grad_scaler"] = scaler
             wrapped = []
             for opt in self.optimizers:
                 gf.broadcast_optimizer_state(opt, root_rank=0)
@@ -226,8 +235,7 @@ def _build(package: str) -> Tuple[type, type]:
                 named = [(n, p) for n, p in module.named_parameters() if id(p) in mine]
                 wrapped.append(gf.DistributedOptimizer(
                     opt, named_parameters=named,
-                    backward_passes_per_step=trainer.accumulate_grad_batches,
-                    **self._optimizer_kwargs))
+                    backward_passes_per_step=trainer.accumulate_grad_batches, **kwargs))
             self.optimizers = wrapped
 
         def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None,

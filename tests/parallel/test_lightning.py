@@ -44,3 +44,16 @@ def test_pytorch_lightning_package(tmp_path):
     out = run_mpi(2, "lightning_script.py", "pytorch_lightning", "dense", str(tmp_path),
                   timeout=600)
     assert len(_oks(out, 2)) == 2 * CHECKS, out.stdout
+
+
+@needs_torch
+@pytest.mark.skipif(not _have("lightning.pytorch"), reason="lightning is not installed")
+@pytest.mark.parametrize("n", [2, 3])
+def test_lightning_amp_plugin_scaler_reaches_csc(n):
+    """Lightning's 16-bit AMP plugin + CSC: the strategy gives the plugin's
+    GradScaler to DistributedOptimizer as grad_scaler= (lightning_amp_script.py:
+    bitwise equal to a plain loop with grad_scaler=; fails on the old strategy
+    by 0.015)."""
+    env = {"GRADFLOW_SPARSE_CHUNK": "16", "GRADFLOW_SPARSE_WARMUP_STEPS": "0"}
+    out = run_mpi(n, "lightning_amp_script.py", env=env, timeout=300)
+    assert len(_oks(out, n)) == n * 3, out.stdout
