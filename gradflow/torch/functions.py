@@ -87,12 +87,17 @@ def _fmt(sig) -> str:
 def broadcast_parameters(params: Union[Dict[str, torch.Tensor], Iterable[Tuple[str, torch.Tensor]]],
                          root_rank: int) -> None:
     """Overwrite `params` in place with root's values. `params` is a
-    `state_dict()` (items taken in sorted order) or `named_parameters()`.
+    `state_dict()` (items taken in sorted order), `named_parameters()`, or
+    `parameters()` (as in Horovod, a list may mix (name, tensor) pairs and
+    bare tensors; a bare tensor is named by its position, `#<i>`).
     Checks first that every rank has the same names, shapes and dtypes."""
     if isinstance(params, dict):
         items = sorted(params.items())
-    elif isinstance(params, Iterable):
-        items = list(params)
+    elif isinstance(params, Iterable) and not torch.is_tensor(params):
+        # Horovod: "support both named_parameters() and regular parameters()".
+        # A bare tensor used to be unpacked as a (name, value) pair: a
+        # 2-row weight became the name and value of its own rows.
+        items = [p if isinstance(p, tuple) else (f"#{i}", p) for i, p in enumerate(params)]
     else:
         raise ValueError(f"gradflow: broadcast_parameters: invalid params of type {type(params)}")
     items = [(n, p) for n, p in items if p is not None]

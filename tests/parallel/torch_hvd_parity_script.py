@@ -198,3 +198,25 @@ assert len(ws) == 1 and "optimizer.step() called without optimizer.skip_synchron
     in str(ws[0].message), [str(w.message) for w in ws]
 assert_identical(m.parameters(), "step after synchronize")
 ok("step() after synchronize() warns in Horovod's words")
+
+# broadcast_parameters with model.parameters(), as Horovod documents it (a
+# list of bare tensors, a generator, a list mixing (name, tensor) pairs and
+# tensors). Before 2026-11-28 each bare tensor was unpacked as a (name,
+# value) pair of its own rows: RuntimeError "Boolean value of Tensor with
+# more than one value is ambiguous" on every rank.
+for form in ("list", "generator", "mixed"):
+    torch.manual_seed(R)  # different on every rank
+    m = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2))
+    torch.manual_seed(0)
+    root = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2))
+    if R == 0:
+        m.load_state_dict(root.state_dict())
+    params = {"list": list(m.parameters()), "generator": m.parameters(),
+              "mixed": [("first.weight", m[0].weight), m[0].bias] + list(m[1].parameters())}[form]
+    hvd.broadcast_parameters(params, root_rank=0)
+    for got, want in zip(m.parameters(), root.parameters()):
+        assert torch.equal(got, want), form
+    assert_identical(m.parameters(), f"broadcast_parameters({form} of parameters)")
+expect_error(lambda: hvd.broadcast_parameters(torch.ones(2), root_rank=0), "invalid params",
+             exc=ValueError)
+ok("broadcast_parameters of model.parameters() (list, generator, mixed with names)")
