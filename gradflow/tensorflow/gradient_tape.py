@@ -18,12 +18,14 @@ are the reduced gradients (one_rank.py).
 """
 from __future__ import annotations
 
+import weakref
 import zlib
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 from tensorflow.python.eager import record as _tape_record
 
+from .. import _runtime
 from ..collectives import Adasum, Average, ReduceOp, Sum, check_adasum_options, reduce_op
 from ..compression import Compression, wire_code
 from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
@@ -148,6 +150,66 @@ def _source_key(source: Any) -> Any:
     return id(source) if variable is None else variable.ref()
 
 
+# Note [Default tape names]
+# --------------------------
+# A tape's gradient i is named `<name>.<i>` in the core, and the core keeps
+# a CSC residual per name. Every tape used to default to the one name
+# "DistributedGradientTape", so two default-named tapes reducing different
+# variables (a GAN's generator and discriminator, two models trained side by
+# side) shared `<name>.0`, ...: with sparse_ratio, what one tape did not send
+# was added to the other's gradient (found by the 2026-11-28 combination
+# audit: 2 ranks, one tape's gradients came out 39x their true sum), and
+# without it their names' cached shapes alternated each step. A default-named
+# tape is now named after the list of variables it reduces: the first list
+# seen keeps "DistributedGradientTape", the next one "DistributedGradientTape1",
+# ... counted per process set, in the order the lists first reach gradient().
+# Every rank runs the same training code, so every rank counts alike (as the
+# Keras wrapper's per-class count); the count starts again at each runtime
+# generation (an elastic reset), so a newcomer and the survivors agree. A
+# name given by the user is used as it is.
+DEFAULT_NAME = "DistributedGradientTape"
+# (generation, process set, list key) -> (index, the variables' weak references)
+_source_lists: Dict[Tuple[int, int, Tuple[Any, ...]], Tuple[int, List[Any]]] = {}
+_lists_seen: Dict[Tuple[int, int], int] = {}
+
+
+def _list_key(source: Any) -> Tuple[Any, Any]:
+    """(key part, weak reference or None) of one source: a variable counts
+    by identity; a watched tensor (a new one each step, its shape perhaps
+    changing with the batch) only by being a tensor, so its tape keeps one
+    name."""
+    variable = _as_tf_variable(source)
+    if variable is None:
+        return "tensor", None
+    try:
+        return id(variable), weakref.ref(variable)
+    except TypeError:  # not weakly referable: held (the list's variables live as long)
+        return id(variable), (lambda v=variable: v)
+
+
+def default_name(process_set: Optional[ProcessSet], sources: Sequence[Any]) -> str:
+    """The core name of a default-named tape reducing `sources` (Note
+    [Default tape names]). A list matches an earlier one only if it holds
+    the very same live variables: an id freed and reused by a new variable
+    (which happens on some ranks and not others) starts a new list."""
+    ps = member_id(process_set, "DistributedGradientTape")
+    gen = _runtime.generation()
+    parts = [_list_key(s) for s in sources]
+    key = (gen, ps, tuple(k for k, _ in parts))
+    known = _source_lists.get(key)
+    if known is not None and all(ref is None or ref() is _as_tf_variable(s)
+                                 for ref, s in zip(known[1], sources)):
+        index = known[0]
+    else:
+        if any(k[0] != gen for k in _lists_seen):  # a new runtime: count afresh
+            _source_lists.clear()
+            _lists_seen.clear()
+        index = _lists_seen.get((gen, ps), 0)
+        _lists_seen[(gen, ps)] = index + 1
+        _source_lists[key] = (index, [ref for _, ref in parts])
+    return DEFAULT_NAME if index == 0 else f"{DEFAULT_NAME}{index}"
+
+
 def _check_groups(num_groups: int, groups: Any, what: str) -> None:
     if num_groups or groups is not None:
         raise ValueError(f"gradflow: {what}(num_groups=, groups=) is not supported (gradflow fuses "
@@ -173,8 +235,12 @@ class DistributedGradientTape:
     the number of members (as Horovod).
     gradflow only (keywords): `sparse_ratio` (coarse-grained sparse
     communication) and `name`: reduced gradient i is named `<name>.<i>` in
-    the core; give two tapes that reduce different variable lists different
-    names when they use `sparse_ratio` (the core keeps a residual per name).
+    the core (the core keeps a CSC residual per name). Left at its default,
+    each list of variables a tape reduces gets its own name
+    ("DistributedGradientTape", then "DistributedGradientTape1", ... in the
+    order the lists first reach gradient(), Note [Default tape names]);
+    a name you give is used as is, so give tapes that reduce different
+    variable lists different names.
     Every other attribute is the wrapped tape's."""
 
     def __init__(self, gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
@@ -183,7 +249,7 @@ class DistributedGradientTape:
                  num_groups: int = 0, groups: Any = None,
                  process_set: Optional[ProcessSet] = global_process_set,
                  scale_local_gradients: bool = True, *, sparse_ratio: Optional[float] = None,
-                 name: str = "DistributedGradientTape"):
+                 name: str = DEFAULT_NAME):
         del device_dense, device_sparse  # documented no-ops on CPU
         # GRADFLOW_SPARSE_RATIO's limits (settings_check.py), before anything
         # else reads it as a number.
@@ -205,6 +271,7 @@ class DistributedGradientTape:
         self.process_set = process_set  # reduce over its members (None: all ranks)
         self.scale_local_gradients = bool(scale_local_gradients)
         self.name = name
+        self._default_name = name == DEFAULT_NAME  # Note [Default tape names]
         self._local_sources: set = set()
 
     def __enter__(self) -> "DistributedGradientTape":
@@ -233,12 +300,14 @@ class DistributedGradientTape:
         grads = self._tape.gradient(target, sources, output_gradients=output_gradients,
                                     unconnected_gradients=unconnected_gradients)
         flat = tf.nest.flatten(grads)
-        local = [_source_key(s) in self._local_sources for s in tf.nest.flatten(sources)]
+        flat_sources = tf.nest.flatten(sources)
+        name = default_name(self.process_set, flat_sources) if self._default_name else self.name
+        local = [_source_key(s) in self._local_sources for s in flat_sources]
         shared = [i for i, is_local in enumerate(local) if not is_local]
         if tf.executing_eagerly() and shared:
-            flat = self._zeros_where_others_have_gradients(flat, tf.nest.flatten(sources), shared)
+            flat = self._zeros_where_others_have_gradients(flat, flat_sources, shared, name)
         reduced = reduce_gradients([flat[i] for i in shared],
-                                   [f"{self.name}.{k}" for k in range(len(shared))], self.op,
+                                   [f"{name}.{k}" for k in range(len(shared))], self.op,
                                    self.compression, lambda: self.sparse_ratio,
                                    self.sparse_as_dense, self.gradient_predivide_factor,
                                    self.process_set)
@@ -252,7 +321,7 @@ class DistributedGradientTape:
         return tf.nest.pack_sequence_as(grads, out)
 
     def _zeros_where_others_have_gradients(self, flat: List[Any], sources: List[Any],
-                                           shared: List[int]) -> List[Any]:
+                                           shared: List[int], name: str) -> List[Any]:
         """Note [None on some ranks] (gradflow/missing_gradients.py), eager
         calls only; as the torch optimizer reduces zeros for a parameter
         without a gradient."""
@@ -260,7 +329,7 @@ class DistributedGradientTape:
             return flat
         return zeros_where_others_have_gradients(
             flat, shared, lambda i: tf.zeros(sources[i].shape, sources[i].dtype),
-            f"{self.name}.has_gradient", self.process_set)
+            f"{name}.has_gradient", self.process_set)
 
     def get_local_and_global_gradients(self, target: Any, sources: Any,
                                        output_gradients: Any = None,

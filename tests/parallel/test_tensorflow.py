@@ -31,6 +31,16 @@ def test_tf_horovod_api(ranks):
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
+def test_tf_default_named_tapes_keep_their_own_residuals(ranks):
+    """Two default-named DistributedGradientTapes over different variables
+    with sparse_ratio: separate CSC residuals (Note [Default tape names]),
+    eagerly and in tf.function; equal to explicitly named tapes."""
+    env = dict(TF_ENV, GRADFLOW_SPARSE_CHUNK="16", GRADFLOW_SPARSE_WARMUP_STEPS="0")
+    out = run_mpi(ranks, "tf_tape_names_script.py", env=env, timeout=240)
+    assert out.stdout.count("tf tape names OK") == ranks, out.stdout
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
 def test_keras_horovod_functions(ranks):
     """horovod.tensorflow.keras's value collectives, load_model round trip and
     PartialDistributedOptimizer."""
