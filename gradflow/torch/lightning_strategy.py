@@ -23,7 +23,8 @@ One process per rank, started by ``gradflowrun`` / ``mpiexec`` / ``srun``;
   GradScaler of Lightning's 16-bit AMP plugin becomes ``grad_scaler``), and
   waits for the reduced gradients right after backward, before Lightning's
   gradient clipping and the optimizer step;
-* broadcasts parameters and optimizer state from rank 0 before training;
+* broadcasts parameters and optimizer state (where some rank has any) from
+  rank 0 before training;
 * gives Lightning a ``DistributedSampler`` split (``num_replicas=size``,
   ``rank=rank``), ``reduce`` / ``all_gather`` / ``broadcast`` / ``barrier``
   over gradflow collectives (so ``self.log(..., sync_dist=True)`` averages
@@ -225,9 +226,18 @@ def _build(package: str) -> Tuple[type, type]:
             scaler = getattr(self.precision_plugin, "scaler", None)
             if scaler is not None:
                 kwargs["grad_scaler"] = scaler
+            # Optimizer state is broadcast only where some rank has any: on
+            # a fresh fit every state is empty, and broadcast_optimizer_state
+            # would then take Horovod's initialising step on zero gradients
+            # (Adam's step count 1, AdamW's weight decay applied once) that
+            # Lightning's DDPStrategy does not take (a resumed fit loads its
+            # state on every rank after this setup).
+            empty = [len(opt.state) == 0 for opt in self.optimizers]
+            everyone = gf.allgather_object(empty, name="gradflow.lightning.optimizer_state")
             wrapped = []
-            for opt in self.optimizers:
-                gf.broadcast_optimizer_state(opt, root_rank=0)
+            for i, opt in enumerate(self.optimizers):
+                if not all(rank_empty[i] for rank_empty in everyone):
+                    gf.broadcast_optimizer_state(opt, root_rank=0)
                 if hasattr(opt, "_gradflow"):
                     wrapped.append(opt)  # the user wrapped it already
                     continue
