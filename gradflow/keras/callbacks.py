@@ -9,6 +9,8 @@ Order matters: put `BroadcastGlobalVariablesCallback` first and
 `MetricAverageCallback` before any callback that reads epoch metrics
 (`BestModelCheckpoint`, `ReduceLROnPlateau`, `EarlyStopping`), so that every
 rank sees the same averaged values and takes the same decisions.
+`EpochAgreementCallback` (epoch_agreement.py: uneven batch counts, a stop on
+some ranks only) goes before `MetricAverageCallback`.
 """
 from __future__ import annotations
 
