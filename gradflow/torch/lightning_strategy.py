@@ -254,7 +254,15 @@ def _build(package: str) -> Tuple[type, type]:
             optimizer.step(); the reduced gradients are waited for at the end
             of the closure, so gradient clipping and the step see them."""
             gopt = getattr(optimizer, "_optimizer", optimizer)  # LightningOptimizer -> torch
-            if not hasattr(gopt, "_gradflow"):
+            module = model if model is not None else self.lightning_module
+            if not hasattr(gopt, "_gradflow") or not getattr(module, "automatic_optimization",
+                                                              True):
+                # Manual optimization: the user's manual_backward() ran before
+                # opt.step() and its gradients were reduced when it returned
+                # (as under DDP); Lightning's closure runs no backward, so
+                # there is nothing to wait for in it. Synchronizing there
+                # raised "no backward pass produced a gradient" at every
+                # opt.step() (found by the 2026-11-28 combination audit).
                 return super().optimizer_step(optimizer, closure, model, **kwargs)
 
             def closure_then_synchronize() -> Any:

@@ -69,3 +69,14 @@ def test_lightning_fresh_fit_takes_no_initialising_step(n):
     old strategy: Adam step 5 after 4 steps, weights 0.0044 off)."""
     out = run_mpi(n, "lightning_adam_script.py", timeout=300)
     assert len(_oks(out, n)) == n * 2, out.stdout
+
+
+@needs_torch
+@pytest.mark.skipif(not _have("lightning.pytorch"), reason="lightning is not installed")
+@pytest.mark.parametrize("n", [2, 3])
+def test_lightning_manual_optimization(n):
+    """automatic_optimization = False: one optimizer with clip_gradients, and
+    a GAN with two optimizers, equal to the DDP reference (lightning_manual_script.py;
+    every opt.step() raised GradflowError on the old strategy)."""
+    out = run_mpi(n, "lightning_manual_script.py", timeout=300)
+    assert len(_oks(out, n)) == n * 2, out.stdout
