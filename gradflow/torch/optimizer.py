@@ -1,7 +1,8 @@
 # optimizer.py — the DistributedOptimizer wrapper's methods: each gradient
 # is submitted to the core while backward runs, and the reductions are
 # waited for when the step's last backward returns (else in step()). Owns
-# hooks and the step protocol (state, pool layout and scheduler re-patch:
+# the hooks, submission and the public step methods (draining a step and
+# failing it: optimizer_step.py; state, pool layout and scheduler re-patch:
 # optimizer_state.py; set-up: optimizer_setup.py; the public factory and its
 # keyword documentation: distributed_optimizer.py; the hyperparameter check:
 # hyperparameter_check.py); never communicates itself (the core does).
@@ -140,35 +141,24 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import List
 
 import torch
 
 from .. import _native, _runtime
 from .. import monitor as _monitor
-from .._runtime import GradflowError
+from .._runtime import ALLGATHER, ALLREDUCE, GradflowError
+from .._withdrawal import reaching_core
 from ..collectives import Average
 from ..elastic import worker as _elastic_worker
-from . import hyperparameter_check as _hyper_check
 from . import optimizer_residual as _residual
 from .functions import check_same_everywhere
-from .optimizer_autotune import after_synchronize as _autotune_step
-from .optimizer_groups import flush_groups, submit_group
+from . import optimizer_step as _step
+from .optimizer_groups import submit_group
 from .complex_grads import real_grad
-from .optimizer_state import (agree_layout, build_pools, clear_padding,
-                              rebind_after_elastic_reset, register_late_parameters)
+from .optimizer_state import rebind_after_elastic_reset, register_late_parameters
 from .ops import allreduce, allreduce_async_, sparse_allreduce_async
 
 __all__ = ["_DistributedOptimizer"]
-
-
-def _sparse_zeros(p: torch.Tensor, sparse_dim: int) -> torch.Tensor:
-    """The zero gradient of `p` as an empty sparse COO tensor with
-    `sparse_dim` sparse dimensions (an embedding's: 1), so its indices and
-    values allgather against the peers' gradients (same trailing shapes)."""
-    return torch.sparse_coo_tensor(torch.zeros(sparse_dim, 0, dtype=torch.int64, device=p.device),
-                                   p.new_zeros((0, *p.shape[sparse_dim:])), p.shape,
-                                   check_invariants=True, is_coalesced=True)
 
 
 def _as_sparse(grad: torch.Tensor, sparse_dim: int) -> torch.Tensor:
@@ -241,7 +231,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     "gradients locally")
             s.auto_synced = False
         if not s.fired:
-            self._gradflow_begin_step()
+            try:
+                _step.begin_step(self)
+            except BaseException as e:  # Note [A failed step] (optimizer_step.py)
+                _step.abandon(self, e)
+                raise
         s.fired, s.synchronized = True, False
         if not s.callback_queued:  # Note [Reduced when backward returns]
             s.callback_queued = True
@@ -249,12 +243,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         n = s.passes[id(p)] = s.passes.get(id(p), 0) + 1
         if n < s.bpps:
             return
-        if n > s.bpps and s.failed_submit:
-            raise GradflowError(
-                f"gradflow: {s.prefix}: an earlier backward pass of this step raised inside "
-                f"gradflow's reduction ({s.failed_submit}); the step cannot be completed, so this "
-                "optimizer cannot go on: let that exception end the job, or build a new "
-                "DistributedOptimizer")
         if n > s.bpps:
             raise GradflowError(
                 f"gradflow: gradient of '{s.names[s.index[id(p)]]}' was computed {n} times before "
@@ -266,8 +254,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         try:
             self._gradflow_submit(p)
-        except Exception as e:  # e.g. a user Compressor raising: named if the step goes on
-            s.failed_submit = f"{type(e).__name__}: {e}"
+        except BaseException as e:  # a user Compressor raising, an input the core refuses
+            # Note [A failed step] (optimizer_step.py): autograd aborts this
+            # backward, so the rest of the step would never be submitted here
+            # while the other ranks wait for it. Fail it on every rank now.
+            _step.abandon(self, e)
             raise
 
     def _gradflow_backward_done(self) -> None:
@@ -289,39 +280,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self.synchronize()
             s.synchronized, s.auto_synced = False, True
 
-    def _gradflow_begin_step(self) -> None:
-        """First gradient of a step. With CSC and a grad_scaler, read the loss
-        scale S the gradients carry: buckets are scaled by 1/S before the
-        residual takes them and by S after the reduction, so the residual
-        holds unscaled gradients and stays valid when the scaler moves S."""
-        s = self._gradflow
-        scale = float(s.scaler.get_scale()) if s.scaler is not None and s.csc else 1.0
-        if not (scale > 0 and scale != float("inf")):
-            raise GradflowError(f"gradflow: grad_scaler's scale is {scale}; expected a finite "
-                                "positive loss scale")
-        if scale != s.loss_scale:
-            s.loss_scale = scale
-            for pool in s.pools:
-                _native.pool_set_scale(pool.id, s.prescale / scale, s.postscale * scale)
-        if s.unapplied and s.scaler is not None and s.csc:
-            # Note [A skipped step owes its chunks]
-            # -------------------------------------
-            # The last reduced step
-            # never reached step() (GradScaler skipped it: an overflow in some
-            # bucket or tensor). The chunks the *finite* buckets sent then
-            # would be lost, and their residual no longer holds them, so
-            # every classic pool's residuals go back to before that step, as
-            # the overflowing buckets' did (every rank skipped alike). The
-            # copy path's named residuals roll back in the core when this
-            # step's allreduce of each name runs (rollback_residual).
-            for pool in s.pools:
-                if pool.out is None:
-                    _native.pool_rollback_residuals(pool.id)
-            s.rollback_residuals = True  # the copy path's, by name, as they are submitted
-        s.unapplied = False
-        _hyper_check.begin_round(s, self.param_groups)
-        _residual.begin_step(s)
-
     def _gradflow_submit(self, p: torch.Tensor) -> None:
         s = self._gradflow
         if s.solo:
@@ -335,117 +293,63 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if slot is not None:
             # p.grad replaced (e.g. model.zero_grad()): back into its view, one pass
             _residual.adopt(s, p, slot)
-            s.marked.add(id(p))
             h = _native.pool_mark_ready(s.pools[slot[0]].id, slot[1])
+            s.marked.add(id(p))  # (after: a bucket whose mark raised never went out)
             if h >= 0:
                 s.pool_handles.append(h)
             return
         if not s.pool_built and i not in s.order:
             s.order.append(i)
         grad = p.grad
+        name = s.names[i]
         if not s.sparse_as_dense:  # Note [Sparse gradients agreed once] (optimizer_state.py)
             dim = s.sparse.get(i) if s.sparse_agreed else (grad.sparse_dim() if grad.is_sparse
                                                            else None)
             if dim is not None:
                 if not s.sparse_agreed:
                     s.sparse[i] = min(dim, s.sparse.get(i, dim))
-                elif not (grad.is_sparse and grad.sparse_dim() == dim):
-                    p.grad = grad = _as_sparse(grad, dim)
-                s.handles[id(p)] = sparse_allreduce_async(grad, s.names[i], s.op, s.process_set)
+                # Answered for from here on: submitted, or withdrawn if it raises.
+                s.answered.add(name)
+                with reaching_core([name + ".indices", name + ".values"], ALLGATHER,
+                                   s.process_set):
+                    if not (grad.is_sparse and grad.sparse_dim() == dim):
+                        p.grad = grad = _as_sparse(grad, dim)
+                    s.handles[id(p)] = sparse_allreduce_async(grad, name, s.op, s.process_set)
                 return
-        if grad.is_sparse:  # sparse_as_dense, or not agreed sparse: reduced dense
-            p.grad = grad = grad.to_dense()
         if s.groups is not None:
-            submit_group(s, i)
+            if grad.is_sparse:  # sparse_as_dense, or not agreed sparse: reduced dense
+                p.grad = grad.to_dense()
+            submit_group(s, i)  # (answers for the group's names once it goes out)
             return
         # Before the pool exists (step 1 of use_pool) the step is dense: a
         # residual under the parameter's name would never be delivered once
         # the pool's buckets take over (they own their residuals).
         ratio = 1.0 if s.use_pool else (None if s.sparse_ratio < 0 else s.sparse_ratio)
-        s.handles[id(p)] = allreduce_async_(real_grad(p), name=s.names[i], op=s.op,
-                                            prescale_factor=s.prescale / s.loss_scale,
-                                            postscale_factor=s.postscale * s.loss_scale,
-                                            compression=s.compression, sparse_ratio=ratio,
-                                            process_set=s.process_set, step_tag=s.step_tag,
-                                            rollback_residual=s.rollback_residuals)
+        s.answered.add(name)
+        with reaching_core([name], ALLREDUCE, s.process_set):
+            if grad.is_sparse:  # sparse_as_dense, or not agreed sparse: reduced dense
+                p.grad = grad.to_dense()
+            s.handles[id(p)] = allreduce_async_(
+                real_grad(p), name=name, op=s.op, prescale_factor=s.prescale / s.loss_scale,
+                postscale_factor=s.postscale * s.loss_scale, compression=s.compression,
+                sparse_ratio=ratio, process_set=s.process_set, step_tag=s.step_tag,
+                rollback_residual=s.rollback_residuals or name in s.rollback_names)
 
     # ------------------------------------------------------------ step protocol
     def synchronize(self) -> None:
         """Wait until every gradient of this step is reduced (submitting the
         ones no hook submitted). Raises GradflowError if no gradient was
-        produced since the last step, or if a reduction failed."""
+        produced since the last step, or if a reduction failed; a failed
+        step fails on every rank, and after zero_grad() the next step trains
+        normally (Note [A failed step] in optimizer_step.py)."""
         self._gradflow_check_runtime()
         s = self._gradflow
         if s.auto_synced and not s.fired:  # done when backward returned
             s.synchronized = True
             return
         if not s.fired:
-            raise GradflowError(
-                f"gradflow: {s.prefix}.step()/synchronize() called but no backward pass produced a "
-                "gradient since the last step (step() called twice without backward?)")
-        for p in s.deferred:  # overlap=False: backward is over, submit now
-            self._gradflow_submit(p)
-        s.deferred.clear()
-        if any(p.requires_grad for p in s.frozen):  # unfrozen since: Note [Late parameters]
-            register_late_parameters(self)
-        if not s.sparse_agreed and not s.solo and (s.use_pool or not s.sparse_as_dense):
-            # Step 1: which parameters are sparse everywhere (and the pools'
-            # order), before the zeros below: Note [Sparse gradients agreed once].
-            agree_layout(self)
-        for p in s.params:  # parameters without a gradient this step: reduce zeros
-            if id(p) not in s.handles and id(p) not in s.range_of:
-                i = s.index[id(p)]
-                if p.grad is None:
-                    dim = None if s.sparse_as_dense else s.sparse.get(i)
-                    p.grad = torch.zeros_like(p) if dim is None else _sparse_zeros(p, dim)
-                self._gradflow_submit(p)
-        if s.groups is not None:  # groups whose dense members are all in now
-            flush_groups(s)
-        errors: List[BaseException] = []
-        for p in s.params:
-            h = s.handles.get(id(p))
-            if h is None:
-                continue
-            try:
-                out = h.wait()
-                if p.grad is not None and p.grad.is_sparse:
-                    p.grad = out
-            except BaseException as e:  # keep draining so no buffer is left in flight
-                errors.append(e)
-        overflow = False
-        _residual.adopt_unmarked(s)
-        for pool in s.pools:
-            try:
-                s.pool_handles.extend(_native.pool_flush(pool.id))
-            except BaseException as e:
-                errors.append(e)
-        for h in s.pool_handles:
-            try:
-                overflow |= bool(_native.wait(h, s.ps)["wire_overflow"])
-            except BaseException as e:
-                errors.append(e)
-        for pool in s.pools:
-            _native.pool_reset(pool.id)
-        if s.csc:
-            clear_padding(s)
-        _residual.point_at_output(s)
-        for p in s.params:  # Note [Frozen after wrapping]
-            if not p.requires_grad:
-                p.grad = None
-        s.handles.clear()
-        s.pool_handles.clear()
-        s.passes.clear()
-        s.marked.clear()
-        s.complete, s.passes_done, s.callback_queued = 0, 0, False
-        s.fired, s.wire_overflow, s.failed_submit = False, overflow, ""
-        if errors:
-            raise errors[0]
-        if s.use_pool and not s.pool_built:
-            build_pools(self)
-        s.synchronized = True
-        s.unapplied = True  # until step(): Note [A skipped step owes its chunks]
-        s.rollback_residuals = False
-        _autotune_step(self)
+            raise _step.no_gradient_error(s)
+        _step.synchronize(self)
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -517,6 +421,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         what backward added since the last step is not discarded."""
         self._gradflow_check_runtime()  # an elastic reset drops the pools first
         s = self._gradflow
+        if s.callback_queued and torch._C._current_graph_task_id() == -1:
+            _step.drop_interrupted(self)  # Note [A failed step]: a backward raised
         s.auto_synced = False  # a step reduced but not taken is over (GradScaler's skip)
         for pool in s.pools:
             if pool.out is None:

@@ -115,12 +115,17 @@ def _submit(s, g: int, members: List[int]) -> None:
     core's GRADFLOW_SPARSE_RATIO; groups never use the pool, so CSC runs
     from step 1 with one residual per tensor name)."""
     ratio = None if s.sparse_ratio < 0 else s.sparse_ratio
-    h = Once(grouped_allreduce_async_([real_grad(s.params[j]) for j in members],
-                                      name=f"{s.prefix}.group{g}", op=s.op,
+    name = f"{s.prefix}.group{g}"
+    tensors = [real_grad(s.params[j]) for j in members]
+    # From here the grouped op answers for every member: submitted, or all
+    # withdrawn if it raises (Note [A failed step] in optimizer_step.py).
+    s.answered.add(name)
+    h = Once(grouped_allreduce_async_(tensors, name=name, op=s.op,
                                       prescale_factor=s.prescale / s.loss_scale,
                                       postscale_factor=s.postscale * s.loss_scale,
                                       process_set=s.process_set, compression=s.compression,
                                       step_tag=s.step_tag, sparse_ratio=ratio,
-                                      rollback_residual=s.rollback_residuals))
+                                      rollback_residual=s.rollback_residuals
+                                      or name in s.rollback_names))
     for j in members:
         s.handles[id(s.params[j])] = h

@@ -30,6 +30,7 @@ class _Pool:
     def __init__(self, buf: torch.Tensor, pool_id: int, out: Optional[torch.Tensor] = None,
                  padding: Optional[torch.Tensor] = None):
         self.buf, self.id, self.out = buf, pool_id, out
+        self.cuts = 0  # times the autotuner cut it anew (its bucket names say ".cut<k>")
         self.out_version = None if out is None else out._version
         # Indices of the alignment padding (Note [Aligned pool ranges]) in buf.
         self.padding = padding
@@ -81,7 +82,10 @@ class _State:
         self.passes_done = 0                      # backward passes of this step that returned
         self.callback_queued = False              # end-of-backward callback queued (Note [Reduced when backward returns])
         self.auto_synced = False                  # reduced when backward returned, step() not yet run
-        self.failed_submit = ""                   # why a hook's submit raised in this step (if it did)
+        # Copy-path names (parameter or '<prefix>.group<g>') answered for in
+        # this step: submitted, or withdrawn (Note [A failed step], optimizer_step.py).
+        self.answered: set = set()
+        self.rollback_names: set = set()          # their CSC residual undoes its last step when next submitted
         self.named: Dict[int, str] = {}           # id(param) -> name from named_parameters
         self.frozen: List[torch.Tensor] = []      # in param_groups, requires_grad=False (Note [Late parameters])
         self.hook = None                          # the post-accumulate-grad hook (weakly bound)
@@ -318,6 +322,8 @@ def rebind_after_elastic_reset(self) -> None:
     s.passes.clear()
     s.marked.clear()
     s.deferred.clear()  # overlap=False: gradients of the interrupted step
+    s.answered.clear()
+    s.rollback_names.clear()  # their residuals went with the old runtime
     s.fired = s.synchronized = s.auto_synced = s.callback_queued = False
     s.complete = s.passes_done = 0
     s.loss_scale = 1.0
@@ -360,7 +366,6 @@ def drop_unfinished_step(s) -> int:
     s.deferred.clear()  # overlap=False: recorded, not submitted
     s.complete = s.passes_done = 0
     s.fired = s.synchronized = False
-    s.failed_submit = ""
     if s.groups is not None:
         s.groups = GroupTracker(s.groups.groups)
     return dropped

@@ -147,3 +147,28 @@ def test_a_call_that_fails_before_submission_fails_everywhere(n, framework):
         cases.append("grouped")
     for case in cases:
         assert out.stdout.count(f"OK {case} ") == n, out.stdout
+
+
+FAILED_STEP_CASES = ["copy", "copy_all", "refused", "overlap_off", "groups", "pool", "pool_all",
+                     "pool_step1", "bpps2_pool", "bpps2_copy", "fp16_pool", "csc_pool",
+                     "csc_copy", "csc_groups", "user_raises_pool", "user_raises_copy"]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_a_failed_optimizer_step_fails_everywhere_and_training_goes_on(n):
+    """Note [A failed step] (gradflow/torch/optimizer_step.py): a torch
+    DistributedOptimizer step whose reduction raises on one rank (or on all:
+    a user Compressor, an input the core refuses, a pool range the core
+    refuses, a step-1 submission; copy path, overlap=False, groups=, pool,
+    backward_passes_per_step=2, fp16 wire, CSC on the pool, copy path and
+    groups) raises on every rank within 10 s under the default
+    GRADFLOW_TIMEOUT (60 s), and after zero_grad() the next steps equal a
+    run that skipped that step (bit for bit; fp16 within its rounding),
+    bitwise alike on every rank, and plain torch (fp32). No fusion and no
+    bucket merging, so that two runs reduce in the same order bit for bit."""
+    pytest.importorskip("torch")
+    env = {"GRADFLOW_SPARSE_CHUNK": "64", "GRADFLOW_FUSION_THRESHOLD": "0",
+           "GRADFLOW_POOL_MERGE": "0"}
+    out = run_mpi(n, "torch_failed_step_script.py", env=env, timeout=400)
+    for case in FAILED_STEP_CASES:
+        assert out.stdout.count(f"OK {case}\n") == n, (case, out.stdout)
