@@ -74,6 +74,19 @@ def _reduce_op(reduce_op: Any) -> Tuple[int, bool]:
     return table[key]
 
 
+class _ScaleGradient(torch.autograd.Function):
+    """Identity forward; the gradient multiplied by `factor`."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, factor: int) -> torch.Tensor:
+        ctx.factor = factor
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[torch.Tensor, None]:
+        return grad * ctx.factor, None
+
+
 def _no_group(group: Any, what: str) -> None:
     if group is None:
         return
@@ -287,12 +300,16 @@ def _build(package: str) -> Tuple[type, type]:
         def all_gather(self, tensor: torch.Tensor, group: Any = None,
                        sync_grads: bool = False) -> torch.Tensor:
             """Stack every rank's tensor (same shape everywhere) into
-            (world_size, *shape), as Lightning's DDPStrategy returns."""
+            (world_size, *shape), as Lightning's DDPStrategy returns. With
+            sync_grads=True the result is differentiable as DDP's: the
+            gradient of rank r's tensor is the sum over ranks of the
+            gradient of row r (every rank must run that backward)."""
             _no_group(group, "all_gather")
             if sync_grads:
-                raise NotImplementedError(
-                    "gradflow.lightning: all_gather(sync_grads=True) is not supported "
-                    "(gradflow's allgather is not differentiable)")
+                # gradflow's allgather averages row r's gradient over the
+                # ranks (Horovod's rule); DDP's (torch.distributed.nn's
+                # all_gather) sums it.
+                return gf.allgather(_ScaleGradient.apply(tensor, self.world_size).unsqueeze(0))
             return gf.allgather(tensor.detach().unsqueeze(0))
 
         def broadcast(self, obj: Any, src: int = 0) -> Any:

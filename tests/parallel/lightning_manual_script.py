@@ -4,7 +4,8 @@ ranks): a module with one optimizer that clips its gradients by norm
 (self.clip_gradients) before opt.step(), and a GAN with two optimizers
 (generator and discriminator, toggle_optimizer), each against one process
 stepping on the union of the ranks' batches (Lightning's DDP); ranks
-bitwise identical. Before 2026-11-28 every opt.step() of a manually
+bitwise identical. Also the strategy's all_gather(sync_grads=True) against
+DDP's gradient rule (it raised NotImplementedError before 2026-11-28). Before 2026-11-28 every opt.step() of a manually
 optimized module raised GradflowError "step()/synchronize() called but no
 backward pass produced a gradient" (the strategy waited for a backward
 inside Lightning's closure, which runs none in manual mode).
@@ -148,3 +149,16 @@ for s in range(STEPS):
     og.step()  # D's gradients from this pass are cleared by od.zero_grad() (toggled off in Lightning)
 check(module, torch.nn.ModuleList([G, D]), "GAN")
 ok("manual optimization, GAN with two optimizers: equal to the DDP reference, ranks identical")
+
+
+# ---------------------------------------------------------------- all_gather(sync_grads=True)
+# Lightning's DDP (torch.distributed.nn's all_gather): the gradient of rank
+# r's tensor is the sum over ranks of the gradient of row r. Each rank's
+# loss weights row q by q + 1, so rank r's gradient is N * (r + 1).
+strategy = module.trainer.strategy
+v = torch.full((2,), float(R), requires_grad=True)
+rows = strategy.all_gather(v, sync_grads=True)
+assert rows.shape == (N, 2) and rows[:, 0].tolist() == [float(r) for r in range(N)], rows
+(rows * torch.arange(1.0, N + 1.0)[:, None]).sum().backward()
+assert v.grad.tolist() == [float(N * (R + 1))] * 2, v.grad
+ok("strategy all_gather(sync_grads=True): DDP's gradient (the sum over ranks)")

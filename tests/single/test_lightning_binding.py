@@ -85,10 +85,12 @@ try:
 except ValueError as e:
     assert "process group" in str(e), e
     print("GROUP OK")
-try:
-    t.strategy.all_gather(torch.tensor(1.0), sync_grads=True)
-except NotImplementedError as e:
-    print("SYNC_GRADS OK")
+v = torch.tensor([1.0, 2.0], requires_grad=True)
+gathered = t.strategy.all_gather(v, sync_grads=True)
+assert gathered.shape == (1, 2) and gathered.requires_grad, gathered
+(gathered * 3).sum().backward()
+assert v.grad.tolist() == [3.0, 3.0], v.grad  # one rank: the row's own gradient
+print("SYNC_GRADS OK")
 """
     out = _run(code)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
