@@ -451,6 +451,14 @@ void Runtime::pool_rebucket(int64_t pool, int64_t bucket_bytes) {
   }
 }
 
+std::vector<std::string> Runtime::pool_open_bucket_names(int64_t pool) {
+  std::lock_guard<std::mutex> lock(pools_mu_);
+  PoolState& p = find_pool(pool);
+  std::vector<std::string> out;
+  for (int b : p.pool->unsubmitted()) out.push_back(p.pool->bucket_name(b));
+  return out;
+}
+
 std::vector<int64_t> Runtime::pool_bucket_offsets(int64_t pool) {
   std::lock_guard<std::mutex> lock(pools_mu_);
   PoolState& p = find_pool(pool);

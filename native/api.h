@@ -139,6 +139,9 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // runtimes are ignored.
   void pool_destroy(int64_t pool);
   std::vector<int64_t> pool_bucket_offsets(int64_t pool);  // element offset of each bucket
+  // Names of the buckets not submitted this step (the core's names, so a
+  // failed step can withdraw them without rebuilding them in Python).
+  std::vector<std::string> pool_open_bucket_names(int64_t pool);
   // Autotune: cuts the pool's buckets anew for `bucket_bytes`, between steps
   // (after pool_reset, nothing of it in flight). Every rank must call it at
   // the same step with the same value (gradflow/autotune.py takes it from

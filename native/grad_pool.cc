@@ -86,6 +86,13 @@ std::vector<int> GradPool::take_unsubmitted() {
   return out;
 }
 
+std::vector<int> GradPool::unsubmitted() const {
+  std::vector<int> out;
+  for (size_t b = 0; b < bucket_submitted_.size(); ++b)
+    if (!bucket_submitted_[b]) out.push_back(static_cast<int>(b));
+  return out;
+}
+
 size_t GradPool::bucket_offset(int b) const { return range_offset_[bucket_first_range_[b]]; }
 
 size_t GradPool::bucket_elems(int b) const {

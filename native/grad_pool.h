@@ -37,6 +37,9 @@ class GradPool {
   int mark_ready(size_t r);
   // Buckets not yet submitted this step (in layout order); marks them submitted.
   std::vector<int> take_unsubmitted();
+  // Buckets not yet submitted this step, without marking them (a failed
+  // step withdraws their names: Note [A failed step], optimizer_step.py).
+  std::vector<int> unsubmitted() const;
   void reset();
   // Cuts the buckets anew for `bucket_bytes`. Only between steps: throws if
   // a range was marked ready since reset().

@@ -433,6 +433,9 @@ PYBIND11_MODULE(_native, m) {
         },
         "Forget a pool (an id of an earlier runtime is ignored).");
   m.def("pool_bucket_offsets", [](int64_t pool) { return pool_engine(pool)->pool_bucket_offsets(pool); });
+  m.def("pool_open_bucket_names",
+        [](int64_t pool) { return pool_engine(pool)->pool_open_bucket_names(pool); },
+        py::arg("pool"), "Names of the pool's buckets not submitted this step.");
   m.def("pool_rebucket",
         [](int64_t pool, int64_t bucket_bytes) { pool_engine(pool)->pool_rebucket(pool, bucket_bytes); },
         py::arg("pool"), py::arg("bucket_bytes"),

@@ -60,11 +60,6 @@ from .optimizer_groups import GroupTracker, flush_groups
 from .optimizer_state import (agree_layout, build_pools, clear_padding, destroy_pools,
                               register_late_parameters)
 
-# native/api.cc kPoolIndexBits: a pool id is (runtime generation << 32) | index,
-# and the index names its buckets (grad_pool.cc GradPool::bucket_name).
-_POOL_INDEX_MASK = (1 << 32) - 1
-
-
 def _sparse_zeros(p: torch.Tensor, sparse_dim: int) -> torch.Tensor:
     """The zero gradient of `p` as an empty sparse COO tensor with
     `sparse_dim` sparse dimensions (an embedding's: 1), so its indices and
@@ -258,25 +253,9 @@ def _unanswered(s) -> List[Tuple[int, str, int]]:
             out += [(ALLREDUCE, f"{unit}.{k}", len(members)) for k in range(len(members))]
         else:
             out.append((ALLREDUCE, unit, 0))
-    for pool_index, pool in enumerate(s.pools):
-        out += [(ALLREDUCE, name, 0) for name in _open_buckets(s, pool_index, pool)]
+    for pool in s.pools:  # the core's names of the buckets it has not submitted this step
+        out += [(ALLREDUCE, name, 0) for name in _native.pool_open_bucket_names(pool.id)]
     return out
-
-
-def _open_buckets(s, pool_index: int, pool) -> List[str]:
-    """Names of `pool`'s buckets this rank has not submitted this step: those
-    with a range no hook marked (a bucket goes out when its last range is
-    marked, native GradPool::mark_ready)."""
-    starts = sorted(((slot[2].data_ptr() - pool.buf.data_ptr()) // pool.buf.element_size(),
-                     pid in s.marked)
-                    for pid, slot in s.range_of.items() if slot[0] == pool_index)
-    offsets = list(_native.pool_bucket_offsets(pool.id)) + [pool.buf.numel()]
-    base = f"gradflow.pool{pool.id & _POOL_INDEX_MASK}" + (f".cut{pool.cuts}" if pool.cuts else "")
-    names = []
-    for b in range(len(offsets) - 1):
-        if not all(marked for start, marked in starts if offsets[b] <= start < offsets[b + 1]):
-            names.append(f"{base}.bucket{b}")
-    return names
 
 
 def _forget_step(opt, succeeded: Set[str]) -> None:
