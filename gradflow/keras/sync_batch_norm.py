@@ -25,6 +25,13 @@ d(sum of all ranks' losses)/d(x_r) and gamma/beta gradients are this rank's
 share; averaging them with ``DistributedOptimizer`` trains on the mean of the
 ranks' losses (the same convention as ``gradflow.torch.SyncBatchNorm``).
 
+``process_set=`` (a gradflow extra, as ``gradflow.torch.SyncBatchNorm``'s):
+the ranks whose local batches make the global batch, for models trained on
+disjoint process sets; only its members may call the layer in training
+mode (others raise ValueError at the call, before communicating). It is a
+runtime object, so it is not part of ``get_config()``: a layer rebuilt from
+a saved model uses all ranks unless constructed again with the set.
+
 Unlike Horovod's (which averages the ranks' moments unweighted, exact only
 for equal local batches), the moments are weighted by each rank's count.
 Backends: tensorflow (eager and tf.function; not under XLA) and torch.
@@ -35,22 +42,22 @@ from typing import Any, Optional, Tuple
 
 import keras
 
-from .._runtime import size
 from ..collectives import Sum
+from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
 
 __all__ = ["SyncBatchNormalization"]
 
 _BACKENDS = ("tensorflow", "torch")
 
 
-def _allreduce_sum(t: Any) -> Any:
-    """Differentiable Sum-allreduce of a backend tensor (its gradient is the
-    Sum-allreduce of the incoming gradient)."""
+def _allreduce_sum(t: Any, process_set: Optional[ProcessSet]) -> Any:
+    """Differentiable Sum-allreduce of a backend tensor over `process_set`
+    (its gradient is the Sum-allreduce of the incoming gradient)."""
     if keras.backend.backend() == "tensorflow":
         from ..tensorflow.ops import allreduce
-        return allreduce(t, op=Sum)
+        return allreduce(t, op=Sum, process_set=process_set)
     from ..torch.ops import allreduce
-    return allreduce(t, op=Sum)
+    return allreduce(t, op=Sum, process_set=process_set)
 
 
 @keras.saving.register_keras_serializable(package="gradflow")
@@ -63,9 +70,15 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     ``fused`` is Horovod's TF2 argument: only False is accepted (Keras 3 has
     no fused kernel). Every rank must call the layer in training mode in the
     same order (it communicates). ``renorm=True`` is not supported.
+    ``process_set`` (keyword only; default all ranks): the ranks whose local
+    batches make the global batch (see the module docstring).
     """
 
-    def __init__(self, fused: Optional[bool] = False, **kwargs: Any) -> None:
+    def __init__(self, fused: Optional[bool] = False, *,
+                 process_set: Optional[ProcessSet] = global_process_set, **kwargs: Any) -> None:
+        if process_set is not None and not isinstance(process_set, ProcessSet):
+            raise ValueError("gradflow: SyncBatchNormalization: process_set must be a "
+                             f"gradflow.ProcessSet (or None for all ranks), got {process_set!r}")
         if fused in (True, None):
             raise ValueError("SyncBatchNormalization does not support fused=True.")
         if kwargs.get("renorm"):
@@ -75,9 +88,14 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
                 f"gradflow: SyncBatchNormalization supports the {' and '.join(_BACKENDS)} Keras "
                 f"backends, not {keras.backend.backend()!r}")
         super().__init__(**kwargs)
+        self.process_set = process_set
 
     def _moments(self, inputs: Any, mask: Any) -> Tuple[Any, Any]:
-        if size() == 1:
+        # Training only (Keras computes batch moments in training mode); a
+        # non-member raises here, before communicating.
+        ps = self.process_set
+        member_id(ps, "SyncBatchNormalization")
+        if process_set_size(ps, "SyncBatchNormalization") == 1:
             return super()._moments(inputs, mask)
         ops = keras.ops
         axes = self._reduction_axes
@@ -94,7 +112,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
                                inputs.dtype)
             count = ops.sum(weights, axes)
             local_sum = ops.sum(inputs * weights, axes)
-        total = _allreduce_sum(ops.stack([count, local_sum]))
+        total = _allreduce_sum(ops.stack([count, local_sum]), ps)
         # Keras's masked moments divide by (count + epsilon); unmasked ones are exact.
         denom = total[0] if mask is None else total[0] + keras.backend.epsilon()
         # (not ops.divide_no_nan: with the torch backend it returns float32 for float64)
@@ -103,5 +121,5 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         sq = ops.square(inputs - ops.reshape(mean, bshape))
         if weights is not None:
             sq = sq * weights
-        variance = _allreduce_sum(ops.sum(sq, axes)) / denom
+        variance = _allreduce_sum(ops.sum(sq, axes), ps) / denom
         return mean, variance

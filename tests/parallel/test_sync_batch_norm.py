@@ -49,3 +49,12 @@ def test_keras_sync_batch_normalization_torch_backend():
     out = run_mpi(2, "sync_bn_keras_script.py", env={**TF_ENV, "KERAS_BACKEND": "torch"},
                   timeout=600)
     assert len(_oks(out, 2)) == 5, out.stdout
+
+
+@no_tf
+@pytest.mark.parametrize("n", [3, 4])
+def test_keras_sync_batch_normalization_process_sets(n):
+    # process_set=: each set's global batch is its own members' (eager and
+    # tf.function), a layer one set alone has, a non-member's error and inference
+    out = run_mpi(n, "sync_bn_keras_sets_script.py", env=TF_ENV, timeout=600)
+    assert f"keras sync batch norm process sets OK on {n} ranks" in out.stdout, out.stdout
