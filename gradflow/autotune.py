@@ -35,7 +35,9 @@ GRADFLOW_AUTOTUNE_LOG (--autotune-log-file):
 median of the chosen setting's samples; a search ended by join() writes a
 last line with phase ``stopped-by-join``, the settings in force and an
 empty time). One tuner per process: the first
-DistributedOptimizer that steps owns it.
+DistributedOptimizer that steps owns it. A tuner of a process set
+(DistributedOptimizer(process_set=ps)) tunes that set's engine, and its
+root writes `<GRADFLOW_AUTOTUNE_LOG>.set<id>` (log_path).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ import numpy as np
 from . import _native
 from . import autotune_search as _search
 from .collectives import Max, Sum, allreduce, broadcast
-from .process_sets import ProcessSet, process_set_rank, process_set_size
+from .process_sets import ProcessSet, process_set_id, process_set_rank, process_set_size
 
 LOG_HEADER = ("sample,phase,allreduce_algo,pool_bucket_bytes,ring_pipeline_bytes,"
               "cycle_time_ms,median_step_seconds")
@@ -58,6 +60,14 @@ SETTLE_STEPS = 1  # the first step of a sample (new bucket names negotiate) is n
 
 _owner: Optional[object] = None  # the object whose steps drive the one tuner
 _active: Optional["weakref.ReferenceType[Autotuner]"] = None  # the tuner, while searching
+
+
+def log_path(path: str, process_set: Optional[ProcessSet]) -> str:
+    """Where a tuner of `process_set` writes GRADFLOW_AUTOTUNE_LOG: the path
+    itself for all ranks, `<path>.set<id>` for a process set's tuner, so the
+    roots of two sets (one tuner each) never write one file."""
+    ps = process_set_id(process_set, "autotune")
+    return f"{path}.set{ps}" if path and ps != 0 else path
 
 
 class Autotuner:
@@ -89,9 +99,10 @@ class Autotuner:
         global _active
         _active = weakref.ref(self)
         failed = 0.0
-        if self.is_root and cfg["autotune_log"]:
+        path = log_path(cfg["autotune_log"], process_set)
+        if self.is_root and path:
             try:
-                self.log = open(cfg["autotune_log"], "w", encoding="utf-8")
+                self.log = open(path, "w", encoding="utf-8")
                 self.log.write(LOG_HEADER + "\n")
                 self.log.flush()
             except OSError:
@@ -100,7 +111,7 @@ class Autotuner:
                            process_set=process_set)
         if agreed[0] > 0:
             raise ValueError(f"gradflow: GRADFLOW_AUTOTUNE_LOG (--autotune-log-file) "
-                             f"{cfg['autotune_log']!r} cannot be written on rank {self.root}")
+                             f"{path!r} cannot be written on rank {self.root}")
 
     def done(self) -> bool:
         """True once the final setting is applied (on every rank at the same step)."""

@@ -9,6 +9,10 @@
 #             on every rank;
 #   csc     : CSC (residual in the pool) on the fp16 wire, every algorithm;
 #   badlog  : an unwritable log file is a ValueError on every rank;
+#   sets    : 4 ranks, two process sets {0, 1} and {2, 3}, one tuned
+#             DistributedOptimizer each: both searches finish, each set's
+#             members agree bitwise, and each set's root writes its own log
+#             (<GRADFLOW_AUTOTUNE_LOG>.set<id>, the final line its choice);
 #   join    : the last rank runs out of data mid-search and calls join(); the
 #             search stops on every rank with the same settings, training
 #             goes on after everyone joined, ranks stay bitwise identical.
@@ -93,6 +97,31 @@ if CASE == "badlog":
         ok("badlog")
     else:
         raise AssertionError("an unwritable autotune log was accepted")
+    hvd.shutdown()
+    raise SystemExit(0)
+
+if CASE == "sets":
+    assert N == 4, "the sets case runs on 4 ranks"
+    sets = [hvd.add_process_set([0, 1]), hvd.add_process_set([2, 3])]
+    mine = sets[R // 2]
+    model = mlp()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters(),
+                                   bucket_mb=0.004, process_set=mine)
+    train(model, opt, STEPS, R % 2, 2, PER_RANK, x=X, y=Y)
+    tuner = opt._gradflow.autotuner
+    assert tuner.done(), f"set {mine.ranks}: the search did not finish in {STEPS} steps"
+    every = hvd.allgather(flat(model.parameters())[None], process_set=mine)
+    assert torch.equal(every[0], every[1]), f"set {mine.ranks}: members differ"
+    if R % 2 == 0:  # the set's root: its own log, ending with its choice
+        with open(f"{LOG}.set{mine.process_set_id}", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        assert rows[-1]["phase"] == "final", rows[-1]
+        assert rows[-1]["allreduce_algo"] == tuner.applied.allreduce_algo, (rows[-1], tuner.applied)
+        assert len(rows) == tuner.sample + 1, (len(rows), tuner.sample)
+    hvd.barrier()
+    ok("autotune sets")
     hvd.shutdown()
     raise SystemExit(0)
 

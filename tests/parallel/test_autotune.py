@@ -46,6 +46,15 @@ def test_join_mid_search_stops_it_everywhere(n, tmp_path):
     run_case("join", n, tmp_path, GRADFLOW_AUTOTUNE_LOG=str(tmp_path / "join.csv"))
 
 
+def test_process_sets_tune_apart_with_their_own_logs(tmp_path):
+    # Two sets' tuners: each root writes <log>.set<id>; before, both opened
+    # <log> and one set's lines overwrote the other's (helper audit).
+    log = tmp_path / "autotune.csv"
+    run_case("sets", 4, tmp_path, GRADFLOW_AUTOTUNE_LOG=str(log))
+    logs = sorted(p.name for p in tmp_path.iterdir())
+    assert logs == ["autotune.csv.set1", "autotune.csv.set2"], logs
+
+
 def test_unwritable_log_fails_on_every_rank(tmp_path):
     out = run_mpi(2, "autotune_script.py", timeout=120,
                   env={**FAST, "AUTOTUNE_CASE": "badlog",
