@@ -54,16 +54,18 @@ Runtime::Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>
     // A dead global engine (dead peer, abort) fails every set's collectives.
     on_fatal = [this](const std::string& why) { sets_->abort_sets(why); };
     // Rank 0 writes the timeline (as in Horovod): negotiation spans there
-    // show when the *last* rank submitted each tensor. Set engines write none.
-    if (comm_->rank() == 0) timeline_.open(cfg_.timeline, comm_->rank());
-    timeline_.set_mark_cycles(cfg_.timeline_mark_cycles);  // GRADFLOW_TIMELINE_MARK_CYCLES
+    // show when the *last* rank submitted each tensor. Set engines write to
+    // the same one (EngineLinks::timeline), on their own rows.
+    if (comm_->rank() == 0) timeline().open(cfg_.timeline, comm_->rank());
+    timeline().set_mark_cycles(cfg_.timeline_mark_cycles);  // GRADFLOW_TIMELINE_MARK_CYCLES
     GF_LOG(kInfo, comm_->rank(), "started: rank " << comm_->rank() << " of " << comm_->size()
                                                   << ", log level " << cfg_.log_level);
   }
   GF_CHECK(static_cast<int>(set_ranks_.size()) == comm_->size(),
            "gradflow: process set " << set_id_ << " has " << set_ranks_.size()
                                     << " ranks but its communicator " << comm_->size());
-  loop_ = std::make_unique<BackgroundLoop>(*comm_, cfg_, queue_, stats_, timeline_);
+  loop_ = std::make_unique<BackgroundLoop>(*comm_, cfg_, queue_, stats_, timeline());
+  if (set_id_ != 0) loop_->set_timeline_rows("set" + std::to_string(set_id_) + "/");
   loop_->set_fatal_listener(std::move(on_fatal));
   queue_.set_engine_links(links_);
   loop_->set_engine_links(links_, set_id_ == 0);
@@ -293,7 +295,9 @@ void Runtime::shutdown(const std::string& reason) {
   if (sets_ && loop_ && loop_->failed_fatally()) sets_->abort_sets(loop_->failure());
   if (sets_) sets_->shutdown_sets();  // Note [Process sets]: every engine stops
   if (loop_) loop_->shutdown();  // joins: the loop thread was the only MPI user
-  timeline_.close();
+  // Only the global engine closes the shared timeline, after its set engines
+  // stopped (shutdown_sets above); a removed set's engine leaves it open.
+  if (set_id_ == 0) timeline().close();
   comm_->release_communicator();
 }
 

@@ -77,7 +77,7 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   const MpiComm& comm() const { return *comm_; }
   const Config& config() const { return cfg_; }
   Stats& stats() { return stats_; }
-  Timeline& timeline() { return timeline_; }
+  Timeline& timeline() { return links_->timeline; }  // shared by the process's engines
 
   int64_t submit(const SubmitArgs& args);  // validates early, returns a handle
   // submit()'s checks without submitting (a grouped op checks every member
@@ -175,7 +175,6 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   Config cfg_;
   std::unique_ptr<MpiComm> comm_;
   Stats stats_;
-  Timeline timeline_;
   TensorQueue queue_;
   std::unique_ptr<BackgroundLoop> loop_;
   std::mutex pools_mu_;

@@ -122,7 +122,8 @@ bool BackgroundLoop::cycle() {
   if (!res.responses.empty()) {
     stats_.add("negotiation.cycles_with_work", 1);
     ++cycles_with_work_;
-    timeline_.cycle();  // a CYCLE_START mark when mark_cycles is on
+    // A CYCLE_START mark when mark_cycles is on.
+    if (timeline_.enabled()) timeline_.cycle(timeline_rows_ + "cycles");
     GF_LOG(kDebug, comm_.rank(),
            "cycle " << cycles_with_work_ << ": " << res.responses.size() << " response(s), "
                     << fresh.size() << " new submission(s), "
@@ -289,7 +290,8 @@ void BackgroundLoop::trace_group(const std::vector<const Response*>& group,
   const auto& run = executor_.last_run();
   for (size_t i = 0; i < group.size(); ++i) {
     const Response& r = *group[i];
-    if (entries[i]) timeline_.span(r.name, "NEGOTIATE", entries[i]->submitted, agreed_at_, "");
+    const std::string row = timeline_rows_ + r.name;
+    if (entries[i]) timeline_.span(row, "NEGOTIATE", entries[i]->submitted, agreed_at_, "");
     std::string args = "\"fused_with\": " + std::to_string(group.size() - 1) +
                        ", \"bytes_sent\": " + std::to_string(run.transfer.bytes_sent) +
                        ", \"codec_us\": " + std::to_string(run.transfer.codec_seconds * 1e6);
@@ -301,7 +303,7 @@ void BackgroundLoop::trace_group(const std::vector<const Response*>& group,
     if (!r.error.empty()) args += ", \"error\": \"" + json_escape(r.error) + "\"";
     std::string name = op_kind_name(r.kind);
     for (auto& c : name) c = static_cast<char>(std::toupper(c));
-    timeline_.span(r.name, name.c_str(), started, ended, args);
+    timeline_.span(row, name.c_str(), started, ended, args);
   }
 }
 

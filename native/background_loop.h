@@ -82,6 +82,9 @@ class BackgroundLoop {
     owns_links_ = owner;
     coordinator_.set_engine_links(std::move(links), owner);
   }
+  // A process set's engine writes its timeline rows as "<prefix><name>"
+  // (Runtime: "set<id>/"), apart from the global set's. Before start().
+  void set_timeline_rows(std::string prefix) { timeline_rows_ = std::move(prefix); }
   void start();
   // Asks every rank to stop at the next cycle and waits for the thread.
   void shutdown();
@@ -121,7 +124,8 @@ class BackgroundLoop {
   Config cfg_;
   TensorQueue& queue_;
   Stats& stats_;
-  Timeline& timeline_;
+  Timeline& timeline_;  // EngineLinks::timeline, which links_ keeps alive
+  std::string timeline_rows_;  // row-name prefix: "" (global set) or "set<id>/"
   Coordinator coordinator_;
   size_t stall_warnings_counted_ = 0;  // coordinator_.stall_warnings() already in stats_
   ResponseExecutor executor_;

@@ -1,6 +1,6 @@
 // engine_links.h — the little state a process's engines (the global one and
-// one per process set: Note [Process sets]) share. Plain atomics, no MPI:
-// each engine's loop reads and writes them between its own collectives.
+// one per process set: Note [Process sets]) share. Atomics and rank 0's
+// timeline, no MPI: each engine's loop uses them between its own collectives.
 //
 // Note [Waits across engines]
 // Each engine bounds its own waits (Note [Bounded waits], coordinator.h):
@@ -46,6 +46,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "timeline.h"
+
 namespace gradflow {
 
 struct EngineLinks {
@@ -57,6 +59,14 @@ struct EngineLinks {
   std::atomic<int> waiting_threads{0};  // threads blocked in any engine's wait()
   std::atomic<int> executing{0};        // engines running agreed responses now
   std::atomic<uint64_t> progress{0};    // bumped when agreed work ends or a wait begins
+
+  // The timeline (rank 0 writes it): the global engine opens and closes it
+  // (init, start/stop_timeline, shutdown); set engines write their spans to
+  // it too, on rows "set<id>/<name>", so the sets rank 0 belongs to appear.
+  // Here rather than in the global Runtime so that no engine outlives it (a
+  // removed set's engine kept for its handles, an old engine after an
+  // elastic reset): every engine holds these links. A closed one ignores writes.
+  Timeline timeline;
 };
 
 }  // namespace gradflow

@@ -89,7 +89,7 @@ void Timeline::close_locked() {
   std::fclose(f);
 }
 
-void Timeline::cycle() {
+void Timeline::cycle(const std::string& row) {
   if (!mark_cycles_.load() || !enabled()) return;
   std::lock_guard<std::mutex> lock(mu_);
   if (!file_) return;
@@ -97,7 +97,7 @@ void Timeline::cycle() {
   std::snprintf(ts, sizeof(ts), "%.3f", micros(Clock::now()));
   write_event(std::string("{\"name\": \"CYCLE_START\", \"ph\": \"i\", \"s\": \"t\", \"ts\": ") +
               ts + ", \"pid\": " + std::to_string(rank_) + ", \"tid\": " +
-              std::to_string(row_of("cycles")) + "}");
+              std::to_string(row_of(row)) + "}");
 }
 
 double Timeline::micros(Clock::time_point t) const {

@@ -1,8 +1,9 @@
 // timeline.h — Chrome-trace (chrome://tracing, Perfetto) writer. One row per
-// tensor name: a NEGOTIATE span (submitted -> agreed by all ranks) and an
-// execution span named after the collective, with the algorithm, wire dtype,
-// bytes and codec time as args; instant events mark steps. Only the rank
-// that opened a file writes; a disabled Timeline costs one branch per event.
+// tensor name (a process set's: "set<id>/<name>", engine_links.h): a
+// NEGOTIATE span (submitted -> agreed by all ranks) and an execution span
+// named after the collective, with the algorithm, wire dtype, bytes and
+// codec time as args; instant events mark steps. Only the rank that opened
+// a file writes; a disabled Timeline costs one branch per event.
 #pragma once
 
 #include <atomic>
@@ -26,9 +27,10 @@ class Timeline {
   ~Timeline() { close(); }
   bool enabled() const { return file_.load(std::memory_order_acquire) != nullptr; }
   // Horovod's mark_cycles: an instant event per background-loop cycle that
-  // carried work, on a "cycles" row (idle cycles are not marked).
+  // carried work, on a "cycles" row (a process set's: "set<id>/cycles"; idle
+  // cycles are not marked).
   void set_mark_cycles(bool on) { mark_cycles_.store(on); }
-  void cycle();
+  void cycle(const std::string& row = "cycles");
 
   // A complete span on the tensor's row. `args_json` is a JSON object body
   // (e.g. "\"algo\": \"ring\"") or empty.
