@@ -35,8 +35,4 @@ def after_synchronize(opt) -> None:
         bucket = s.bucket_bytes if s.bucket_bytes >= 0 else _native.config()["pool_bucket_bytes"]
         tuner = s.autotuner = _autotune.Autotuner([p.id for p in s.pools], ranges, bucket,
                                                   can_rebucket, s.process_set)
-    cut = tuner.applied.pool_bucket_bytes
     tuner.step_end()
-    if tuner.applied.pool_bucket_bytes != cut:  # it re-cut every pool (native GradPool::recut)
-        for pool in s.pools:
-            pool.cuts += 1

@@ -30,7 +30,6 @@ class _Pool:
     def __init__(self, buf: torch.Tensor, pool_id: int, out: Optional[torch.Tensor] = None,
                  padding: Optional[torch.Tensor] = None):
         self.buf, self.id, self.out = buf, pool_id, out
-        self.cuts = 0  # times the autotuner cut it anew (its bucket names say ".cut<k>")
         self.out_version = None if out is None else out._version
         # Indices of the alignment padding (Note [Aligned pool ranges]) in buf.
         self.padding = padding
