@@ -35,13 +35,15 @@ GRADFLOW_AUTOTUNE_LOG (--autotune-log-file):
 median of the chosen setting's samples; a search ended by join() writes a
 last line with phase ``stopped-by-join``, the settings in force and an
 empty time). One tuner per process: the first
-DistributedOptimizer that steps owns it. A tuner of a process set
+DistributedOptimizer that steps owns it, agreed by every rank (Note [Agreed
+tuner ownership]); a later one tunes once no earlier owner is alive. A tuner of a process set
 (DistributedOptimizer(process_set=ps)) tunes that set's engine, and its
 root writes `<GRADFLOW_AUTOTUNE_LOG>.set<id>` (log_path).
 """
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 import weakref
@@ -51,7 +53,7 @@ import numpy as np
 
 from . import _native
 from . import autotune_search as _search
-from .collectives import Max, Sum, allreduce, broadcast
+from .collectives import Max, Min, Sum, allreduce, broadcast
 from .process_sets import ProcessSet, process_set_id, process_set_rank, process_set_size
 
 LOG_HEADER = ("sample,phase,allreduce_algo,pool_bucket_bytes,ring_pipeline_bytes,"
@@ -204,12 +206,30 @@ def enabled() -> bool:
     return bool(_native.config()["autotune"])
 
 
-def claim(owner: object) -> bool:
-    """True if `owner` (an optimizer) drives the process's one tuner: the
-    first to ask while autotune is on; the same on every rank when ranks
-    build their optimizers in the same order, as data-parallel training does."""
+def claim(owner: object, process_set: Optional[ProcessSet] = None) -> bool:
+    """True if `owner` (an optimizer, at its first step boundary) drives the
+    process's one tuner, agreed by every rank of `process_set`.
+
+    Note [Agreed tuner ownership]: the tuner is free when no earlier owner is
+    alive. Whether an optimizer the user dropped is already freed is local:
+    one held in a reference cycle lives until this process's cyclic garbage
+    collector runs, and that runs at different moments on different ranks.
+    A purely local answer let a second optimizer own the tuner on one rank
+    and not on another, and the tuners' collectives then stalled until
+    GRADFLOW_TIMEOUT. So a rank that still sees an earlier owner collects
+    garbage first, and the ranks agree (a Min over the set) that every one
+    of them sees the tuner free; otherwise this owner does not tune,
+    on every rank alike. Costs one small allreduce per optimizer, only with
+    autotune on."""
     global _owner
-    if _owner is None or _owner() is None:  # weakref to a dead owner: free again
+    if _owner is not None and _owner() is owner:
+        return True
+    if _owner is not None and _owner() is not None:
+        gc.collect()  # a dropped optimizer in a reference cycle: free it now
+    free = _owner is None or _owner() is None  # weakref to a dead owner: free again
+    agreed = allreduce(np.array([1 if free else 0], np.int32), name="gradflow.autotune_claim",
+                       op=Min, process_set=process_set)
+    if int(agreed[0]) == 1:
         _owner = weakref.ref(owner)
         return True
-    return _owner() is owner
+    return False

@@ -20,7 +20,7 @@ def after_synchronize(opt) -> None:
     if tuner is None:
         if getattr(s, "autotune_off", False):
             return
-        if not _autotune.enabled() or not _autotune.claim(opt):
+        if not _autotune.enabled() or not _autotune.claim(opt, s.process_set):
             s.autotune_off = True
             return
         if s.use_pool and not s.pool_built:

@@ -285,7 +285,7 @@ def _drop_pools(opt) -> None:
     destroy_pools(ids)
     s.pools, s.range_of, s.out_of, s.pool_built = [], {}, {}, False
     tuner = getattr(s, "autotuner", None)
-    if tuner is not None:  # its pool ids are gone; it re-attaches at the next step
+    if tuner is not None:  # its pool ids are gone: this optimizer stops tuning (every rank alike)
         s.autotuner = None
         s.autotune_off = True
 

@@ -15,7 +15,11 @@
 #             (<GRADFLOW_AUTOTUNE_LOG>.set<id>, the final line its choice);
 #   join    : the last rank runs out of data mid-search and calls join(); the
 #             search stops on every rank with the same settings, training
-#             goes on after everyone joined, ranks stay bitwise identical.
+#             goes on after everyone joined, ranks stay bitwise identical;
+#   successor : the tuner's first owner is dropped in a reference cycle and
+#             collected on rank 0 only: the next optimizer owns the tuner on
+#             every rank (Note [Agreed tuner ownership]); one held alive on
+#             the last rank only makes the next not tune, on every rank.
 """Every sample's setting reaches the core through a broadcast from rank 0;
 if ranks switched algorithm or bucket cut at different steps their
 collectives would not match (wrong sums or a timeout), so bitwise-identical
@@ -149,6 +153,42 @@ if CASE == "join":
         assert rows[-1]["allreduce_algo"] == tuner.applied.allreduce_algo, (rows[-1], tuner.applied)
         assert len(rows) == tuner.sample + 1, (len(rows), tuner.sample)
     ok("autotune join")
+    hvd.shutdown()
+    raise SystemExit(0)
+
+if CASE == "successor":
+    # Before: ownership was decided from the local weakref alone, so rank 0
+    # (old owner collected) tuned the new optimizer while the others did not,
+    # and the tuner's collectives stalled until GRADFLOW_TIMEOUT.
+    import gc
+    gc.disable()  # the test, not the collector's timing, decides who is freed where
+    first = mlp()
+    first_opt = optimizer(first)
+    first_opt.cycle = first_opt  # held only by a reference cycle once dropped
+    train(first, first_opt, 3, R, N, PER_RANK, x=X, y=Y)
+    assert first_opt._gradflow.autotuner is not None
+    del first, first_opt
+    if R == 0:
+        gc.collect()
+    model = mlp()
+    opt = optimizer(model)
+    train(model, opt, STEPS, R, N, PER_RANK, x=X, y=Y)
+    tuner = opt._gradflow.autotuner
+    assert tuner is not None and tuner.done(), f"rank {R}: the successor does not tune"
+    same_everywhere(tuner.applied.encode(True) + [tuner.sample], "successor")
+    assert_identical(model.parameters(), "autotune successor")
+    # The owner kept alive on the last rank only: the next optimizer does not
+    # tune anywhere, and trains.
+    keep = opt if R == N - 1 else None
+    opt.cycle = opt
+    del opt
+    gc.collect()
+    third = mlp()
+    third_opt = optimizer(third)
+    train(third, third_opt, 5, R, N, PER_RANK, x=X, y=Y)
+    assert getattr(third_opt._gradflow, "autotuner", None) is None, f"rank {R} tunes"
+    assert_identical(third.parameters(), "autotune successor, owner kept on one rank")
+    ok("autotune successor")
     hvd.shutdown()
     raise SystemExit(0)
 

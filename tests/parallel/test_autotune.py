@@ -46,6 +46,13 @@ def test_join_mid_search_stops_it_everywhere(n, tmp_path):
     run_case("join", n, tmp_path, GRADFLOW_AUTOTUNE_LOG=str(tmp_path / "join.csv"))
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_successor_optimizer_owns_the_tuner_on_every_rank_or_none(n, tmp_path):
+    # The first owner freed on rank 0 only (a reference cycle): before, rank 0
+    # tuned the next optimizer alone and stalled until GRADFLOW_TIMEOUT.
+    run_case("successor", n, tmp_path, GRADFLOW_TIMEOUT="20")
+
+
 def test_process_sets_tune_apart_with_their_own_logs(tmp_path):
     # Two sets' tuners: each root writes <log>.set<id>; before, both opened
     # <log> and one set's lines overwrote the other's (helper audit).
