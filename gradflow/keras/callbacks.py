@@ -32,13 +32,42 @@ from .stats_callback import TensorBoardStatsCallback  # noqa: F401  (gradflow.ke
 from .epoch_agreement import EpochAgreementCallback  # noqa: F401,E402  (the same)
 
 
+def gradient_accumulators(optimizer) -> set:
+    """ids of `optimizer`'s gradient accumulators (Keras's
+    `_accumulated_gradients`, which `backward_passes_per_step=k > 1` uses;
+    a LossScaleOptimizer is looked through). Note [Accumulators stay local].
+
+    Note [Accumulators stay local]: with k > 1 each rank's accumulators hold
+    the sum of its own batches of the unfinished k-batch step; the step's
+    reduction averages them (plus the k-th batch) across ranks. A broadcast
+    of every optimizer variable (BroadcastGlobalVariablesCallback at the
+    start of a later fit, KerasState.sync() after an elastic reset,
+    EpochAgreementCallback's "sync") replaced them by root's partial sum, so
+    the step's earlier batches were root's alone on every rank (the others'
+    dropped): measured, 2 ranks, k=2, KerasState.sync() after batch 1: the
+    update 0.169 off on a 0.337 step (tests/parallel/keras_saved_accumulation_script.py). They are
+    left out of those broadcasts, as Horovod's aggregation variables (not
+    optimizer variables) are; a rank that has none (a new elastic worker)
+    has zeros, so the step then averages the partial sums of the ranks that
+    ran those batches. The iteration counter is broadcast, so every rank
+    agrees where the step ends. The weights stay identical either way (the
+    accumulators only reach them through the reduction)."""
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+    return {id(v) for v in (getattr(optimizer, "_accumulated_gradients", None) or [])}
+
+
 def _variables_of(model: keras.Model):
+    """The model's and its optimizer's variables that a broadcast makes equal
+    (the gradient accumulators stay each rank's: Note [Accumulators stay local])."""
     opt = model.optimizer
     if opt is not None and not opt.built and model.built:
         # Optimizer slots only exist after the first apply: build them now so
         # they are broadcast too (and every rank creates them identically).
         opt.build(model.trainable_variables)
-    return list(model.variables) + (list(opt.variables) if opt is not None else [])
+    if opt is None:
+        return list(model.variables)
+    local = gradient_accumulators(opt)
+    return list(model.variables) + [v for v in opt.variables if id(v) not in local]
 
 
 def broadcast_keras_variables(variables, root_rank: int, name: str) -> None:

@@ -5,7 +5,8 @@
 # sum of the k batches, or their mean with average_aggregated_gradients) and
 # its saved state, accumulators of an unfinished k included: it trains on as
 # the model that was never saved, and as a single-process reference on the
-# combined batches. Before 2026-11-28 it came back with backward_passes_per_step
+# combined batches; a broadcast in the middle of a k-batch step keeps each
+# rank's accumulators. Before 2026-11-28 it came back with backward_passes_per_step
 # =1 over Keras's own accumulation: reduced every batch, the mean applied
 # (weights 0.06 off after two epochs). Also: plain keras.models.load_model of
 # the file (plain optimizer, Keras's accumulation), and a LossScaleOptimizer
@@ -20,6 +21,7 @@ import numpy as np  # noqa: E402
 import gradflow  # noqa: E402
 import gradflow.keras as gk  # noqa: E402
 import gradflow.tensorflow as gtf  # noqa: E402
+from gradflow.keras.elastic import KerasState  # noqa: E402
 
 gk.init()
 R, N = gk.rank(), gk.size()
@@ -162,6 +164,35 @@ def check_loss_scale():
         shutil.rmtree(os.path.dirname(path))
 
 
+def check_broadcasts_keep_accumulators():
+    """A broadcast of the optimizer's variables in the middle of a K-batch
+    step (KerasState.sync() after an elastic reset; a later fit's fresh
+    BroadcastGlobalVariablesCallback) leaves each rank's accumulators (its
+    own batches of that step) alone: training equals the reference that
+    never broadcast. They used to become rank 0's partial sum (the update
+    0.169 off on a 0.337 step in a hand check; Note [Accumulators stay
+    local], gradflow/keras/callbacks.py)."""
+    want = reference(False, True, 3)
+    for how in ("KerasState.sync", "BroadcastGlobalVariablesCallback"):
+        model = make_model(1)
+        model.compile(optimizer=gk.DistributedOptimizer(keras.optimizers.SGD(
+            LR, momentum=MOMENTUM), backward_passes_per_step=K), loss="mse")
+        x, y = rank_data(R, 3)  # 3 batches: the second step is half done
+        model.fit(x, y, batch_size=B, epochs=1, verbose=0, shuffle=False)
+        callbacks = []
+        if how == "KerasState.sync":
+            KerasState(model, epoch=0).sync()
+        else:
+            callbacks = [gk.callbacks.BroadcastGlobalVariablesCallback(0)]
+        x, y = rank_data(R, LATER)
+        model.fit(x, y, batch_size=B, epochs=2, verbose=0, shuffle=False, callbacks=callbacks)
+        for w, r in zip(model.weights, want):
+            np.testing.assert_allclose(w.numpy(), r, rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{how} in the middle of a step: {w.path}")
+        identical_everywhere(model, how)
+
+
+check_broadcasts_keep_accumulators()
 check(average=False, first=4)
 check(average=True, first=3)
 check_loss_scale()

@@ -53,7 +53,10 @@ def test_keras_load_model_keeps_backward_passes_per_step(ranks):
     """A model saved with DistributedOptimizer(backward_passes_per_step=k)
     comes back from gradflow.keras.load_model with k (Horovod's sum, reduced
     once per k) and its state: it trains on as the never-saved model and as
-    a single-process reference (Note [Saved accumulation])."""
+    a single-process reference (Note [Saved accumulation]). A broadcast of
+    the optimizer's variables in the middle of a k-batch step (KerasState.sync,
+    BroadcastGlobalVariablesCallback) keeps each rank's accumulators (Note
+    [Accumulators stay local])."""
     out = run_mpi(ranks, "keras_saved_accumulation_script.py", env=TF_ENV, timeout=300)
     assert out.stdout.count("keras saved accumulation OK") == ranks, out.stdout
 
