@@ -198,15 +198,32 @@ def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op
                   [t.shape for t in tensors], f"allreduce {names[0]!r}")
 
 
+def _scaled(values: tf.Tensor, factor: float) -> tf.Tensor:
+    """`values * factor`; integer values in double, truncated toward zero
+    (the core's rule for scaling integer tensors)."""
+    if factor == 1.0:
+        return values
+    if values.dtype.is_floating:
+        return values * tf.cast(factor, values.dtype)
+    return tf.cast(tf.cast(values, tf.float64) * factor, values.dtype)
+
+
 def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: ReduceOp, name: str,
-                              process_set: Optional[ProcessSet] = None) -> tf.IndexedSlices:
+                              process_set: Optional[ProcessSet] = None,
+                              prescale_factor: float = 1.0,
+                              postscale_factor: float = 1.0) -> tf.IndexedSlices:
     # As Horovod: gather every member's values and indices; the optimizer sums
     # duplicate indices. Average divides the values by the number of members.
+    # The scale factors apply as for a dense tensor (each member's values
+    # times prescale before, the gathered ones times postscale after);
+    # Horovod drops them for IndexedSlices, so a value came back unscaled.
     if op not in (Sum, Average):
         raise NotImplementedError("gradflow: allreduce of tf.IndexedSlices supports Sum and "
                                   f"Average, not {op!r}")
-    values = allgather(slices.values, name=f"{name}.values", process_set=process_set)
+    values = allgather(_scaled(slices.values, float(prescale_factor)), name=f"{name}.values",
+                       process_set=process_set)
     indices = allgather(slices.indices, name=f"{name}.indices", process_set=process_set)
+    values = _scaled(values, float(postscale_factor))
     if op == Average:
         values = values / tf.cast(process_set_size(process_set, "allreduce"), values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
@@ -231,7 +248,8 @@ def allreduce(tensor: Union[TensorLike, tf.IndexedSlices], average: Optional[boo
     op = op_from_average(average, op)
     name = op_name("allreduce", name, process_set)
     if isinstance(tensor, tf.IndexedSlices):
-        return _allreduce_indexed_slices(tensor, op, name, process_set)
+        return _allreduce_indexed_slices(tensor, op, name, process_set, prescale_factor,
+                                         postscale_factor)
 
     @tf.custom_gradient
     def _allreduce(x):

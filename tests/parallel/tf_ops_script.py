@@ -38,6 +38,19 @@ def check_ops(mode, run):
         close(got, np.sum([x_of(r, dtype=dt) for r in range(N)], 0), f"{mode} allreduce {dt}")
     close(run(lambda x: gtf.allreduce(x, op=gtf.Sum, prescale_factor=2.0, postscale_factor=0.5),
               x_of(R)), np.sum(xs, 0), f"{mode} allreduce scaled")
+    # tf.IndexedSlices (rank r's row r): pre/postscale apply as for a dense
+    # tensor (they were dropped, as Horovod drops them: 2/3 of this value);
+    # int32 values are scaled in double and truncated toward zero, as dense.
+    rows = np.concatenate([x_of(r, (1, 4)) + 1 for r in range(N)])  # row r: rank r's values
+    for op, dt, exp in ((gtf.Sum, np.float32, rows * 1.5), (gtf.Average, np.float32, rows * 1.5 / N),
+                        (gtf.Sum, np.int32, np.trunc(np.trunc(rows * 0.5) * 3.0))):
+        def sliced(v, op=op):
+            s = tf.IndexedSlices(v, tf.constant([R]), tf.constant([N, 4]))
+            return tf.convert_to_tensor(gtf.allreduce(s, op=op, prescale_factor=0.5,
+                                                      postscale_factor=3.0))
+        got = run(sliced, rows[R:R + 1].astype(dt))
+        assert got.dtype == dt, f"{mode} IndexedSlices dtype {got.dtype}"
+        close(got, exp, f"{mode} allreduce IndexedSlices {op!r} {dt.__name__} scaled")
     g = run(lambda a, b: gtf.grouped_allreduce([a, b], op=gtf.Sum), x_of(R), x_of(R, (5,)))
     close(g[0], np.sum(xs, 0), f"{mode} grouped[0]")
     close(g[1], np.sum([x_of(r, (5,)) for r in range(N)], 0), f"{mode} grouped[1]")
