@@ -1,8 +1,8 @@
 """Elastic training for PyTorch (Horovod's horovod.torch.elastic): the `run`
-decorator, TorchState (model, optimizer, sampler, GradScaler and plain
-objects, committed in memory, restored after a lost peer, broadcast to
-joining workers) and
-ElasticSampler (each sample once per epoch across membership changes).
+decorator, TorchState (model, optimizer, sampler, GradScaler, LR scheduler
+and plain objects, committed in memory, restored after a lost peer,
+broadcast to joining workers) and ElasticSampler (each sample once per
+epoch across membership changes).
 
     @gradflow.torch.elastic.run
     def train(state):
@@ -172,10 +172,30 @@ class _ScalerHandler(_Handler):
                                                     name="gradflow.elastic.grad_scaler"))
 
 
-_HANDLERS: List[Tuple[type, type]] = [(torch.nn.Module, _ModelHandler),
-                                      (torch.optim.Optimizer, _OptimizerHandler),
-                                      (ElasticSampler, _SamplerHandler),
-                                      (torch.amp.GradScaler, _ScalerHandler)]
+class _SchedulerHandler(_Handler):
+    """A learning-rate scheduler (LRScheduler, ReduceLROnPlateau), saved,
+    restored and synced through its state_dict, in place. As a plain object
+    (ObjectState) it was saved by reference, so a rollback left its epoch
+    count ahead of the restored optimizer, and sync() pickled it whole: with
+    it the optimizer, which for a DistributedOptimizer (a class made at run
+    time) raised PicklingError on rank 0 at the first sync, and for another
+    optimizer left ranks > 0 a scheduler driving an unpickled copy of rank
+    0's optimizer instead of their own."""
+
+    def sync(self) -> None:
+        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0,
+                                                    name="gradflow.elastic.lr_scheduler"))
+
+
+_SCHEDULERS = tuple(t for t in (getattr(torch.optim.lr_scheduler, "LRScheduler", None),
+                                getattr(torch.optim.lr_scheduler, "_LRScheduler", None),
+                                torch.optim.lr_scheduler.ReduceLROnPlateau) if t is not None)
+
+_HANDLERS: List[Tuple[Any, type]] = [(torch.nn.Module, _ModelHandler),
+                                     (torch.optim.Optimizer, _OptimizerHandler),
+                                     (ElasticSampler, _SamplerHandler),
+                                     (torch.amp.GradScaler, _ScalerHandler),
+                                     (_SCHEDULERS, _SchedulerHandler)]
 
 
 def _optimizer_scaler(optimizer: Any) -> Any:
@@ -185,9 +205,10 @@ def _optimizer_scaler(optimizer: Any) -> Any:
 
 class TorchState(ObjectState):
     """The state of a PyTorch training process. Models, optimizers,
-    ElasticSamplers and torch.amp GradScalers given as keyword arguments (any
-    number) are saved with their state_dict and synced by broadcast from
-    rank 0 (in place); anything else is a plain object (ObjectState). All
+    ElasticSamplers, torch.amp GradScalers and learning-rate schedulers given
+    as keyword arguments (any number) are saved with their state_dict and
+    synced by broadcast from rank 0 (in place); anything else is a plain
+    object (ObjectState). All
     become attributes. The GradScaler a DistributedOptimizer was built with
     (grad_scaler=) is part of the state without being given: a scaler left
     out kept a joining worker's own loss scale, so ranks scaled their

@@ -39,6 +39,9 @@ environment:
                        given to DistributedOptimizer(grad_scaler=) only (it joins
                        the state by itself); "state": also TorchState(scaler=),
                        and the loop uses state.scaler. Its final scale is logged
+  ELASTIC_SCHEDULER    if set, a StepLR (step_size 3, gamma 0.9) stepped after
+                       every optimizer step, given to TorchState(scheduler=);
+                       the final learning rate and scheduler epoch are logged
   ELASTIC_SAMPLES      if set, log a "batch" event per step: epoch, step, the
                        reset count and the dataset indices this rank trained on
                        (the test checks ElasticSampler's coverage with them)
@@ -124,9 +127,12 @@ def main():
     # The third column is each sample's index, for the coverage log.
     dataset = torch.utils.data.TensorDataset(xtr, ytr, torch.arange(len(xtr)))
     sampler = elastic.ElasticSampler(dataset, shuffle=True, seed=1)
+    extra = {"scaler": scaler} if amp == "state" else {}
+    sched = None
+    if os.environ.get("ELASTIC_SCHEDULER"):
+        extra["scheduler"] = sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.9)
     state = elastic.TorchState(model, opt, sampler=sampler, epoch=0, batch=0, step=0,
-                               grown=False, end_epoch=EPOCHS, resets=0,
-                               **({"scaler": scaler} if amp == "state" else {}))
+                               grown=False, end_epoch=EPOCHS, resets=0, **extra)
     def on_reset():
         # After restore(), before sync(). sync() broadcasts rank 0's *saved*
         # state (Horovod's ObjectState), so the count is saved here, or
@@ -164,6 +170,8 @@ def main():
                 else:
                     amp_scaler.step(opt)
                     amp_scaler.update()
+                if sched is not None:
+                    state.scheduler.step()  # the same object as sched (synced in place)
                 state.step += 1
                 state.batch += 1
                 state.sampler.record_batch(i, BATCH)
@@ -200,7 +208,9 @@ def main():
     with torch.no_grad():
         acc = (model(xte).argmax(1) == yte).float().mean().item()
     log(event="result", rank=hvd.rank(), size=hvd.size(), acc=acc, hash=params_hash(model),
-        steps=state.step, scale=scaler.get_scale() if scaler is not None else None)
+        steps=state.step, scale=scaler.get_scale() if scaler is not None else None,
+        lr=opt.param_groups[0]["lr"], sched_epoch=sched.last_epoch if sched is not None else None,
+        sched_is_state=sched is None or state.scheduler is sched)
     sys.stdout.write(f"RESULT worker={WORKER} rank={hvd.rank()} size={hvd.size()} "
                      f"acc={acc:.4f}\n")
     sys.stdout.flush()

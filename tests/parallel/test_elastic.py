@@ -396,3 +396,31 @@ def test_sigkill_with_pool_csc_fp16_or_accumulation(tmp_path, variant):
                     ELASTIC_KILL="2:30", ELASTIC_OPTIMIZER=variant)
     assert r.returncode == 0, r.stdout + r.stderr
     check_identical(results(tmp_path), 2)
+
+
+def test_lr_scheduler_in_the_state_rolls_back_and_reaches_the_new_worker(tmp_path):
+    """TorchState(scheduler=StepLR) stepped after every optimizer step (the
+    DistributedOptimizer's learning rate decays 0.9x every 3 steps). Before,
+    the scheduler was a plain object: the first sync pickled it with its
+    optimizer and rank 0 raised PicklingError (the DistributedOptimizer's
+    class is made at run time), every other rank GradflowError, so no
+    elastic job could hold a scheduler. Now it is saved, restored and
+    synced through its state_dict, in place: after worker 2 is SIGKILLed
+    the survivors roll their schedulers back with the optimizer (its epoch
+    count equals the steps that count, the learning rate 0.05 * 0.9 **
+    (steps // 3)), and a worker added later gets rank 0's scheduler state."""
+    r = gradflowrun(["--min-np", "2", "-np", "3", "--max-np", "3"], tmp_path, ELASTIC_EPOCHS=4,
+                    ELASTIC_KILL="2:33", ELASTIC_SCHEDULER=1)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = results(tmp_path)
+    check_identical(res, 2)
+    for e in res:
+        assert e["sched_is_state"] and e["sched_epoch"] == e["steps"], e
+        assert e["lr"] == pytest.approx(0.05 * 0.9 ** (e["steps"] // 3), rel=1e-12), e
+    grown = tmp_path / "grown"
+    grown.mkdir()
+    res = results(grow(grown, 2, ELASTIC_SCHEDULER="1"))
+    check_identical(res, 3)
+    for e in res:
+        assert e["sched_is_state"] and e["sched_epoch"] == e["steps"], e
+        assert e["lr"] == pytest.approx(0.05 * 0.9 ** (e["steps"] // 3), rel=1e-12), e

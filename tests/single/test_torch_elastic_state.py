@@ -111,3 +111,65 @@ def test_grad_scaler_sync_takes_rank_0s_state_in_place(monkeypatch, given):
     assert opt._gradflow.scaler is scaler
     if given:
         assert state.scaler is scaler
+
+
+def scheduler_for(kind, opt):
+    if kind == "step":
+        return torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    return torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0)
+
+
+def advance(kind, sched, opt, times):
+    for _ in range(times):
+        opt.step()
+        sched.step() if kind == "step" else sched.step(1.0)  # a plateau: reduce each time
+
+
+@pytest.mark.parametrize("kind", ["step", "plateau"])
+def test_lr_scheduler_is_committed_and_restored_in_place(kind):
+    """TorchState(scheduler=s): a rollback puts the scheduler back to the
+    commit in the same object, with the optimizer's learning rate. As a
+    plain object it was kept by reference, so after a rollback its epoch
+    count ran ahead of the restored optimizer (StepLR decayed at the wrong
+    epochs, ReduceLROnPlateau kept its bad-epoch count)."""
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = scheduler_for(kind, opt)
+    state = elastic.TorchState(model, opt, scheduler=sched, epoch=0)
+    advance(kind, sched, opt, 3)
+    state.save()  # commit()'s saving (without its check for host updates)
+    saved, lr = sched.state_dict(), opt.param_groups[0]["lr"]
+    advance(kind, sched, opt, 3)  # the steps a lost peer interrupted
+    assert sched.state_dict() != saved
+    state.restore()
+    assert state.scheduler is sched and sched.optimizer is opt
+    assert sched.state_dict() == saved and opt.param_groups[0]["lr"] == lr
+
+
+@pytest.mark.parametrize("kind", ["step", "plateau"])
+def test_lr_scheduler_sync_takes_rank_0s_state_in_place(monkeypatch, kind):
+    """sync() on a rank other than 0: rank 0's scheduler state lands in this
+    rank's scheduler, which still drives this rank's optimizer. Before, the
+    scheduler was broadcast pickled whole, with its optimizer: the attribute
+    became a copy stepping a copy of rank 0's optimizer (and a
+    DistributedOptimizer, a class made at run time, could not be pickled)."""
+    import copy
+    ref_opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1.0)
+    rank0 = scheduler_for(kind, ref_opt)
+    advance(kind, rank0, ref_opt, 5)
+
+    def from_rank_0(obj, root_rank=0, name=None):
+        if name == "gradflow.elastic.lr_scheduler":
+            return copy.deepcopy(rank0.state_dict())
+        return copy.deepcopy(obj)  # anything else: this rank's, as a copy
+
+    monkeypatch.setattr(elastic, "broadcast_object", from_rank_0)
+    monkeypatch.setattr(elastic, "broadcast_parameters", lambda *a, **k: None)
+    monkeypatch.setattr(elastic, "broadcast_optimizer_state", lambda *a, **k: None)
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = scheduler_for(kind, opt)
+    state = elastic.TorchState(model, opt, scheduler=sched, epoch=0)
+    state.sync()
+    assert state.scheduler is sched and sched.optimizer is opt
+    assert sched.state_dict() == rank0.state_dict()
