@@ -417,6 +417,15 @@ def main(argv: Optional[Sequence[str]] = None, config_keys: Optional[Sequence[An
     args = parser.parse_args(argv)
     try:
         _hvd.warn(_hvd.apply_config_file(args, normalize_config_keys(config_keys)))
+        # A settings flag out of range (--sparse-ratio 2) fails here, once,
+        # with exit code 2 as any usage error; it used to start the job and
+        # fail in every rank's init(): a traceback per rank and "rank 0
+        # failed first" (the core's own parser decides, as at init()).
+        if native is not None and settings_env(args, config_keys):
+            try:
+                native.validate_config(settings_env(args, config_keys))
+            except native.GradflowError as e:
+                raise ValueError(str(e).removeprefix("gradflow: ")) from None
     except ValueError as e:
         print(f"gradflowrun: error: {e}", file=sys.stderr)
         return 2

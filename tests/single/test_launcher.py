@@ -191,6 +191,21 @@ def test_main_reports_usage_errors(capsys):
     assert "-np must be >= 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("elastic", [[], ["--min-np", "1", "--host-discovery-script", "x"]])
+def test_out_of_range_settings_flag_fails_before_launching(elastic, capsys, monkeypatch):
+    """A settings flag the core refuses (`--sparse-ratio 2`) is a usage error
+    of gradflowrun (exit 2, the core's message, nothing launched); it used to
+    start the job, and every rank's init() raised the same error ("rank 0
+    failed first")."""
+    pytest.importorskip("gradflow._native")
+    for name in ("run_job", "run_elastic"):
+        monkeypatch.setattr(L, name, lambda *a, **k: pytest.fail("the job was launched"))
+    assert L.main(["-np", "2", *elastic, "--sparse-ratio", "2", "python", "x.py"]) == 2
+    err = capsys.readouterr().err
+    assert "error: invalid value '2.0' for GRADFLOW_SPARSE_RATIO (--sparse-ratio)" in err, err
+    assert "1e-06 <= value <= 1" in err, err
+
+
 # --------------------------------------------------------- the command line
 
 def test_build_launch_hydra():
