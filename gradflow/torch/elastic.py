@@ -198,6 +198,86 @@ _HANDLERS: List[Tuple[Any, type]] = [(torch.nn.Module, _ModelHandler),
                                      (_SCHEDULERS, _SchedulerHandler)]
 
 
+class _ContainerHandler(_Handler):
+    """A list, tuple or dict whose every item has a handler (a GAN's
+    `models=[g, d]`, `optimizers={"g": opt_g, "d": opt_d}`): each item is
+    saved, restored and synced in place by its own handler, in the
+    container's order (the same on every rank). As a plain object the
+    container was pickled whole by sync(): ranks > 0 got copies, and the
+    models the loop trains kept their own weights (silently different
+    parameters on a joining worker)."""
+
+    def __init__(self, value: Any):  # pylint: disable=super-init-not-called
+        self.set_value(value)
+
+    def set_value(self, value: Any) -> None:
+        parts = [_leaf_handler(v) for v in _items(value)]
+        if not parts or not all(parts):
+            raise ValueError("gradflow: TorchState: a list, tuple or dict holding models, "
+                             "optimizers, samplers, GradScalers or LR schedulers must hold "
+                             f"nothing else (got {_describe(value)})")
+        self.value, self.parts = value, parts
+
+    def save(self) -> None:
+        for part in self.parts:
+            part.save()
+
+    def restore(self) -> None:
+        for part in self.parts:
+            part.restore()
+
+    def sync(self) -> None:
+        for part in self.parts:
+            part.sync()
+
+
+def _items(value: Any) -> List[Any]:
+    if isinstance(value, dict):
+        return list(value.values())
+    return list(value) if isinstance(value, (list, tuple)) else []
+
+
+def _leaf_handler(value: Any) -> Optional[_Handler]:
+    cls = next((h for t, h in _HANDLERS if isinstance(value, t)), None)
+    return None if cls is None else cls(value)
+
+
+def _holds_handled(value: Any, depth: int = 0) -> bool:
+    """Whether a plain value holds (in lists, tuples, dicts or sets) an
+    object that needs a handler: pickled with the rest, it would reach
+    ranks > 0 as a copy that nothing in their loop uses."""
+    if depth and any(isinstance(value, t) for t, _ in _HANDLERS):
+        return True
+    items = list(value) if isinstance(value, (set, frozenset)) else _items(value)
+    return depth < 4 and any(_holds_handled(v, depth + 1) for v in items)
+
+
+def _describe(value: Any) -> str:
+    return f"{type(value).__name__} of " + ", ".join(type(v).__name__ for v in _items(value))
+
+
+def _handler_for(name: str, value: Any) -> Optional[_Handler]:
+    """The handler of a TorchState keyword's value, None for a plain object;
+    ValueError for a plain object holding one that needs a handler (a list
+    mixing a model and a number, a model inside a dict inside a list)."""
+    handler = _leaf_handler(value)
+    if handler is not None:
+        return handler
+    if _items(value) and all(_leaf_handler_type(v) for v in _items(value)):
+        return _ContainerHandler(value)
+    if _holds_handled(value):
+        raise ValueError(f"gradflow: TorchState: '{name}' holds a model, optimizer, sampler, "
+                         "GradScaler or LR scheduler among other objects; it would be "
+                         "broadcast as a pickled copy that the training loop does not use. "
+                         "Give each as its own keyword, or a list/tuple/dict of only such "
+                         "objects")
+    return None
+
+
+def _leaf_handler_type(value: Any) -> bool:
+    return any(isinstance(value, t) for t, _ in _HANDLERS)
+
+
 def _optimizer_scaler(optimizer: Any) -> Any:
     """The grad_scaler= a DistributedOptimizer was built with, or None."""
     return getattr(getattr(optimizer, "_gradflow", None), "scaler", None)
@@ -206,9 +286,11 @@ def _optimizer_scaler(optimizer: Any) -> Any:
 class TorchState(ObjectState):
     """The state of a PyTorch training process. Models, optimizers,
     ElasticSamplers, torch.amp GradScalers and learning-rate schedulers given
-    as keyword arguments (any number) are saved with their state_dict and
-    synced by broadcast from rank 0 (in place); anything else is a plain
-    object (ObjectState). All
+    as keyword arguments (any number; also as a list, tuple or dict of only
+    such objects, e.g. a GAN's models=[g, d]) are saved with their
+    state_dict and synced by broadcast from rank 0 (in place); anything else
+    is a plain object (ObjectState), and a plain object holding one of them
+    raises ValueError (its pickled copy would reach ranks > 0 unused). All
     become attributes. The GradScaler a DistributedOptimizer was built with
     (grad_scaler=) is part of the state without being given: a scaler left
     out kept a joining worker's own loss scale, so ranks scaled their
@@ -220,11 +302,11 @@ class TorchState(ObjectState):
         handlers: Dict[str, _Handler] = {}
         plain: Dict[str, Any] = {}
         for k, v in kwargs.items():
-            cls = next((h for t, h in _HANDLERS if isinstance(v, t)), None)
-            if cls is None:
+            handler = _handler_for(k, v)
+            if handler is None:
                 plain[k] = v
             else:
-                handlers[k] = cls(v)
+                handlers[k] = handler
         object.__setattr__(self, "_handlers", handlers)
         object.__setattr__(self, "_auto_scalers", {})  # id(scaler) -> _ScalerHandler
         for name, handler in handlers.items():
@@ -233,12 +315,17 @@ class TorchState(ObjectState):
             obj, root_rank=0, name="gradflow.elastic.state"), get_rank=_runtime.rank, **plain)
         self._all_handlers()  # an optimizer's grad_scaler is saved now, as the rest
 
+    def _named_handlers(self) -> List[_Handler]:
+        """The handlers of the keywords, a container's items in its order."""
+        return [part for h in self._handlers.values()
+                for part in (h.parts if isinstance(h, _ContainerHandler) else [h])]
+
     def _all_handlers(self) -> List[_Handler]:
         """The named handlers, then one per optimizer's grad_scaler not given
         by name (in the optimizers' order: the same on every rank, which
         the sync's broadcasts rely on). Looked up on each use, so that an
         optimizer replaced by assignment brings its own scaler."""
-        named = list(self._handlers.values())
+        named = self._named_handlers()
         held = {id(h.value) for h in named if isinstance(h, _ScalerHandler)}
         auto: Dict[int, _Handler] = {}
         for h in named:
@@ -266,7 +353,7 @@ class TorchState(ObjectState):
         super().sync()
 
     def reset(self) -> None:
-        for handler in self._handlers.values():
+        for handler in self._named_handlers():
             if isinstance(handler, _SamplerHandler):
                 handler.value.reset()
 

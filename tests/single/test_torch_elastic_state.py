@@ -173,3 +173,35 @@ def test_lr_scheduler_sync_takes_rank_0s_state_in_place(monkeypatch, kind):
     state.sync()
     assert state.scheduler is sched and sched.optimizer is opt
     assert sched.state_dict() == rank0.state_dict()
+
+
+def test_containers_of_models_and_optimizers_are_restored_in_place():
+    """models=[a, b] and optimizers={"a": ..., "b": ...}: each item is
+    committed and restored in place by its own handler (a GAN's pair); the
+    grad_scaler= of an optimizer inside a container joins the state too. A
+    plain value holding a model among other objects raises ValueError (its
+    pickled copy would reach ranks > 0 unused)."""
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
+    oa = torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    ob = optimizer_with(scaler)
+    models, opts = [a, b], {"a": oa, "b": ob}
+    state = elastic.TorchState(models=models, optimizers=opts, step=0)
+    scaler.scale(torch.ones(()))
+    state.save()
+    saved = [p.detach().clone() for p in list(a.parameters()) + list(b.parameters())]
+    with torch.no_grad():
+        for p in list(a.parameters()) + list(b.parameters()):
+            p.add_(1.0)
+    a.weight.grad = torch.ones(2, 2)
+    oa.step()  # momentum buffers appear after the commit
+    scaler.update(64.0)
+    state.restore()
+    assert state.models is models and state.optimizers is opts
+    for p, q in zip(list(a.parameters()) + list(b.parameters()), saved):
+        assert torch.equal(p, q)
+    assert oa.state_dict()["state"] == {} and scale_of(scaler) == 8.0
+    with pytest.raises(ValueError, match="'extras'"):
+        elastic.TorchState(a, oa, extras=[b, 0.5])
+    with pytest.raises(ValueError, match="'nested'"):
+        elastic.TorchState(a, oa, nested={"inner": [b]})
