@@ -1,6 +1,6 @@
 # gradflow.torch — the PyTorch binding, a drop-in for horovod.torch:
 # `import gradflow.torch as hvd`. Re-exports only; the tensor collectives are
-# in ops.py and scatter_ops.py, model/optimizer state helpers in functions.py,
+# in ops.py, grouped_ops.py and scatter_ops.py, model/optimizer state helpers in functions.py,
 # the DistributedOptimizer in optimizer.py, FusedLinear in fused_linear.py, SyncBatchNorm in
 # sync_batch_norm.py, StatsLogger (TensorBoard) in stats_logger.py and
 # elastic training (hvd.elastic) in elastic.py.
@@ -18,9 +18,10 @@ from .functions import (allgather_object, broadcast_object, broadcast_optimizer_
                         broadcast_parameters)
 from .ops import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,
                   allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
-                  broadcast_async, broadcast_async_, grouped_allreduce, grouped_allreduce_,
-                  grouped_allreduce_async, grouped_allreduce_async_, join, poll,
-                  sparse_allreduce_async, synchronize)
+                  broadcast_async, broadcast_async_, join, poll, sparse_allreduce_async,
+                  synchronize)
+from .grouped_ops import (grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+                          grouped_allreduce_async_)
 from .distributed_optimizer import DistributedOptimizer
 from .fused_linear import FusedLinear, fuse_linear_grad_accumulation
 from .scatter_ops import (grouped_allgather, grouped_allgather_async, grouped_reducescatter,

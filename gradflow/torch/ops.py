@@ -1,5 +1,6 @@
 # ops.py — torch tensor collectives with Horovod's names (allreduce, allreduce_,
-# allreduce_async, ..., synchronize, poll) and their autograd gradients.
+# allreduce_async, ..., synchronize, poll) and their autograd gradients; the
+# grouped allreduce family is grouped_ops.py's, built on these.
 # Owns only the tensor <-> raw-buffer translation; all communication is the
 # native core's (through gradflow._runtime.submit, which also translates
 # every `process_set=`, Horovod's last parameter). CUDA tensors are staged
@@ -8,25 +9,22 @@
 """Tensor collectives for ``import gradflow.torch as hvd``."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 
 from .. import _dtypes
-from .._handles import Handle, wait_all
-from .._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, auto_name, rank, submit,
-                       submitting_group)
+from .._handles import Handle
+from .._runtime import ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, auto_name, rank, submit
 from ..collectives import Average, ReduceOp, Sum, native_reduce_op, op_from_average, reduce_op
 from ..collectives import join as _np_join
-from .aliasing import check_no_aliasing
 from .._withdrawal import preparing
 from .compression import Compression, split as _split_compression
 from ..process_sets import ProcessSet, global_process_set, process_set_size
 from ..settings_check import native_sparse_ratio
 
 __all__ = [
-    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
-    "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "allgather",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "allgather",
     "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
     "alltoall", "alltoall_async",
     "sparse_allreduce_async", "synchronize", "poll", "join", "barrier",
@@ -113,19 +111,6 @@ def _from_result(result: dict, dtype: torch.dtype, device: torch.device) -> torc
     raw = torch.from_numpy(result["data"])
     t = torch.empty(shape, dtype=dtype) if raw.numel() == 0 else raw.view(dtype).reshape(shape)
     return t if device.type == "cpu" else t.to(device)
-
-
-class GroupHandle:
-    """Handles of a grouped collective; `synchronize` returns the list of results."""
-
-    def __init__(self, handles: List[Any]):
-        self.handles = handles
-
-    def poll(self) -> bool:
-        return all(h.poll() for h in self.handles)
-
-    def wait(self) -> List[torch.Tensor]:
-        return wait_all(self.handles)
 
 
 class SparseHandle:
@@ -268,100 +253,6 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int = Average,
     return SparseHandle(allgather_async(idx, name + ".indices", process_set),
                         allgather_async(val, name + ".values", process_set), tensor, int(op),
                         members)
-
-
-# ---------------------------------------------------------------- grouped allreduce
-
-def start_group(kind: int, name: Optional[str], process_set: Optional[ProcessSet],
-                tensors: Sequence[torch.Tensor],
-                start_one: Callable[[torch.Tensor, str], Handle]) -> GroupHandle:
-    """A grouped op: `start_one(tensor, member_name)` per tensor under
-    `<base>.<i>` names, submitted together (_runtime.submitting_group: all or
-    nothing on this rank; each member carries the list's length, so ranks
-    whose lists differ in length abort the job at once, native Note
-    [Grouped lists])."""
-    base = auto_name(kind, name, process_set)
-    tensors = list(tensors)
-    names = [f"{base}.{i}" for i in range(len(tensors))]
-    with submitting_group(len(tensors), names, kind, process_set):
-        return GroupHandle([start_one(t, n) for t, n in zip(tensors, names)])
-
-
-def _grouped(allreduce_one, tensors, average, name, op, prescale_factor, postscale_factor,
-             process_set, compression, **tagged) -> GroupHandle:
-    """One `allreduce_one` per tensor as one grouped op (the core fuses
-    them); the op is validated before a name is drawn, as the single-tensor
-    calls do."""
-    _op_of(average, op)
-    return start_group(ALLREDUCE, name, process_set, tensors,
-                       lambda t, member: allreduce_one(t, average, member, op, prescale_factor,
-                                                       postscale_factor, process_set,
-                                                       compression=compression, **tagged))
-
-
-def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
-                             name: Optional[str] = None, op: Optional[int] = None,
-                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                             process_set: Optional[ProcessSet] = global_process_set,
-                             compression: Any = Compression.none, *,
-                             step_tag: str = "", sparse_ratio: Optional[float] = None,
-                             rollback_residual: bool = False) -> GroupHandle:
-    """In-place allreduce of a list of tensors over `process_set` (the core
-    fuses them); `step_tag`, `sparse_ratio` and `rollback_residual` as
-    allreduce_async_'s, for every tensor. The tensors must not overlap in
-    memory (ValueError before anything is submitted)."""
-    tensors = list(tensors)  # checked, then submitted
-    check_no_aliasing(tensors, "grouped_allreduce_")
-    return _grouped(allreduce_async_, tensors, average, name, op, prescale_factor,
-                    postscale_factor, process_set, compression, step_tag=step_tag,
-                    sparse_ratio=sparse_ratio, rollback_residual=rollback_residual)
-
-
-def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
-                            name: Optional[str] = None, op: Optional[int] = None,
-                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                            process_set: Optional[ProcessSet] = global_process_set,
-                            compression: Any = Compression.none) -> GroupHandle:
-    """Allreduce of a list of tensors over `process_set` into new tensors."""
-    return _grouped(allreduce_async, tensors, average, name, op, prescale_factor,
-                    postscale_factor, process_set, compression)
-
-
-class _GroupedAllreduceFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, args, *tensors):
-        ctx.args = args
-        name, op, pre, post, compression, process_set = args
-        return tuple(grouped_allreduce_async(tensors, None, name, op, pre, post, process_set,
-                                             compression=compression).wait())
-
-    @staticmethod
-    def backward(ctx, *grads):
-        name, op, pre, post, compression, process_set = ctx.args
-        gname = None if name is None else name + ".grad"
-        return (None,) + tuple(grouped_allreduce_async(grads, None, gname, op, pre, post,
-                                                       process_set,
-                                                       compression=compression).wait())
-
-
-def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
-                      name: Optional[str] = None, compression: Any = Compression.none,
-                      op: Optional[int] = None, prescale_factor: float = 1.0,
-                      postscale_factor: float = 1.0,
-                      process_set: Optional[ProcessSet] = global_process_set) -> List[torch.Tensor]:
-    """Allreduce every tensor of the list over `process_set`; differentiable."""
-    args = (name, _op_of(average, op), prescale_factor, postscale_factor, compression, process_set)
-    return list(_GroupedAllreduceFn.apply(args, *tensors))
-
-
-def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
-                       name: Optional[str] = None, op: Optional[int] = None,
-                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                       process_set: Optional[ProcessSet] = global_process_set,
-                       compression: Any = Compression.none) -> List[torch.Tensor]:
-    """In-place grouped allreduce over `process_set`; returns the tensors."""
-    return grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
-                                    process_set, compression=compression).wait()
 
 
 # ---------------------------------------------------------------- allgather

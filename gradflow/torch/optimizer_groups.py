@@ -11,7 +11,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Set
 import torch
 
 from .complex_grads import real_grad
-from .ops import grouped_allreduce_async_
+from .grouped_ops import grouped_allreduce_async_
 
 
 def form_groups(params: Sequence[torch.Tensor], groups: Any) -> Optional[List[List[int]]]:

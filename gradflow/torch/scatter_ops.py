@@ -1,7 +1,8 @@
 # scatter_ops.py — torch reducescatter (with Horovod's pre/postscale) and the
 # grouped allgather / reducescatter of Horovod 0.28, with their autograd
-# gradients. Built on ops.py's staging helpers and handles; the reduction and
-# its scaling are the native core's.
+# gradients. Built on ops.py's staging helpers and grouped_ops.py's grouped
+# handles (start_group, GroupHandle); the reduction and its scaling are the
+# native core's.
 """Reducescatter and grouped allgather/reducescatter for ``import gradflow.torch as hvd``."""
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from .._withdrawal import preparing
 from ..collectives import Average, native_reduce_op
 from .compression import Compression, split as split_compression
 from ..process_sets import ProcessSet, global_process_set, process_set_size
-from .ops import (GroupHandle, _from_result, _op_of, _set_rank, _staged, allgather_async,
-                  dtype_code, grouped_allreduce_async, start_group)
+from .grouped_ops import GroupHandle, grouped_allreduce_async, start_group
+from .ops import _from_result, _op_of, _set_rank, _staged, allgather_async, dtype_code
 
 __all__ = ["reducescatter", "reducescatter_async", "grouped_allgather", "grouped_allgather_async",
            "grouped_reducescatter", "grouped_reducescatter_async"]
