@@ -503,3 +503,6 @@ def _at_exit() -> None:
                          "failed or aborted; exiting with code 1 without MPI_Finalize\n")
         sys.stderr.flush()
         os._exit(1)
+    # An orderly end: say so to gradflowrun before MPI_Finalize, which waits
+    # for the other ranks (notice.FINISHED_ENV).
+    _notice.report_finished()

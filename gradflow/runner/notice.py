@@ -32,6 +32,13 @@ PEER_FAILURE_ENV = "GRADFLOWRUN_PEER_FAILURE_FILE"
 # while it is still exiting does not make it count as "told" (it failed
 # first; a busy machine may schedule its exit after the peers').
 OWN_FAILURE_ENV = "GRADFLOWRUN_OWN_FAILURE_FILE"
+# And a file the rank creates when its program ends gradflow in order (the
+# exit's shutdown, nothing failed): a rank that ran out of work early (its
+# last step, a sys.exit(0)) then waits in MPI_Finalize while the others'
+# next collective fails with "shutdown() was called on some rank", and
+# gradflowrun names it instead of only "stopped it after the failure"
+# (before, the first rank to raise was named as if it had failed first).
+FINISHED_ENV = "GRADFLOWRUN_FINISHED_FILE"
 # Diagnostics: with this set to 1, a rank that gradflowrun stops (SIGTERM:
 # the grace period after a failure, or the user's stop) first prints every
 # Python thread's stack to stderr (faulthandler), then dies as before. For a
@@ -85,6 +92,12 @@ def report_own_failure(environ=None) -> None:
     """Rank side: record that an exception of this rank's own ends it (no-op
     outside gradflowrun); never raises, never follows a link."""
     _create((os.environ if environ is None else environ).get(OWN_FAILURE_ENV))
+
+
+def report_finished(environ=None) -> None:
+    """Rank side: record that the program ended gradflow in order (no-op
+    outside gradflowrun); never raises, never follows a link."""
+    _create((os.environ if environ is None else environ).get(FINISHED_ENV))
 
 
 def _create(path: Optional[str]) -> None:

@@ -205,12 +205,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     env.setdefault("PYTHONUNBUFFERED", "1")  # Python ranks: lines arrive as printed
     notice_r, notice_w, notice_env = _notice.open_channel()
     env.update(notice_env)
-    peer_failure_file = own_failure_file = None
+    peer_failure_file = own_failure_file = finished_file = None
     if status_dir and os.path.isdir(status_dir):
         peer_failure_file = os.path.join(status_dir, f"rank.{rank}.peer_failure")
         env[_notice.PEER_FAILURE_ENV] = peer_failure_file
         own_failure_file = os.path.join(status_dir, f"rank.{rank}.own_failure")
         env[_notice.OWN_FAILURE_ENV] = own_failure_file
+        finished_file = os.path.join(status_dir, f"rank.{rank}.finished")
+        env[_notice.FINISHED_ENV] = finished_file
     try:
         # Own session: a signal reaches the command once, through forward().
         # close_fds=False: the MPI launcher's inherited descriptors (hydra's
@@ -272,8 +274,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     own = bool(own_failure_file and os.path.exists(own_failure_file))
     consequence = not own and (notified.is_set() or
                                bool(peer_failure_file and os.path.exists(peer_failure_file)))
-    write_status(status_dir, rank, "exit",
-                 f"{code} {1 if stopped else 0} {1 if consequence else 0}\n")
+    finished = bool(finished_file and os.path.exists(finished_file))  # notice.FINISHED_ENV
+    write_status(status_dir, rank, "exit", f"{code} {1 if stopped else 0} "
+                 f"{1 if consequence else 0} {1 if finished else 0}\n")
     for t in pumps:  # a grandchild may keep the pipes open: do not wait forever
         t.join(timeout=10.0)
     return code

@@ -160,6 +160,7 @@ class RankExit(NamedTuple):
     code: int  # 128 + signal number for a signal death
     stopped: bool  # ended by a signal the launcher forwarded
     notified: bool = False  # told of a failed peer before it ended
+    finished: bool = False  # its program had ended gradflow in order (notice.FINISHED_ENV)
 
 
 def failure_order(seen_at: Dict[int, float], statuses: Dict[int, Tuple]) -> List[int]:
@@ -203,8 +204,9 @@ def _read_statuses(status_dir: str, np: int) -> Dict[int, RankExit]:
     for r in range(np):
         try:
             with open(os.path.join(status_dir, f"rank.{r}.exit"), encoding="utf-8") as f:
-                fields = f.read().split()  # code stopped [notified]
-            out[r] = RankExit(int(fields[0]), fields[1] == "1", fields[2:3] == ["1"])
+                fields = f.read().split()  # code stopped [notified [finished]]
+            out[r] = RankExit(int(fields[0]), fields[1] == "1", fields[2:3] == ["1"],
+                              fields[3:4] == ["1"])
         except (OSError, ValueError, IndexError):
             continue
     return out
@@ -237,6 +239,8 @@ def _report(mpiexec_rc: int, statuses: Dict[int, Tuple[int, bool]], np: int,
         # notices raced the victim's, and the victim was counted as "told").
         told = all(RankExit(*statuses[r]).notified and not _is_sig(statuses[r][0] - 128)
                    for r in failed)
+        others = [r for r in range(np) if r not in failed]
+        ended = [r for r in others if r in statuses and RankExit(*statuses[r]).finished]
         if len(failed) > 1 and told and not quit_early:
             # Every failed rank raised because of a failure it was told of and
             # none failed on its own: an error the ranks agreed on (e.g. the
@@ -245,7 +249,7 @@ def _report(mpiexec_rc: int, statuses: Dict[int, Tuple[int, bool]], np: int,
             print(f"gradflowrun: rank(s) {_ranks(sorted(failed))} failed on one job-wide error "
                   "(each raised because the job had failed; none failed on its own): see "
                   "their messages above", file=sys.stderr, flush=True)
-        elif len(failed) > 1:
+        elif len(failed) > 1 and not ended:  # (ended: the cause is named below)
             print(f"gradflowrun: rank {failed[0]} failed first; rank(s) {_ranks(failed[1:])} "
                   "failed after it", file=sys.stderr, flush=True)
         if quit_early and told:
@@ -254,7 +258,15 @@ def _report(mpiexec_rc: int, statuses: Dict[int, Tuple[int, bool]], np: int,
             print(f"gradflowrun: the failed ranks were told that another rank ended without "
                   f"finalizing MPI; rank(s) {_ranks(quit_early)} exited with code 0",
                   file=sys.stderr, flush=True)
-        others = [r for r in range(np) if r not in failed]
+        if ended:
+            # Its program had shut gradflow down (it ended: a last step, a
+            # sys.exit(0)) while the failed ranks still had collectives to run;
+            # it then waits in MPI_Finalize for them (stopped below).
+            print(f"gradflowrun: rank(s) {_ranks(ended)} had already ended gradflow (the "
+                  "program finished, or called shutdown()) while the failed ranks still ran "
+                  "collectives; an error saying \"shutdown() was called on some rank\" comes "
+                  "from that: every rank must run the same collectives (e.g. the same number "
+                  "of steps)", file=sys.stderr, flush=True)
         if others and why == "failed":
             print(f"gradflowrun: stopped rank(s) {_ranks(others)} after the failure",
                   file=sys.stderr, flush=True)

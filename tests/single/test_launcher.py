@@ -447,6 +447,24 @@ def test_an_agreed_error_blames_no_rank(capsys):
     assert "rank 2 failed first; rank(s) 0, 1, 3 failed after it" in err and "job-wide" not in err
 
 
+def test_a_rank_that_ended_gradflow_first_is_named(capsys, tmp_path):
+    # Rank 1's program ended in order (fourth field: notice.FINISHED_ENV) and
+    # waited in MPI_Finalize until stopped; the others' next collective failed
+    # ("shutdown() was called on some rank"). It is named; no survivor is
+    # blamed as the first to fail.
+    statuses = {0: (1, False, False, False), 1: (143, True, False, True),
+                2: (1, False, False, False)}
+    assert S._report(0, statuses, 3, [], "failed", order=[0, 2]) == 1
+    err = capsys.readouterr().err
+    assert "gradflowrun: rank(s) 1 had already ended gradflow" in err
+    assert "failed first" not in err
+    # The wrapper's status line carries it (older lines without it still read).
+    (tmp_path / "rank.0.exit").write_text("143 1 0 1\n")
+    (tmp_path / "rank.1.exit").write_text("1 0 1\n")
+    got = S._read_statuses(str(tmp_path), 2)
+    assert got[0].finished and got[0].stopped and not got[1].finished and got[1].notified
+
+
 def test_a_signal_death_is_blamed_before_peers_that_noticed_it():
     statuses = {0: (1, False), 1: (137, False), 2: (1, False)}
     # Rank 0 noticed the dead peer and exited 0.3 s before rank 1's wrapper
