@@ -1,95 +1,33 @@
-// python_module.cc — pybind11 bindings only: argument conversion and one
-// def per api function, with a docstring. Holds the process's one Runtime.
-// No communication logic here (it lives in api.cc and below).
+// python_module.cc — the gradflow._native module: its exceptions and the
+// pybind11 defs of the runtime's lifecycle (init, shutdown, fork checks),
+// the collectives (submit, wait, poll, release, withdraw, abort), the
+// timeline, stats and process sets; argument conversion and one def per api
+// function, with a docstring. The defs of gradient pools, configuration and
+// pure kernels are in python_{pool,config,kernel}_bindings.cc; the process's
+// one Runtime is python_runtime.{h,cc}'s. No communication logic here (it
+// lives in api.cc and below).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <unistd.h>
-
 #include <atomic>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "api.h"
-#include "fusion_buffer.h"
 #include "init_watchdog.h"
-#include "reduce_kernels.h"
-#include "sparse_chunks.h"
-#include "sparse_pool_residual.h"
-#include "wire_codec.h"
+#include "python_runtime.h"
 
 namespace py = pybind11;
 using namespace gradflow;
+using namespace gradflow::binding;
 
 namespace {
-
-// Note [Runtime ownership]: the process's one Runtime is shared: every
-// binding takes its own reference for the length of the call, so shutdown()
-// on one thread never destroys the object under another thread's wait() or
-// submit() (those see the stopped queue and raise). The holder is never
-// destroyed (a static destructor at exit could otherwise join a thread that
-// does not exist, e.g. in a fork() child).
-struct Process {
-  std::mutex mu;
-  // Threads inside wait() (GIL released). At exit the interpreter kills a
-  // thread that takes the GIL back during finalization, and in C++ that
-  // unwinding ends in std::terminate: gradflow's at-exit handler lets these
-  // threads return to Python first (threads_waiting()).
-  std::atomic<int> waiting{0};
-  std::shared_ptr<Runtime> runtime;
-  bool init_failed_fatally = false;  // init() timed out: MPI_Finalize could hang
-};
-Process& process() {
-  static Process* p = new Process;
-  return *p;
-}
-
-std::string fork_message() {
-  return "gradflow: this process (pid " + std::to_string(::getpid()) +
-         ") is a fork() of the process that called gradflow.init(); the runtime (its "
-         "background thread and MPI connections) does not survive fork(). Use gradflow only in "
-         "the process that called init() (start worker processes with the 'spawn' method)";
-}
-
-// The current runtime, or null; never one inherited through fork().
-std::shared_ptr<Runtime> current_or_null() {
-  std::lock_guard<std::mutex> lock(process().mu);
-  const auto& rt = process().runtime;
-  return rt && rt->owned_by_this_process() ? rt : nullptr;
-}
-
-std::shared_ptr<Runtime> runtime() {
-  std::shared_ptr<Runtime> rt;
-  {
-    std::lock_guard<std::mutex> lock(process().mu);
-    rt = process().runtime;
-  }
-  // InvalidArgumentError: a ValueError too, which Horovod raises before init().
-  if (!rt)
-    throw InvalidArgumentError(
-        "gradflow has not been initialized: call gradflow.init() (or hvd.init()) first");
-  if (!rt->owned_by_this_process()) throw GradflowError(fork_message());
-  return rt;
-}
-
-// The engine of process set `ps` (0: the global one; Note [Process sets]).
-std::shared_ptr<Runtime> engine(int ps) {
-  std::shared_ptr<Runtime> rt = runtime();
-  return ps == 0 ? rt : rt->process_sets().engine(ps);
-}
-
-// The engine that ran handles of set `ps`, also after remove_process_set
-// (ProcessSetTable::handle_engine): a completed handle keeps its result.
-std::shared_ptr<Runtime> handle_engine(int ps) {
-  std::shared_ptr<Runtime> rt = runtime();
-  return ps == 0 ? rt : rt->process_sets().handle_engine(ps);
-}
-
-// The engine that owns gradient pool `pool` (a set's optimizer has its pool there).
-std::shared_ptr<Runtime> pool_engine(int64_t pool) {
-  return runtime()->process_sets().pool_engine(pool);
-}
 
 // A binding with submit()'s Python parameters that runs `act(engine, args)`
 // on the process set's engine: submit() and check() share one parameter list.
@@ -149,11 +87,6 @@ py::object result_to_python(HandleResult r) {
     out["data"] = py::none();
   }
   return std::move(out);
-}
-
-template <typename T>
-py::array_t<T> contiguous(py::array_t<T, py::array::c_style | py::array::forcecast> a) {
-  return a;
 }
 
 }  // namespace
@@ -394,160 +327,7 @@ PYBIND11_MODULE(_native, m) {
   m.def("process_sets", [] { return runtime()->process_sets().ranks_by_id(); },
         "id -> global ranks of every registered process set, the global set (0) included.");
 
-  m.def("pool_create",
-        [](uintptr_t data, int dtype, std::vector<int64_t> ranges, int64_t bucket_bytes, int op,
-           int wire, double prescale, double postscale, double sparse_ratio, int process_set,
-           uintptr_t output) {
-          return engine(process_set)->pool_create(data, static_cast<DataType>(dtype), ranges, bucket_bytes,
-                                       static_cast<ReduceOp>(op), wire, prescale, postscale,
-                                       sparse_ratio, output);
-        },
-        py::arg("data"), py::arg("dtype"), py::arg("ranges"), py::arg("bucket_bytes"),
-        py::arg("op"), py::arg("wire"), py::arg("prescale"), py::arg("postscale"),
-        py::arg("sparse_ratio"), py::arg("process_set") = 0, py::arg("output") = 0,
-        "Register a contiguous gradient pool (reduced over process set `process_set`); ranges "
-        "are element counts in layout order. `output` != 0: the CSC residual stays in the pool "
-        "buffer and results go to `output` (Note [Residual in the pool]).");
-  m.def("pool_output_dirty", [](int64_t pool) { pool_engine(pool)->pool_output_dirty(pool); },
-        "Something else wrote into the pool's output buffer: its next step zeroes all of it.");
-  m.def("pool_mark_ready", [](int64_t pool, int64_t r) { return pool_engine(pool)->pool_mark_ready(pool, r); },
-        "Mark a range ready; returns a handle if a bucket was submitted, else -1.");
-  m.def("pool_flush", [](int64_t pool) { return pool_engine(pool)->pool_flush(pool); },
-        "Submit every bucket not yet submitted this step; returns their handles.");
-  m.def("pool_reset", [](int64_t pool) { pool_engine(pool)->pool_reset(pool); });
-  m.def("pool_rollback_residuals",
-        [](int64_t pool) { pool_engine(pool)->pool_rollback_residuals(pool); },
-        "Every CSC bucket residual of a classic pool back to before the last step "
-        "(a step the optimizer skipped).");
-  m.def("pool_set_scale",
-        [](int64_t pool, double prescale, double postscale) {
-          pool_engine(pool)->pool_set_scale(pool, prescale, postscale);
-        },
-        "Pre/postscale factors for the pool's buckets submitted from now on.");
-  m.def("pool_set_step_tag",
-        [](int64_t pool, const std::string& tag) { pool_engine(pool)->pool_set_step_tag(pool, tag); },
-        "Step tag (native Note [Step tags]) of the pool's buckets submitted from now on.");
-  m.def("pool_destroy",
-        [](int64_t pool) {
-          if (auto rt = current_or_null()) rt->process_sets().pool_engine(pool)->pool_destroy(pool);
-        },
-        "Forget a pool (an id of an earlier runtime is ignored).");
-  m.def("pool_bucket_offsets", [](int64_t pool) { return pool_engine(pool)->pool_bucket_offsets(pool); });
-  m.def("pool_open_bucket_names",
-        [](int64_t pool) { return pool_engine(pool)->pool_open_bucket_names(pool); },
-        py::arg("pool"), "Names of the pool's buckets not submitted this step.");
-  m.def("pool_rebucket",
-        [](int64_t pool, int64_t bucket_bytes) { pool_engine(pool)->pool_rebucket(pool, bucket_bytes); },
-        py::arg("pool"), py::arg("bucket_bytes"),
-        "Cut the pool's buckets anew (autotune), between steps, same value on every rank.");
-
-  m.def("config_keys", [] {
-          py::list out;
-          for (const ConfigKey& k : config_keys()) {
-            py::dict d;
-            d["env"] = k.env;
-            d["flag"] = k.flag;
-            d["type"] = k.type;
-            d["default"] = k.default_value;
-            d["help"] = k.help;
-            d["scale"] = k.flag_to_env_scale;
-            d["choices"] = k.choices;
-            out.append(d);
-          }
-          return out;
-        },
-        "Every GRADFLOW_* setting: env name, launcher flag, type, default, help, scale, choices.");
-  m.def("validate_config", [](std::map<std::string, std::string> overrides) {
-          Config c = load_config(overrides);
-          (void)c;
-        },
-        "Raise GradflowError if the environment plus `overrides` is not a valid configuration.");
-  m.def("config", [] {
-          const Config& c = runtime()->config();
-          py::dict d;
-          d["fusion_threshold_bytes"] = c.fusion_threshold_bytes;
-          d["pool_bucket_bytes"] = c.pool_bucket_bytes;
-          d["pool_merge"] = c.pool_merge;
-          d["cycle_time_ms"] = c.cycle_time_ms;
-          d["idle_cycle_max_ms"] = c.idle_cycle_max_ms;
-          d["cache_capacity"] = c.cache_capacity;
-          d["timeout_seconds"] = c.timeout_seconds;
-          d["wire_dtype"] = wire_dtype_name(c.wire_dtype);
-          d["allreduce_algo"] = allreduce_algo_name(c.allreduce_algo);
-          d["sparse_ratio"] = c.sparse_ratio;
-          d["sparse_chunk"] = c.sparse_chunk;
-          d["sparse_warmup_steps"] = c.sparse_warmup_steps;
-          d["sparse_momentum"] = c.sparse_momentum;
-          d["sparse_policy"] = c.sparse_policy_auto ? "auto" : "always";
-          d["timeline"] = c.timeline;
-          d["ring_pipeline_bytes"] = c.ring_pipeline_bytes;
-          d["autotune"] = c.autotune;
-          d["autotune_log"] = c.autotune_log;
-          d["autotune_warmup_samples"] = c.autotune_warmup_samples;
-          d["autotune_steps_per_sample"] = c.autotune_steps_per_sample;
-          return d;
-        },
-        "The configuration the runtime was started with.");
-  m.def("features", [] {
-          py::dict d;
-          d["allreduce_algos"] = std::vector<std::string>{"ring", "two-sync", "mpi", "recursive-doubling", "halving-doubling", "auto"};
-          d["wire_dtypes"] = std::vector<std::string>{"fp32", "fp16", "bf16"};
-          d["codec"] = codec_impl_name();
-          d["mpi"] = MpiComm::library_version();
-          d["mpi_built_with"] = MpiComm::built_with();
-          d["gpu"] = false;
-          return d;
-        },
-        "What this build supports.");
-
-  // ---- pure kernels, exposed for unit tests ----
-  m.def("encode_f32", [](int wire, py::array_t<float, py::array::c_style | py::array::forcecast> a) {
-          py::array_t<uint16_t> out(a.size());
-          bool overflow = encode_f32(static_cast<WireDtype>(wire), a.data(), out.mutable_data(),
-                                     a.size());
-          return py::make_tuple(out, overflow);
-        });
-  m.def("decode_f32", [](int wire, py::array_t<uint16_t, py::array::c_style> a) {
-          py::array_t<float> out(a.size());
-          decode_f32(static_cast<WireDtype>(wire), a.data(), out.mutable_data(), a.size());
-          return out;
-        });
-  m.def("decode_accumulate_f32",
-        [](int wire, py::array_t<uint16_t, py::array::c_style> src, py::array_t<float> dst) {
-          GF_CHECK(src.size() == dst.size(), "size mismatch");
-          decode_accumulate_f32(static_cast<WireDtype>(wire), src.data(), dst.mutable_data(),
-                                src.size());
-        });
-  m.def("set_codec_simd_enabled", &set_codec_simd_enabled);
-  m.def("codec_simd_available", &codec_simd_available);
-  m.def("codec_impl_name", &codec_impl_name);
-  m.def("select_top_chunks", &select_top_chunks);
-  m.def("sparse_residual_elements",
-        [] { return SparseResidual::live_elements() + PoolResidual::live_elements(); },
-        "Elements held by live CSC residuals in this process (for tests).");
-  m.def("chunk_importance", [](py::array_t<float, py::array::c_style | py::array::forcecast> a,
-                               size_t chunk) {
-          std::vector<float> imp;
-          chunk_importance(a.data(), a.size(), chunk, &imp);
-          return imp;
-        });
-  m.def("sampled_chunk_importance",
-        [](py::array_t<float, py::array::c_style | py::array::forcecast> a, size_t chunk,
-           uint64_t phase) {
-          std::vector<float> imp;
-          sampled_chunk_importance(a.data(), a.size(), chunk, &imp, phase);
-          return imp;
-        },
-        py::arg("values"), py::arg("chunk"), py::arg("phase") = 0);
-  m.def("plan_fusion", [](std::vector<std::tuple<int, int, int, double, double, size_t, bool>> items,
-                          size_t threshold) {
-          std::vector<FusionItem> v;
-          for (auto& t : items)
-            v.push_back(FusionItem{static_cast<DataType>(std::get<0>(t)),
-                                   static_cast<ReduceOp>(std::get<1>(t)),
-                                   static_cast<WireDtype>(std::get<2>(t)), std::get<3>(t),
-                                   std::get<4>(t), std::get<5>(t), std::get<6>(t)});
-          return plan_fusion(v, threshold);
-        },
-        "Fusion planning (pure): items are (dtype, op, wire, prescale, postscale, bytes, fusable).");
+  bind_pools(m);
+  bind_config(m);
+  bind_kernels(m);
 }
