@@ -205,6 +205,12 @@ def process_set_rank(process_set: Any, what: str) -> int:
     return ranks.index(_native.rank())
 
 
+def set_ranks(process_set: Any, what: str) -> List[int]:
+    """The global ranks of `process_set=` in set order (None: all ranks)."""
+    ps = process_set_id(process_set, what)
+    return list(range(_native.size())) if ps == 0 else _registered_ranks(ps)
+
+
 def process_set_size(process_set: Any, what: str) -> int:
     """Number of ranks of `process_set=` (None: all ranks)."""
     ps = process_set_id(process_set, what)

@@ -30,6 +30,7 @@ import torch.utils.data
 from .. import _runtime
 from ..elastic import ObjectState, State, run_fn
 from ..elastic.run import reset_runtime
+from ..process_sets import global_process_set
 from .functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
 
 # State and ObjectState are re-exported (Horovod users subclass them from here;
@@ -141,7 +142,9 @@ class _ModelHandler(_Handler):
 
 class _OptimizerHandler(_Handler):
     def sync(self) -> None:
-        broadcast_optimizer_state(self.value, root_rank=0)
+        # All ranks, as the model (not an optimizer's own process set: the
+        # state of the whole job is rank 0's; process sets end at a reset).
+        broadcast_optimizer_state(self.value, root_rank=0, process_set=global_process_set)
 
 
 class _SamplerHandler(_Handler):

@@ -12,7 +12,7 @@ import torch
 
 from .. import collectives as _np_coll
 from .._runtime import ALLGATHER, BROADCAST, GradflowError, auto_name, rank
-from ..process_sets import ProcessSet, global_process_set
+from ..process_sets import ProcessSet, global_process_set, set_ranks
 from .complex_grads import broadcast_view
 from .hyperparameter_check import restart_crc
 from .ops import broadcast_async_
@@ -85,12 +85,17 @@ def _fmt(sig) -> str:
 
 
 def broadcast_parameters(params: Union[Dict[str, torch.Tensor], Iterable[Tuple[str, torch.Tensor]]],
-                         root_rank: int) -> None:
+                         root_rank: int, *,
+                         process_set: Optional[ProcessSet] = global_process_set) -> None:
     """Overwrite `params` in place with root's values. `params` is a
     `state_dict()` (items taken in sorted order), `named_parameters()`, or
     `parameters()` (as in Horovod, a list may mix (name, tensor) pairs and
     bare tensors; a bare tensor is named by its position, `#<i>`).
-    Checks first that every rank has the same names, shapes and dtypes."""
+    Checks first that every rank has the same names, shapes and dtypes.
+    `process_set` (a gradflow extra, keyword only): only its members take
+    part and `root_rank` (a global rank) must be one of them: the model a
+    DistributedOptimizer(process_set=) trains (Note [State of a process
+    set's model])."""
     if isinstance(params, dict):
         items = sorted(params.items())
     elif isinstance(params, Iterable) and not torch.is_tensor(params):
@@ -106,10 +111,11 @@ def broadcast_parameters(params: Union[Dict[str, torch.Tensor], Iterable[Tuple[s
             raise ValueError(f"gradflow: broadcast_parameters: '{n}' is a {type(p).__name__}, "
                              "not a tensor")
     check_same_everywhere([(n, tuple(p.shape), str(p.dtype)) for n, p in items],
-                          "broadcast_parameters")
+                          "broadcast_parameters", process_set)
     root = rank() == root_rank  # complex tensors travel as float pairs (broadcast_view)
     handles = [broadcast_async_(broadcast_view(p.detach(), root), root_rank,
-                                name=f"broadcast_parameters.{n}") for n, p in items]
+                                name=f"broadcast_parameters.{n}", process_set=process_set)
+               for n, p in items]
     for h in handles:
         h.wait()
 
@@ -142,8 +148,22 @@ def _fill(obj: Any, tensors: List[torch.Tensor]) -> Any:
     return obj
 
 
+# Note [State of a process set's model]
+# --------------------------------------
+# A DistributedOptimizer(process_set=ps) trains a model of ps's members
+# only; the other ranks train other models (or none). Both helpers used to
+# run on all ranks, so the members alone stalled in the first collective
+# until GRADFLOW_TIMEOUT (the others never call it), and each set passing
+# its own root failed on the mismatched roots: no call synced the set's
+# optimizer state. broadcast_optimizer_state now runs on the optimizer's
+# own set (a plain torch optimizer, and process_set= given, as told), and
+# broadcast_parameters takes process_set= (parameters do not know their
+# set). A root outside the set is refused by the core, on the members.
+
+
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
-                              model: Optional[torch.nn.Module] = None) -> None:
+                              model: Optional[torch.nn.Module] = None, *,
+                              process_set: Optional[ProcessSet] = None) -> None:
     """Make every rank's optimizer state (hyperparameters of each param
     group, per-parameter state such as momentum buffers and step counts)
     equal to root's. The structure travels pickled; every tensor travels
@@ -161,38 +181,53 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     did not take it, the parameters are then broadcast from root. Horovod's
     recipe "load the checkpoint on rank 0, then broadcast", and a worker
     joining an elastic job, left every rank but root with its weights
-    decayed once (AdamW: ~lr * weight_decay of each weight)."""
+    decayed once (AdamW: ~lr * weight_decay of each weight).
+
+    `process_set` (a gradflow extra, keyword only): the members that take
+    part (`root_rank`, a global rank, among them); by default a
+    DistributedOptimizer's own process set, all ranks for other optimizers
+    (Note [State of a process set's model])."""
     if model is not None and not isinstance(model, torch.nn.Module):
         raise TypeError(f"gradflow: broadcast_optimizer_state: model must be a torch.nn.Module, "
                         f"got {type(model).__name__}")
     # L-BFGS's step needs a closure: no initialising step (Horovod refuses
     # L-BFGS altogether; gradflow copies its state like any other).
+    if process_set is None:
+        own = getattr(optimizer, "__dict__", {}).get("_gradflow")
+        process_set = getattr(own, "process_set", None) or global_process_set
     empty = (len(optimizer.state_dict()["state"]) == 0
              and not isinstance(optimizer, torch.optim.LBFGS))
-    empties = allgather_object(empty, name="broadcast_optimizer_state.empty")
+    empties = dict(zip(set_ranks(process_set, "broadcast_optimizer_state"),
+                       allgather_object(empty, name="broadcast_optimizer_state.empty",
+                                        process_set=process_set)))
+    if root_rank not in empties:
+        raise ValueError(f"gradflow: broadcast_optimizer_state: root_rank {root_rank} is not a "
+                         f"member of {process_set} (root_rank is a global rank)")
     if empties[root_rank] and empty:
         _init_empty_state(optimizer, model)
     root = rank() == root_rank
     tensors: List[torch.Tensor] = []
     skeleton = _strip(optimizer.state_dict(), tensors) if root else None
-    skeleton = broadcast_object(skeleton, root_rank, name="broadcast_optimizer_state.skeleton")
+    skeleton = broadcast_object(skeleton, root_rank, name="broadcast_optimizer_state.skeleton",
+                                process_set=process_set)
     if not root:
         refs: List[_TensorRef] = []
         _collect_refs(skeleton, refs)
         tensors = [torch.empty(r.shape, dtype=r.dtype) for r in sorted(refs, key=lambda r: r.index)]
     handles = [broadcast_async_(broadcast_view(t, root), root_rank,
-                                name=f"broadcast_optimizer_state.{i}")
+                                name=f"broadcast_optimizer_state.{i}", process_set=process_set)
                for i, t in enumerate(tensors)]
     for h in handles:
         h.wait()
     if not root:
         optimizer.load_state_dict(_fill(skeleton, tensors))
-    if empties[root_rank] and not all(empties):
+    if empties[root_rank] and not all(empties.values()):
         # Root (and the ranks without state) took the initialising step, the
         # ranks with state did not: root's parameters are the ones to keep.
         params = [p for group in optimizer.param_groups for p in group["params"]]
         for h in [broadcast_async_(broadcast_view(p.data, root), root_rank,
-                                   name=f"broadcast_optimizer_state.param.{i}")
+                                   name=f"broadcast_optimizer_state.param.{i}",
+                                   process_set=process_set)
                   for i, p in enumerate(params)]:
             h.wait()
     state = optimizer.__dict__.get("_gradflow")
