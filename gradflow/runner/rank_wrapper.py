@@ -276,7 +276,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                bool(peer_failure_file and os.path.exists(peer_failure_file)))
     finished = bool(finished_file and os.path.exists(finished_file))  # notice.FINISHED_ENV
     write_status(status_dir, rank, "exit", f"{code} {1 if stopped else 0} "
-                 f"{1 if consequence else 0} {1 if finished else 0}\n")
+                 f"{1 if consequence else 0} {1 if finished else 0} {1 if own else 0}\n")
     for t in pumps:  # a grandchild may keep the pipes open: do not wait forever
         t.join(timeout=10.0)
     return code

@@ -161,6 +161,7 @@ class RankExit(NamedTuple):
     stopped: bool  # ended by a signal the launcher forwarded
     notified: bool = False  # told of a failed peer before it ended
     finished: bool = False  # its program had ended gradflow in order (notice.FINISHED_ENV)
+    own: bool = False  # an exception of its own ended it (notice.OWN_FAILURE_ENV)
 
 
 def failure_order(seen_at: Dict[int, float], statuses: Dict[int, Tuple]) -> List[int]:
@@ -204,9 +205,9 @@ def _read_statuses(status_dir: str, np: int) -> Dict[int, RankExit]:
     for r in range(np):
         try:
             with open(os.path.join(status_dir, f"rank.{r}.exit"), encoding="utf-8") as f:
-                fields = f.read().split()  # code stopped [notified [finished]]
+                fields = f.read().split()  # code stopped [notified [finished [own]]]
             out[r] = RankExit(int(fields[0]), fields[1] == "1", fields[2:3] == ["1"],
-                              fields[3:4] == ["1"])
+                              fields[3:4] == ["1"], fields[4:5] == ["1"])
         except (OSError, ValueError, IndexError):
             continue
     return out
@@ -240,7 +241,10 @@ def _report(mpiexec_rc: int, statuses: Dict[int, Tuple[int, bool]], np: int,
         told = all(RankExit(*statuses[r]).notified and not _is_sig(statuses[r][0] - 128)
                    for r in failed)
         others = [r for r in range(np) if r not in failed]
-        ended = [r for r in others if r in statuses and RankExit(*statuses[r]).finished]
+        # Ranks whose program had ended gradflow in order, where no failed rank
+        # failed on an exception of its own: the likely cause (named below).
+        ended = [r for r in others if r in statuses and RankExit(*statuses[r]).finished
+                 and not any(RankExit(*statuses[f]).own for f in failed)]
         if len(failed) > 1 and told and not quit_early:
             # Every failed rank raised because of a failure it was told of and
             # none failed on its own: an error the ranks agreed on (e.g. the

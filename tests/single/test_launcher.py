@@ -463,6 +463,12 @@ def test_a_rank_that_ended_gradflow_first_is_named(capsys, tmp_path):
     (tmp_path / "rank.1.exit").write_text("1 0 1\n")
     got = S._read_statuses(str(tmp_path), 2)
     assert got[0].finished and got[0].stopped and not got[1].finished and got[1].notified
+    # A failed rank's own exception (fifth field): the usual report, no such guess.
+    own = {0: (1, False, False, False, True), 1: (143, True, False, True, False),
+           2: (1, False, False, False, False)}
+    S._report(0, own, 3, [], "failed", order=[0, 2])
+    err = capsys.readouterr().err
+    assert "rank 0 failed first" in err and "had already ended" not in err
 
 
 def test_a_signal_death_is_blamed_before_peers_that_noticed_it():
