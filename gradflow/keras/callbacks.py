@@ -92,7 +92,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     local_variables=None)`: at the start of training, make every rank's model
     and optimizer variables equal to `root_rank`'s (optimizer variables are
     built first), except `local_variables` (a variable or a list of them,
-    matched by identity), which keep each rank's own value. `device` is
+    matched by identity), which keep each rank's own value, and the gradient
+    accumulators of `backward_passes_per_step > 1` (Note [Accumulators stay
+    local]). `device` is
     accepted and ignored (GPU placement). Also makes sure a
     DistributedOptimizer is not compiled under XLA.
 

@@ -91,7 +91,9 @@ def _optimizer_variables(model: keras.Model, optimizer: Optional[keras.optimizer
 class KerasState(ObjectState):
     """State of a Keras training process: the model's weights and the
     optimizer's variables (saved in host memory on commit, restored after a
-    lost peer, broadcast from rank 0 on sync), plus plain objects given as
+    lost peer, broadcast from rank 0 on sync, except the gradient
+    accumulators of backward_passes_per_step > 1, which stay each rank's:
+    Note [Accumulators stay local] in callbacks.py), plus plain objects given as
     keyword arguments (e.g. epoch=0, batch=0), exposed as attributes.
 
     Args:

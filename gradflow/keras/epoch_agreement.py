@@ -91,7 +91,9 @@ class EpochAgreementCallback(keras.callbacks.Callback):
         that had finished (so they moved the weights by 1/size of their
         gradient where a full average would have), and every rank then
         takes the model and optimizer variables of the rank with the most
-        batches (the lowest such rank), with a warning naming the counts.
+        batches (the lowest such rank; gradient accumulators of
+        backward_passes_per_step > 1 stay each rank's, Note [Accumulators
+        stay local] in callbacks.py), with a warning naming the counts.
     A rank whose `model.stop_training` ends training (EarlyStopping on a
     rank-local metric) while another goes on makes every rank raise
     GradflowError at the next epoch boundary, naming the ranks that
