@@ -12,6 +12,10 @@
 #     with default timeouts every rank raises GradflowError within
 #     CHECK_EVERY rounds of the difference, naming both ranks' values; the
 #     job then ends non-zero (gradflow's fatal exit).
+#   passes-<path>: the last rank alone calls set_backward_passes_per_step(2)
+#     and accumulates 2 passes per step: every rank raises at the 16th
+#     round, naming both values (before, each reduction averaged one pass
+#     with the sum of two, silently, until the other rank ran out of steps).
 import sys
 import time
 
@@ -121,6 +125,12 @@ if kind == "plateau":
                   lambda step: sched.step(train_step(m, o, step) * (1 + R * (step % 2))))
     assert at is not None and at < 2 * CHECK_EVERY, (at, msg)
     assert "ReduceLROnPlateau" in msg, msg
+elif kind == "passes":
+    passes = 2 if R == N - 1 else 1
+    o.set_backward_passes_per_step(passes)
+    at, msg = run(3 * CHECK_EVERY, lambda step: train_step(m, o, step, passes))
+    assert at == CHECK_EVERY - 1, (at, msg)
+    assert "backward_passes_per_step=1" in msg and "backward_passes_per_step=2" in msg, msg
 else:
     def transient(step):
         for g in o.param_groups:  # the 5th step differs on the last rank only
