@@ -39,6 +39,12 @@ OWN_FAILURE_ENV = "GRADFLOWRUN_OWN_FAILURE_FILE"
 # gradflowrun names it instead of only "stopped it after the failure"
 # (before, the first rank to raise was named as if it had failed first).
 FINISHED_ENV = "GRADFLOWRUN_FINISHED_FILE"
+# And files around MPI's start-up in init() (<path>.wait before, <path>.up
+# after): MPI_Init waits for every rank and cannot be interrupted, so a rank
+# that exits with code 0 without starting MPI (a branch that returns before
+# init()) used to leave the others there until GRADFLOW_INIT_TIMEOUT (300 s);
+# gradflowrun now sees it and stops the job within seconds (supervise.py).
+MPI_START_ENV = "GRADFLOWRUN_MPI_START_FILE"
 # Diagnostics: with this set to 1, a rank that gradflowrun stops (SIGTERM:
 # the grace period after a failure, or the user's stop) first prints every
 # Python thread's stack to stderr (faulthandler), then dies as before. For a
@@ -98,6 +104,13 @@ def report_finished(environ=None) -> None:
     """Rank side: record that the program ended gradflow in order (no-op
     outside gradflowrun); never raises, never follows a link."""
     _create((os.environ if environ is None else environ).get(FINISHED_ENV))
+
+
+def report_mpi_start(stage: str, environ=None) -> None:
+    """Rank side: `stage` "wait" (MPI's start-up begins) or "up" (done);
+    no-op outside gradflowrun; never raises, never follows a link."""
+    path = (os.environ if environ is None else environ).get(MPI_START_ENV)
+    _create(f"{path}.{stage}" if path else None)
 
 
 def _create(path: Optional[str]) -> None:

@@ -213,6 +213,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         env[_notice.OWN_FAILURE_ENV] = own_failure_file
         finished_file = os.path.join(status_dir, f"rank.{rank}.finished")
         env[_notice.FINISHED_ENV] = finished_file
+        env[_notice.MPI_START_ENV] = os.path.join(status_dir, f"rank.{rank}.mpi")
     try:
         # Own session: a signal reaches the command once, through forward().
         # close_fds=False: the MPI launcher's inherited descriptors (hydra's

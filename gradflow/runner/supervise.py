@@ -37,6 +37,9 @@ KILL_GRACE_SECONDS = 5.0  # between the stages of stopping a job (see _Stopper)
 # the killed rank's wrapper may not be scheduled yet on a busy machine), so a
 # signal death counts as this much earlier than it was seen.
 SIGNAL_HEAD_START_SECONDS = 2.0
+# The stop reason when a rank exited with code 0 without starting MPI while
+# others wait in MPI's start-up (notice.MPI_START_ENV; _never_started_mpi).
+MPI_START_WHY = "a rank exited before starting MPI"
 
 
 class _Stopper:
@@ -98,7 +101,7 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
         proc = subprocess.Popen(argv, env=env, stdin=stdin, start_new_session=True)
         stopper = _Stopper(proc)
         monitor = Monitor(status_dir, np, monitor_interval) if monitor_interval else None
-        started, failed_at = time.monotonic(), None
+        started, failed_at, stranded_at = time.monotonic(), None, None
         while proc.poll() is None:
             now = time.monotonic()  # one instant per poll: ranks seen together tie
             if len(received) > seen:
@@ -119,6 +122,16 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
                 write_notice(status_dir, _notice.describe_exit(first, statuses[first][0]))
             if failed_at and now - failed_at > FAILURE_GRACE_SECONDS:
                 stopper.start(signal.SIGTERM, "failed")
+            stranded = _never_started_mpi(status_dir, statuses, np) if stopper.stage == 0 else None
+            stranded_at = (stranded_at or now) if stranded else None
+            if stranded and now - stranded_at > FAILURE_GRACE_SECONDS:
+                print(f"gradflowrun: rank(s) {_ranks(stranded[0])} exited with code 0 without "
+                      "calling gradflow.init() while rank(s) "
+                      f"{_ranks(stranded[1])} wait for them in init() (MPI's start-up waits "
+                      "for every rank and would give up only after GRADFLOW_INIT_TIMEOUT); "
+                      "stopping the job: every rank must call gradflow.init()",
+                      file=sys.stderr, flush=True)
+                stopper.start(signal.SIGTERM, MPI_START_WHY)
             if stopper.stage == 0 and now - started > start_timeout:
                 missing = [r for r in local_ranks if not os.path.exists(
                     os.path.join(status_dir, f"rank.{r}.start"))]
@@ -141,6 +154,22 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
             seen_at[r] = gone_at.get(r, now)
     return _report(proc.returncode, statuses, np, received, stopper.why,
                    failure_order(seen_at, statuses))
+
+
+def _never_started_mpi(status_dir: str, statuses: Dict[int, "RankExit"],
+                       np: int) -> Optional[Tuple[List[int], List[int]]]:
+    """(ranks that exited with code 0 and never began MPI's start-up, local
+    ranks still in it), both non-empty, or None (notice.MPI_START_ENV). The
+    latter cannot finish: MPI_Init waits for every rank."""
+    def has(r: int, stage: str) -> bool:
+        return os.path.exists(os.path.join(status_dir, f"rank.{r}.mpi.{stage}"))
+
+    gone = [r for r, st in statuses.items() if st.code == 0 and not st.stopped
+            and not has(r, "wait")]
+    if not gone:
+        return None
+    waiting = [r for r in range(np) if r not in statuses and has(r, "wait") and not has(r, "up")]
+    return (gone, waiting) if waiting else None
 
 
 def write_notice(status_dir: str, message: str) -> None:
@@ -275,6 +304,8 @@ def _report(mpiexec_rc: int, statuses: Dict[int, Tuple[int, bool]], np: int,
             print(f"gradflowrun: stopped rank(s) {_ranks(others)} after the failure",
                   file=sys.stderr, flush=True)
         return statuses[failed[0]][0]
+    if why == MPI_START_WHY:
+        return 1  # said when it stopped the job
     if mpiexec_rc != 0:
         rc = mpiexec_rc if mpiexec_rc > 0 else 128 - mpiexec_rc
         if len(statuses) == np and all(st[0] == 0 for st in statuses.values()):

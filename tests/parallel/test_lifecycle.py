@@ -4,11 +4,13 @@ thread still waiting, fork() after init(), re-init with an optimizer of the
 previous runtime, init() without one rank, exit after a dead peer with
 two-sync windows. Each script checks its own ranks; here: exit status, the
 final line, and time bounds a hang would blow through."""
+import os
+import sys
 import time
 
 import pytest
 
-from _launch import run_mpi
+from _launch import HERE, gradflowrun, launcher, run_mpi
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -66,6 +68,30 @@ def test_init_before_mpi_started_without_the_last_rank_exits(how, n):
         out.stdout + out.stderr
     assert "some rank has not called gradflow.init()" in out.stderr
     assert elapsed < 45, f"took {elapsed:.0f} s"  # "hang" sleeps 60 s: the job must not wait
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_gradflowrun_stops_a_job_whose_rank_exited_0_before_init(n):
+    """Under gradflowrun the same exit 0 ends the job within seconds, not
+    after GRADFLOW_INIT_TIMEOUT (300 s by default, left as it is here): the
+    ranks mark MPI's start-up (notice.MPI_START_ENV) and gradflowrun sees a
+    rank that exited without beginning it while others wait in it. A rank
+    4 s late is no such rank: that job succeeds."""
+    if launcher() == "openmpi":
+        pytest.skip("Open MPI's mpirun reports a rank that exits 0 before MPI_Init itself")
+    script = os.path.join(HERE, "lifecycle_init_before_mpi_script.py")
+    t0 = time.monotonic()
+    r = gradflowrun("-np", str(n), sys.executable, script, "exit0", timeout=120)
+    elapsed = time.monotonic() - t0
+    report = f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
+    waiting = ", ".join(str(i) for i in range(n - 1))
+    assert (f"gradflowrun: rank(s) {n - 1} exited with code 0 without calling gradflow.init() "
+            f"while rank(s) {waiting} wait for them in init()") in r.stderr, report
+    assert r.returncode == 1 and "init returned" not in r.stdout, report
+    assert elapsed < 40, f"took {elapsed:.0f} s\n{report}"
+    if n == 3:
+        r = gradflowrun("-np", "3", sys.executable, script, "late", timeout=120)
+        assert r.returncode == 0 and r.stdout.count("init returned") == 3, r.stdout + r.stderr
 
 
 def test_init_before_mpi_started_waits_for_a_late_rank():
