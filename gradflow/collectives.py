@@ -231,7 +231,11 @@ def alltoall_async(array: ArrayLike, splits: Optional[Sequence[int]] = None,
         a = _prepare(array)
         if a.ndim == 0:
             a = a.reshape(1)
-        sp = [] if splits is None else [int(s) for s in splits]
+        given = [] if splits is None else list(splits)
+        sp = [int(s) for s in given]
+        if any(isinstance(g, (bool, np.bool_)) or s != g for s, g in zip(sp, given)):
+            # int() truncated 1.5 to 1 and sent other rows than asked for
+            raise ValueError(f"gradflow: alltoall splits must be whole row counts, got {given}")
         if any(s < 0 for s in sp):
             raise ValueError(f"gradflow: alltoall splits must be >= 0, got {sp}")
         return submit(ALLTOALL, name, a.ctypes.data, 0, _dtypes.code_of_numpy(a.dtype), a.shape,

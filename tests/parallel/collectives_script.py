@@ -174,6 +174,16 @@ def check_alltoall():
     exp = np.concatenate([np.full(((r + R) % 3, 2), 100 * r + R, np.int64) for r in range(N)]).reshape(-1, 2)
     np.testing.assert_array_equal(got, exp)
     np.testing.assert_array_equal(recv, [(r + R) % 3 for r in range(N)])
+    # Fractional splits raise on every rank (int() used to truncate 1.5 to 1
+    # and send other rows than asked); whole floats and numpy ints are counts.
+    try:
+        gf.alltoall(np.ones((N, 2)), splits=[1.5] + [1] * (N - 1), name="a2a.frac")
+    except ValueError as e:
+        assert "whole row counts" in str(e), e
+    else:
+        raise AssertionError("alltoall with splits [1.5, ...] did not raise")
+    got, recv = gf.alltoall(np.ones((N, 2)), splits=np.array([1.0] * N), name="a2a.whole")
+    np.testing.assert_array_equal(recv, np.ones(N))
     even, _ = gf.alltoall(np.arange(2 * N) + 10 * R, name="a2a.even")
     np.testing.assert_array_equal(even, np.concatenate([np.arange(2 * R, 2 * R + 2) + 10 * r for r in range(N)]))
 
