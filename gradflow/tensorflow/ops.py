@@ -436,7 +436,11 @@ def alltoall(tensor: TensorLike, splits: Optional[Union[Sequence[int], tf.Tensor
     name = op_name("alltoall", name, process_set)
     x = _as_tensor(tensor)
     _check_dtype(x, "alltoall")
-    sp = tf.zeros([0], tf.int64) if splits is None else tf.cast(_as_tensor(splits), tf.int64)
+    sp = tf.zeros([0], tf.int64) if splits is None else _as_tensor(splits)
+    if not sp.dtype.is_integer:  # a cast truncated [1.5, 1] to [1, 1]: other rows than asked
+        raise TypeError(f"gradflow: alltoall splits must be integers (row counts), got "
+                        f"{sp.dtype.name} {splits!r}")
+    sp = tf.cast(sp, tf.int64)
     out_shape = [None] + list(x.shape[1:]) if x.shape.rank else [None]
 
     def fn(a, s):

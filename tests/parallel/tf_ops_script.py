@@ -75,6 +75,13 @@ def check_ops(mode, run):
     close(got_splits, np.full(N, R + 1), f"{mode} alltoall splits")
     close(y, np.concatenate([np.full((R + 1, 2), 1000 * q + R, np.float32) for q in range(N)]),
           f"{mode} alltoall")
+    # Fractional splits raise (a cast used to truncate [1.5, 1] to [1, 1]).
+    try:
+        run(lambda x: gtf.alltoall(x, splits=[1.5] + [1] * (N - 1)), np.ones((N, 2), np.float32))
+    except TypeError as e:
+        assert "splits must be integers" in str(e), e
+    else:
+        raise AssertionError(f"{mode} alltoall with splits [1.5, ...] did not raise")
 
 
 def eager(fn, *args):
