@@ -116,7 +116,8 @@ def init(comm: Optional[Union[MPI.Comm, Sequence[int]]] = None,
     from . import horovod_compat  # noqa: PLC0415 - reads HOROVOD_* only in compat mode
     mapped = horovod_compat.before_init()
     try:
-        _native.init(int(comm.handle), {})
+        _native.init(int(comm.handle),
+                     _timeline_override(elastic_link.gen if elastic_link is not None else None))
     except Exception as e:
         horovod_compat.reraise_with_origin(e, mapped)
         raise
@@ -131,6 +132,24 @@ def init(comm: Optional[Union[MPI.Comm, Sequence[int]]] = None,
         _process_sets.add_process_set(ps)
     # Under gradflowrun --monitor only: the launcher numbers ranks in COMM_WORLD.
     _monitor.start_if_asked(MPI.COMM_WORLD.Get_rank())
+
+
+def _timeline_override(elastic_generation: Optional[int]) -> Dict[str, str]:
+    """Note [One timeline file per runtime]: rank 0 of each runtime opens
+    GRADFLOW_TIMELINE for writing, which truncates it. After shutdown() and
+    init() again, or an elastic reset, the new runtime wiped the old one's
+    events, the failure an elastic timeline is read for included. So only
+    the first runtime writes the path itself: the elastic generation g >= 1
+    writes ``<path>.gen<g>`` (the driver's number, the same on every rank,
+    whichever process is rank 0), and this process's k-th init() (k >= 2)
+    outside elastic mode ``<path>.init<k>``."""
+    path = os.environ.get("GRADFLOW_TIMELINE", "")
+    if not path:
+        return {}
+    if elastic_generation is not None:
+        return {"GRADFLOW_TIMELINE": f"{path}.gen{elastic_generation}"} \
+            if elastic_generation > 0 else {}
+    return {"GRADFLOW_TIMELINE": f"{path}.init{_generation + 1}"} if _generation > 0 else {}
 
 
 def generation() -> int:

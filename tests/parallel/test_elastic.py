@@ -104,7 +104,8 @@ def check_sample_coverage(log_dir, n_samples=1400):
 def test_sigkill_survivors_roll_back_and_finish(tmp_path):
     """3 workers, worker 2 SIGKILLed at step 30: the 2 survivors roll back to
     their last commit, re-form within seconds and finish; accuracy within 1
-    point of the same job without a fault."""
+    point of the same job without a fault; rank 0 writes each generation's
+    timeline to its own file."""
     clean = tmp_path / "clean"
     clean.mkdir()
     r = gradflowrun(["-np", "3"], clean, ELASTIC_EPOCHS=8)
@@ -114,10 +115,16 @@ def test_sigkill_survivors_roll_back_and_finish(tmp_path):
 
     faulty = tmp_path / "faulty"
     faulty.mkdir()
+    timeline = faulty / "timeline.json"
     r = gradflowrun(["--min-np", "2", "-np", "3", "--max-np", "3"], faulty, ELASTIC_EPOCHS=8,
-                    ELASTIC_KILL="2:30", ELASTIC_SAMPLES=1)
+                    ELASTIC_KILL="2:30", ELASTIC_SAMPLES=1, GRADFLOW_TIMELINE=timeline)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
+    # One timeline per generation (Note [One timeline file per runtime]):
+    # before, generation 1 truncated generation 0's, the failure included.
+    for path in (timeline, faulty / "timeline.json.gen1"):
+        trace = json.loads(path.read_text())
+        assert any(e.get("name") == "ALLREDUCE" for e in trace), (path, trace[:5])
     assert "rank 2 (worker 2 on host localhost) exited with code 9 (SIGKILL" in out, out
     assert "generation 1: 2 worker(s)" in out, out
     res = results(faulty)

@@ -65,6 +65,23 @@ def test_timeline_mark_cycles(n, tmp_path):
     assert cycles[0]["ts"] <= execs[0]  # a cycle's mark precedes the work it runs
 
 
+def test_timeline_after_init_again_keeps_each_runtime(tmp_path):
+    """shutdown() then init() again: the first runtime's file stays whole,
+    the k-th init() writes <path>.init<k> (Note [One timeline file per
+    runtime], gradflow/_runtime.py). Before, every init() truncated the one
+    file, so only the last runtime's events remained."""
+    path = tmp_path / "timeline.json"
+    run_mpi(2, "timeline_script.py", "reinit", env={"GRADFLOW_TIMELINE": str(path)},
+            timeout=120)
+    check_global_rows(*load(path))
+    for k, name in ((2, "second"), (3, "third")):
+        events, rows, by_row = load(tmp_path / f"timeline.json.init{k}")
+        assert set(rows.values()) == {"steps", name}, rows
+        assert [e["name"] for e in by_row[name]] == ["NEGOTIATE", "ALLREDUCE"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "timeline.json", "timeline.json.init2", "timeline.json.init3"]
+
+
 def test_timeline_process_sets(tmp_path):
     """Rank 0's timeline records the collectives of the process sets it
     belongs to, on rows "set<id>/<name>" (cycle marks on "set<id>/cycles"),

@@ -3,7 +3,9 @@
 With args `sets <dir>` (3 ranks) it then runs collectives of process sets
 {0, 2} (id 1: rank 0, the writer, is a member) and {1} (id 2: it is not),
 stops the timeline, and runs more of both sets and the global set into a
-timeline started at run time, <dir>/runtime.json; results checked against numpy."""
+timeline started at run time, <dir>/runtime.json; results checked against numpy.
+With arg `reinit` it then calls shutdown() and init() twice, running one
+allreduce ("second", then "third") in each new runtime."""
 import os
 import sys
 
@@ -48,4 +50,10 @@ if sys.argv[1:2] == ["sets"]:
     gf.start_timeline(os.path.join(out, "after_remove.json"))
     assert gf.remove_process_set(even) and gf.remove_process_set(lone)
     np.testing.assert_array_equal(gf.allreduce(x, op=gf.Sum, name="after"), np.arange(6) * 6.0)
+if sys.argv[1:2] == ["reinit"]:
+    for name in ("second", "third"):
+        gf.shutdown()
+        gf.init()
+        np.testing.assert_array_equal(gf.allreduce(np.ones(4), op=gf.Sum, name=name),
+                                      np.full(4, float(gf.size())))
 gf.shutdown()
