@@ -502,6 +502,9 @@ def _at_exit() -> None:
         sys.stderr.flush()
         os._exit(1 if _uncaught_exception else 0)
     failed = _native.failed_fatally()
+    link = _elastic.current()
+    if link is not None and not (failed or _uncaught_exception or _peer_dead_notice.is_set()):
+        link.finished()  # before the shutdown the others will see (worker.py)
     # Its last cycle carries this rank's abort message, if any; it may also be
     # where a dead peer shows (that cycle's deadline): True then.
     failed = _native.shutdown() or failed

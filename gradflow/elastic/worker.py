@@ -39,7 +39,16 @@ TIMEOUT_ENV = "GRADFLOW_ELASTIC_TIMEOUT"  # seconds a rendezvous may take (--ela
 class ElasticAbort(SystemExit):
     """The driver ended the job (below --min-np, reset limit, ...) or dismissed
     this worker; code 0 for a dismissal, 1 otherwise. A SystemExit so that
-    `except Exception` in training code does not swallow it."""
+    `except Exception` in training code does not swallow it. Once one is
+    raised, this worker's exit is no end of training (DriverLink.finished)."""
+
+    def __init__(self, *args: Any) -> None:
+        global _leaving
+        _leaving = True
+        super().__init__(*args)
+
+
+_leaving = False  # an ElasticAbort was raised: the worker leaves, training did not finish here
 
 
 def enabled(environ=None) -> bool:
@@ -74,6 +83,21 @@ class DriverLink:
         self.closed = False
         self._send({"op": "hello", "worker": worker_id, "pid": os.getpid()})
         threading.Thread(target=self._read, name="gradflow-elastic-link", daemon=True).start()
+
+    def finished(self) -> None:
+        """Tell the driver that this worker's program ends in order (its exit
+        hook, before gradflow shuts down). The shutdown makes the others'
+        next collective fail at once, and their exits used to reach the
+        driver before this one's (MPI_Finalize first): they counted as
+        failures before training finished, this exit 0 then as the end of
+        training, and gradflowrun exited 0 with 2 of 3 workers crashed.
+        Told first, the driver counts them as failed after the finish."""
+        if _leaving:
+            return
+        try:
+            self._send({"op": "finished"})
+        except ElasticAbort:
+            pass  # the driver is gone: nothing to tell
 
     # ------------------------------------------------------------ transport
     def _send(self, msg: Dict[str, Any]) -> None:

@@ -72,6 +72,7 @@ class Worker:
         self.dismiss = False      # its host was removed: send `exit` when ready
         self.wants_sync = True    # its last `ready` asked for a state sync
         self.told = False         # sent a failure notice in its generation
+        self.finishing = False    # its program ends in order (worker.py finished())
         self.started = time.monotonic()
 
     def send(self, msg: Dict) -> None:
@@ -111,6 +112,10 @@ class ElasticDriver:
         # a checkpoint save after train()): no reset can mend it, and the
         # job must not report success. (what, exit code)
         self.failed_after_finish: Optional[tuple] = None
+        # Failures of members seen while another member was finishing: if that
+        # one then exits 0 they came after the end of training (its shutdown
+        # made their collectives fail), not during it. (what, exit code)
+        self.failed_while_finishing: List[tuple] = []
         self.lost: List[str] = []            # what failed, for the final message
         self.aborted: Optional[str] = None
         self.below_min_since: Optional[float] = None
@@ -317,6 +322,10 @@ class ElasticDriver:
             self._send_port(1)
         elif op == "joined" and msg.get("gen") == self.gen and self.forming:
             self._send_port(w.rank + 1)
+        elif op == "finished" and w.state in ("running", "ready") and not w.dismiss:
+            # Its program ends in order (worker.py, finished()); if it exits 0,
+            # members that fail from here on failed after the finish.
+            w.finishing = True
         elif op == "formed" and msg.get("gen") == self.gen:
             w.formed = True
             if self.forming and all(m.formed for m in self.forming):
@@ -334,6 +343,9 @@ class ElasticDriver:
         if code == 0:
             if not self.finished and was in ("running", "ready"):
                 self.finished = True  # training ended: the others finish too; no more resets
+                if w.finishing and self.failed_while_finishing and \
+                        self.failed_after_finish is None:
+                    self.failed_after_finish = self.failed_while_finishing[0]
                 return
             if was == "starting":
                 what = (f"{w.label()} exited with code 0 before joining the rendezvous (did it "
@@ -345,6 +357,8 @@ class ElasticDriver:
         what = f"{w.label()} {describe_code(code)}"
         if w.told:  # likely a consequence (it did not roll back): say so
             what += ", after it was told of a peer's failure"
+        if not self.finished and any(m.finishing and m is not w for m in self.members):
+            self.failed_while_finishing.append((what, code))
         self.lost.append(what)
         delay = self.hosts.blacklist(w.host)
         self.note(f"{what}; host {w.host} blacklisted "

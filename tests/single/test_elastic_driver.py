@@ -45,6 +45,40 @@ def test_a_failure_after_another_worker_finished_fails_the_job(capsys):
     assert d._exit_code() == 128 + 9
 
 
+def test_a_finished_message_before_the_others_fail_fails_the_job(capsys):
+    """Worker 1's program ends in order: its exit hook says "finished" before
+    gradflow shuts down, and the others' next collective fails; their exits
+    can reach the driver before worker 1's own (still in MPI_Finalize).
+    Once it exits 0 they count as failures after the finish (gradflowrun
+    used to exit 0). If it exits non-zero instead (sys.exit(3)), nothing
+    finished: as before. A dismissed worker's "finished" counts for nothing."""
+    d = driver()
+    w0, w1, w2 = (worker(d, i, gen=0, rank=i) for i in range(3))
+    d.gen, d.members = 0, [w0, w1, w2]
+    d._on_message(w1, {"op": "finished"})
+    d._on_exit(w0, 1)
+    d._on_exit(w2, 1)
+    d._on_exit(w1, 0)
+    assert d._exit_code() == 1
+    assert "training finished, but rank 0 (worker 0 on host localhost) exited with code 1" in \
+        capsys.readouterr().err
+    d = driver()
+    w0, w1, w2 = (worker(d, i, gen=0, rank=i) for i in range(3))
+    d.gen, d.members = 0, [w0, w1, w2]
+    d._on_message(w1, {"op": "finished"})
+    d._on_exit(w1, 3)  # its program's own sys.exit(3): a failure during training
+    assert not d.finished and d.resets == 1
+    d._on_exit(w0, 0)
+    d._on_exit(w2, 0)
+    assert d._exit_code() == 0
+    d = driver()
+    w0, w1 = (worker(d, i, gen=0, rank=i) for i in range(2))
+    d.gen, d.members = 0, [w0, w1]
+    w1.dismiss = True
+    d._on_message(w1, {"op": "finished"})
+    assert not w1.finishing
+
+
 def test_success_and_recovered_failures_still_exit_0():
     """A worker lost *during* training is what elastic mode survives: the
     job still succeeds when the others finish."""
