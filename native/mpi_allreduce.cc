@@ -33,8 +33,18 @@ bool wired(DataType dt, ReduceOp op, WireDtype wire) {
 }
 }  // namespace
 
+// MPI_MIN / MPI_MAX on floats are not commutative where NaN or a signed
+// zero meet ((a < b) ? a : b keeps whichever operand came second), and the
+// library's exchange hands each rank the operands in its own order: with
+// MPICH, min(NaN, 1) was NaN on one rank and 1 on the other, min(-0, +0)
+// -0 on one and +0 on the other. Floating min/max therefore take the
+// exchange, whose owner reduces with the kernels' rule (NaN propagates,
+// -0 < +0), as the other algorithms do.
 bool mpi_allreduce_is_builtin(DataType dt, ReduceOp op, WireDtype wire) {
-  return !wired(dt, op, wire) && dt != DataType::kFloat16 && dt != DataType::kBFloat16;
+  const bool floating_min_max = (dt == DataType::kFloat32 || dt == DataType::kFloat64) &&
+                                (op == ReduceOp::kMin || op == ReduceOp::kMax);
+  return !wired(dt, op, wire) && dt != DataType::kFloat16 && dt != DataType::kBFloat16 &&
+         !floating_min_max;
 }
 
 void mpi_allreduce(MpiComm& comm, void* buf, size_t count, DataType dt, ReduceOp op,
