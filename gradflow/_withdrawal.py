@@ -13,8 +13,19 @@ the next calls pair afresh.
 Bindings name a collective first, then prepare its buffers inside
 `preparing(...)` (a user Compressor, staging, conversions), then call
 `_runtime.submit`, which marks the name submitted (or withdraws it itself if
-the core refuses it). Checks that raise alike on every rank (a bad op code)
-stay before the name is drawn, so they cost nothing.
+the core refuses it).
+
+Note [Checks after naming]: the arguments are checked inside `preparing`
+too (op, sparse_ratio, compression, root), not before the name is drawn.
+An argument can be bad on one rank alone (an op or ratio computed from the
+rank's own data): checked before naming, that rank raised while the others
+waited for the name until GRADFLOW_TIMEOUT, and a program that caught the
+error drew its next auto-name one behind theirs, so every later unnamed
+collective paired its call k with their call k+1, silently (3 ranks,
+op='bogus' on rank 1, unnamed Sum allreduces after: rank 1 got 3 where
+ranks 0 and 2 got 13). Withdrawn, the name fails on every rank at once and
+the counters stay in step. Only a bad `name` or `process_set` still raises
+before naming: there is no name to withdraw.
 """
 from __future__ import annotations
 

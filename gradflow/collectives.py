@@ -124,11 +124,12 @@ def allreduce_async(array: ArrayLike, op: ReduceOp = Average, name: Optional[str
     framework bindings): names the set of allreduces submitted as one step;
     a rank submitting this name under another tag aborts the job with both
     tags (the ranks run different steps; native Note [Step tags])."""
-    code = native_reduce_op(op)  # before naming: a bad op leaves the name counters alone
-    ratio = native_sparse_ratio(sparse_ratio, "allreduce")  # GRADFLOW_SPARSE_RATIO's limits
-    wire = wire_code(compression)
     name = auto_name(ALLREDUCE, name, process_set)
     with preparing(ALLREDUCE, name, process_set):  # fails here: every rank fails `name`
+        # Argument checks too (Note [Checks after naming] in _withdrawal.py).
+        code = native_reduce_op(op)
+        ratio = native_sparse_ratio(sparse_ratio, "allreduce")  # GRADFLOW_SPARSE_RATIO's limits
+        wire = wire_code(compression)
         a = _prepare(array)
         out = np.empty_like(a)
         return submit(ALLREDUCE, name, a.ctypes.data, out.ctypes.data,
@@ -170,9 +171,9 @@ def broadcast_async(array: ArrayLike, root_rank: int, name: Optional[str] = None
                     process_set: Optional[ProcessSet] = None) -> Handle:
     """Start a broadcast of root's `array`; the result is a new array.
     `root_rank` is a global rank (a member of `process_set`), as in Horovod."""
-    root = int(root_rank)
     name = auto_name(BROADCAST, name, process_set)
     with preparing(BROADCAST, name, process_set):
+        root = int(root_rank)
         a = _prepare(array)
         out = np.empty_like(a)
         return submit(BROADCAST, name, a.ctypes.data, out.ctypes.data,
@@ -197,10 +198,10 @@ def reducescatter_async(array: ArrayLike, op: ReduceOp = Average, name: Optional
     `compression` selects the wire as for `allreduce` (Compression.fp16 /
     .bf16: float32 travels as 16 bits, each hop's partial sum added in fp32;
     None: the GRADFLOW_WIRE_DTYPE setting)."""
-    code = native_reduce_op(op)
-    wire = wire_code(compression)
     name = auto_name(REDUCESCATTER, name, process_set)
     with preparing(REDUCESCATTER, name, process_set):
+        code = native_reduce_op(op)
+        wire = wire_code(compression)
         a = _prepare(array)
         if a.ndim == 0:
             raise ValueError("gradflow: reducescatter needs an array with at least one dimension")

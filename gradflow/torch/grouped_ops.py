@@ -54,9 +54,8 @@ def start_group(kind: int, name: Optional[str], process_set: Optional[ProcessSet
 def _grouped(allreduce_one, tensors, average, name, op, prescale_factor, postscale_factor,
              process_set, compression, **tagged) -> GroupHandle:
     """One `allreduce_one` per tensor as one grouped op (the core fuses
-    them); the op is validated before a name is drawn, as the single-tensor
-    calls do."""
-    _op_of(average, op)
+    them); each member checks the op once named, so an op bad on one rank
+    fails the group on every rank (Note [Checks after naming])."""
     return start_group(ALLREDUCE, name, process_set, tensors,
                        lambda t, member: allreduce_one(t, average, member, op, prescale_factor,
                                                        postscale_factor, process_set,

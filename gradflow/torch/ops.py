@@ -147,11 +147,12 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
     `rollback_residual` (with `sparse_ratio`): the name's CSC residual first
     goes back to before its last step (the DistributedOptimizer's skipped
     steps)."""
-    code = native_reduce_op(_op_of(average, op))  # before naming: errors leave counters alone
-    ratio = native_sparse_ratio(sparse_ratio, "allreduce")  # GRADFLOW_SPARSE_RATIO's limits
-    wire, user = _split_compression(compression)
     name = auto_name(ALLREDUCE, name, process_set)
     with preparing(ALLREDUCE, name, process_set):  # fails here: every rank fails `name`
+        # Argument checks too (Note [Checks after naming], gradflow/_withdrawal.py).
+        code = native_reduce_op(_op_of(average, op))
+        ratio = native_sparse_ratio(sparse_ratio, "allreduce")  # GRADFLOW_SPARSE_RATIO's limits
+        wire, user = _split_compression(compression)
         if user is not None:
             sent, ctx = user.compress(tensor)
             buf = _staged(sent)
@@ -176,11 +177,11 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: 
     """Start an allreduce over `process_set` into a new tensor;
     `synchronize(handle)` returns it. A user Compressor (Horovod's interface)
     compresses the input and decompresses the result, as Horovod's does."""
-    code = native_reduce_op(_op_of(average, op))
-    ratio = native_sparse_ratio(sparse_ratio, "allreduce")  # GRADFLOW_SPARSE_RATIO's limits
-    wire, user = _split_compression(compression)
     name = auto_name(ALLREDUCE, name, process_set)
     with preparing(ALLREDUCE, name, process_set):
+        code = native_reduce_op(_op_of(average, op))  # (Note [Checks after naming])
+        ratio = native_sparse_ratio(sparse_ratio, "allreduce")  # GRADFLOW_SPARSE_RATIO's limits
+        wire, user = _split_compression(compression)
         sent, ctx = user.compress(tensor) if user is not None else (tensor, None)
         src = _staged(sent)
         device = tensor.device
@@ -222,7 +223,9 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
     """Reduce `tensor` across the ranks of `process_set` (default: all;
     default op: average over the set) into a new tensor, bitwise identical on
     every member; differentiable."""
-    return _AllreduceFn.apply(tensor, name, _op_of(average, op), prescale_factor, postscale_factor,
+    # op is checked once named (Note [Checks after naming]); average= folds in here
+    op = op if average is None else _op_of(average, op)
+    return _AllreduceFn.apply(tensor, name, op, prescale_factor, postscale_factor,
                               compression, process_set)
 
 
@@ -304,9 +307,9 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] =
                      process_set: Optional[ProcessSet] = global_process_set) -> Handle:
     """Start an in-place broadcast of root's `tensor` (`root_rank` is a
     global rank, a member of `process_set`, as in Horovod)."""
-    root = int(root_rank)
     name = auto_name(BROADCAST, name, process_set)
     with preparing(BROADCAST, name, process_set):
+        root = int(root_rank)  # (Note [Checks after naming])
         buf = _in_place(tensor)
         return submit(BROADCAST, name, buf.data_ptr(), buf.data_ptr(), dtype_code(buf.dtype),
                       buf.shape, (buf, tensor), lambda r: _write_back(tensor, buf), root=root,
@@ -316,9 +319,9 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] =
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                     process_set: Optional[ProcessSet] = global_process_set) -> Handle:
     """Start a broadcast of root's `tensor` into a new tensor (`root_rank`: global)."""
-    root = int(root_rank)
     name = auto_name(BROADCAST, name, process_set)
     with preparing(BROADCAST, name, process_set):
+        root = int(root_rank)  # (Note [Checks after naming])
         src = _staged(tensor)
         device = tensor.device
         out = torch.empty_like(src)

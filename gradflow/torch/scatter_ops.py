@@ -40,9 +40,9 @@ def _start_reducescatter(tensor: torch.Tensor, name: Optional[str], op: int,
     1/2: float32 travels as fp16/bf16 and is summed in fp32, as allreduce's
     `compression=`). Horovod's async signature has no `compression`, so the
     synchronous forms reach the wire through here."""
-    code = native_reduce_op(_op_of(None, op))  # before naming: errors leave counters alone
     name = auto_name(REDUCESCATTER, name, process_set)
     with preparing(REDUCESCATTER, name, process_set):  # fails here: every rank fails `name`
+        code = native_reduce_op(_op_of(None, op))  # (Note [Checks after naming])
         src = _staged(tensor)
         if src.dim() == 0:
             raise ValueError("gradflow: reducescatter needs a tensor with at least one dimension")
@@ -152,7 +152,6 @@ def _start_grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional
                                  process_set: Optional[ProcessSet], prescale_factor: float,
                                  postscale_factor: float, wire: int = -1) -> GroupHandle:
     tensors = _tensor_list(tensors, "grouped_reducescatter")
-    op = _op_of(None, op)
     return start_group(REDUCESCATTER, name, process_set, tensors,
                        lambda t, member: _start_reducescatter(t, member, op, process_set,
                                                               prescale_factor, postscale_factor,

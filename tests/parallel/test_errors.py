@@ -140,9 +140,11 @@ def test_a_call_that_fails_before_submission_fails_everywhere(n, framework):
     member; named, unnamed, cached, in a process set, peers not there yet):
     the others raise its error at once, not after GRADFLOW_TIMEOUT (60 s
     here, the default), and the next calls pair with each other, never with
-    the failed call's data (checked against numpy on every rank)."""
+    the failed call's data (checked against numpy on every rank). An
+    argument bad on one rank alone (op, sparse_ratio, compression, root)
+    too: Note [Checks after naming] in gradflow/_withdrawal.py."""
     out = run_mpi(n, "withdrawn_names_script.py", env={"FRAMEWORK": framework}, timeout=240)
-    cases = ["named", "unnamed", "cached", "late", "refused", "set"]
+    cases = ["named", "unnamed", "cached", "late", "refused", "set", "bad_argument"]
     if framework == "torch":
         cases.append("grouped")
     for case in cases:

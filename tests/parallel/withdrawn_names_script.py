@@ -163,9 +163,58 @@ def case_process_set():
     return took
 
 
+def case_bad_argument():
+    """An argument bad on this rank alone (op, sparse_ratio, compression,
+    broadcast root, reducescatter op; named and unnamed, and a torch grouped
+    op): it used to be checked before the name was drawn, so the others
+    waited for GRADFLOW_TIMEOUT and, unnamed, this rank's counter fell one
+    behind: its call k paired with their call k+1 ever after, silently
+    (Note [Checks after naming], gradflow/_withdrawal.py)."""
+    bad = R == LAST
+    x = data(0, R)
+    if FRAMEWORK == "torch":
+        t = torch.from_numpy(x)
+        calls = [
+            ("unknown reduce op", lambda nm: gt.allreduce(t, name=nm, op="bogus" if bad else gt.Sum)),
+            ("unknown reduce op", lambda nm: gt.allreduce_async(
+                t, name=nm, op=99 if bad else gt.Sum).wait()),
+            ("unknown reduce op", lambda nm: gt.allreduce_(
+                t.clone(), name=nm, op="bogus" if bad else gt.Sum)),
+            ("sparse_ratio", lambda nm: gt.allreduce_async(
+                t, name=nm, op=gt.Sum, sparse_ratio=0.0 if bad else None).wait()),
+            ("compression", lambda nm: gt.allreduce(
+                t, name=nm, op=gt.Sum, compression="fp16" if bad else gt.Compression.none)),
+            ("invalid literal", lambda nm: gt.broadcast(t, "a" if bad else 0, name=nm)),
+            ("invalid literal", lambda nm: gt.broadcast_(t.clone(), "a" if bad else 0, name=nm)),
+            ("unknown reduce op", lambda nm: gt.reducescatter_async(
+                t, name=nm, op=99 if bad else gt.Sum).wait()),
+            ("unknown reduce op", lambda nm: gt.grouped_allreduce_async(
+                [t, t], name=nm, op="bogus" if bad else gt.Sum).wait()),
+        ]
+    else:
+        calls = [
+            ("unknown reduce op", lambda nm: gf.allreduce(x, name=nm, op="bogus" if bad else gf.Sum)),
+            ("sparse_ratio", lambda nm: gf.allreduce(
+                x, name=nm, op=gf.Sum, sparse_ratio=float("nan") if bad else None)),
+            ("compression", lambda nm: gf.allreduce(
+                x, name=nm, op=gf.Sum, compression="fp16" if bad else None)),
+            ("invalid literal", lambda nm: gf.broadcast(x, "a" if bad else 0, name=nm)),
+            ("unknown reduce op", lambda nm: gf.reducescatter(
+                x, name=nm, op=99 if bad else gf.Sum)),
+        ]
+    took = 0.0
+    for i, (mine, call) in enumerate(calls):
+        for name in (f"bad.arg.{i}", None):
+            took = max(took, expect_failure(lambda: call(name), mine))
+            check_same_everywhere(allreduce_sum(data(i + 1, R)), expected_sum(i + 1))
+            check_same_everywhere(allreduce_sum(data(i + 2, R), f"after.bad.{i}"),
+                                  expected_sum(i + 2))
+    return took
+
+
 CASES = {"named": case_named, "unnamed": case_unnamed, "cached": case_cached,
          "late": case_late_peers, "grouped": case_grouped, "refused": case_refused_by_core,
-         "set": case_process_set}
+         "set": case_process_set, "bad_argument": case_bad_argument}
 default = [c for c in CASES if FRAMEWORK == "torch" or c != "grouped"]
 for case in os.environ.get("CASES", ",".join(default)).split(","):
     took = CASES[case]()
