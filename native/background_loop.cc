@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cctype>
 #include <cstdio>
+#include <sstream>
 #ifdef __linux__
 #include <sys/prctl.h>
 #endif
@@ -46,6 +47,23 @@ void BackgroundLoop::abort(const std::string& message) {
 std::string BackgroundLoop::failure() const {
   std::lock_guard<std::mutex> lock(mu_);
   return failure_;
+}
+
+std::string BackgroundLoop::shutdown_message(const std::vector<int64_t>& ranks) const {
+  // Named, because "some rank" left a user of many ranks to find which
+  // program ended early (a rank with fewer batches that returned or
+  // sys.exit()ed while the others still trained).
+  std::ostringstream os;
+  os << "shutdown() was called on ";
+  if (ranks.empty()) {
+    os << "some rank";
+  } else {
+    os << (ranks.size() == 1 ? "rank " : "ranks ");
+    for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
+  }
+  os << " before this collective ran (its program ended, or called shutdown(), while this "
+        "rank still ran collectives)";
+  return os.str();
 }
 
 void BackgroundLoop::fail_all(const std::string& reason) {
@@ -154,9 +172,7 @@ bool BackgroundLoop::cycle() {
       std::lock_guard<std::mutex> lock(mu_);
       reason = shutdown_reason_;
     }
-    fail_all("gradflow: " + (reason.empty() ? "shutdown() was called on some rank before this "
-                                              "collective ran"
-                                            : reason));
+    fail_all("gradflow: " + (reason.empty() ? shutdown_message(res.shutdown_ranks) : reason));
     return false;
   }
   // When to start the next cycle (Note [Cycle pacing] in background_loop.h).

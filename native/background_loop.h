@@ -89,7 +89,8 @@ class BackgroundLoop {
   // Asks every rank to stop at the next cycle and waits for the thread.
   void shutdown();
   // What this rank's pending collectives fail with when the agreed stop
-  // comes (default: "shutdown() was called on some rank ..."). Before shutdown().
+  // comes (default: "shutdown() was called on rank R ...", naming the ranks
+  // that called it). Before shutdown().
   void set_shutdown_reason(const std::string& reason) {
     std::lock_guard<std::mutex> lock(mu_);
     shutdown_reason_ = reason;
@@ -114,6 +115,10 @@ class BackgroundLoop {
   // engines], engine_links.h).
   bool blocked(bool blocked_here);
   void fail_all(const std::string& reason);
+  // What the others' pending collectives fail with when `ranks` called
+  // shutdown(). A process set's engine counts its members (its errors say
+  // so in their prefix, Runtime::in_set_errors), as every set error does.
+  std::string shutdown_message(const std::vector<int64_t>& ranks) const;
   // After an agreed autotune broadcast ran (tuning.h): apply its values.
   void apply_tuning(const Response& r, const TensorEntry& e, HandleResult* result);
   void trace_group(const std::vector<const Response*>& group,

@@ -185,6 +185,7 @@ CycleResult Coordinator::cycle(const std::vector<Request>& fresh, bool shutdown,
       result.responses.push_back(std::move(r));
     }
     result.shutdown = decided.shutdown;
+    result.shutdown_ranks = decided.shutdown_ranks;
     result.abort_message = decided.abort_message;
     if (owns_links_) links_->global_join.store(joined_);
   }
@@ -248,6 +249,7 @@ void Coordinator::build_slow_responses(const std::vector<RequestMessage>& all,
   for (int rank = 0; rank < static_cast<int>(all.size()); ++rank) {
     const RequestMessage& msg = all[rank];
     out->shutdown = out->shutdown || msg.shutdown;
+    if (msg.shutdown) out->shutdown_ranks.push_back(rank);
     if (!msg.abort_message.empty() && out->abort_message.empty())
       out->abort_message = "rank " + std::to_string(rank) + " failed: " + msg.abort_message;
     for (const Request& req : msg.requests) {

@@ -106,6 +106,7 @@ namespace gradflow {
 struct CycleResult {
   std::vector<Response> responses;  // in execution order
   bool shutdown = false;            // some rank called shutdown()
+  std::vector<int64_t> shutdown_ranks;  // which ones (this engine's ranks)
   std::string abort_message;        // some rank is failing; names the rank
   double negotiation_seconds = 0.0;
   bool used_slow_path = false;

@@ -177,7 +177,9 @@ void own_fields(Archive& a, RequestMessage& m) {
   a.field(m.joined);
 }
 template <typename Archive>
-void own_fields(Archive&, ResponseMessage&) {}
+void own_fields(Archive& a, ResponseMessage& m) {
+  a.field(m.shutdown_ranks);
+}
 
 template <typename Archive, typename Message>
 void message_fields(Archive& a, Message& m) {

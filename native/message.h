@@ -83,6 +83,7 @@ struct RequestMessage {
 struct ResponseMessage {
   std::vector<Response> responses;
   bool shutdown = false;
+  std::vector<int64_t> shutdown_ranks;  // which ranks called shutdown() (named in errors)
   std::string abort_message;  // first rank's abort message, with its rank
 };
 

@@ -9,7 +9,7 @@
 Without this callback, a rank with fewer batches in an epoch (or one that
 stops training, e.g. `EarlyStopping` on a rank-local metric) moves on while
 the others still reduce gradients. If it exits, the others fail at once
-("shutdown() was called on some rank"); if it calls any collective first
+("shutdown() was called on rank R"); if it calls any collective first
 (`MetricAverageCallback`, a broadcast, the next `fit`'s first batch paired
 with another rank's last batch of this one), every rank waits
 `GRADFLOW_TIMEOUT` (60 s) and then fails inside TensorFlow's `UnknownError`

@@ -35,7 +35,7 @@ OWN_FAILURE_ENV = "GRADFLOWRUN_OWN_FAILURE_FILE"
 # And a file the rank creates when its program ends gradflow in order (the
 # exit's shutdown, nothing failed): a rank that ran out of work early (its
 # last step, a sys.exit(0)) then waits in MPI_Finalize while the others'
-# next collective fails with "shutdown() was called on some rank", and
+# next collective fails with "shutdown() was called on rank R", and
 # gradflowrun names it instead of only "stopped it after the failure"
 # (before, the first rank to raise was named as if it had failed first).
 FINISHED_ENV = "GRADFLOWRUN_FINISHED_FILE"

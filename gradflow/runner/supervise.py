@@ -297,7 +297,7 @@ def _report(mpiexec_rc: int, statuses: Dict[int, Tuple[int, bool]], np: int,
             # it then waits in MPI_Finalize for them (stopped below).
             print(f"gradflowrun: rank(s) {_ranks(ended)} had already ended gradflow (the "
                   "program finished, or called shutdown()) while the failed ranks still ran "
-                  "collectives; an error saying \"shutdown() was called on some rank\" comes "
+                  "collectives; an error saying \"shutdown() was called on rank R\" comes "
                   "from that: every rank must run the same collectives (e.g. the same number "
                   "of steps)", file=sys.stderr, flush=True)
         if others and why == "failed":

@@ -115,3 +115,13 @@ def test_exit_after_a_dead_peer_with_two_sync_windows():
         assert f"rank {r} raised" in out.stdout, out.stdout
     assert out.stderr.count("exiting with code 1 without MPI_Finalize") == 2, out.stderr
     assert elapsed < 60, f"took {elapsed:.0f} s"
+
+
+@pytest.mark.parametrize("case", ["global", "set"])
+def test_a_rank_that_shut_down_is_named_by_its_global_rank(case):
+    # Before 2026-11-29: "shutdown() was called on some rank" (helper-15's
+    # audit: a rank whose program ended early was named by no error).
+    out = run_mpi(3, "shutdown_names_rank_script.py", case, timeout=120)
+    waiters = (0, 2) if case == "global" else (1,)
+    for r in waiters:
+        assert f"ok {case} on rank {r}" in out.stdout, out.stdout + out.stderr

@@ -450,7 +450,7 @@ def test_an_agreed_error_blames_no_rank(capsys):
 def test_a_rank_that_ended_gradflow_first_is_named(capsys, tmp_path):
     # Rank 1's program ended in order (fourth field: notice.FINISHED_ENV) and
     # waited in MPI_Finalize until stopped; the others' next collective failed
-    # ("shutdown() was called on some rank"). It is named; no survivor is
+    # ("shutdown() was called on rank R"). It is named; no survivor is
     # blamed as the first to fail.
     statuses = {0: (1, False, False, False), 1: (143, True, False, True),
                 2: (1, False, False, False)}
