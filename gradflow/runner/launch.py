@@ -221,6 +221,12 @@ def validate(args: argparse.Namespace) -> List[str]:
         raise ValueError(f"--network-interface expects one interface name, got "
                          f"{args.network_interface!r}")
     _hvd.interfaces(args)  # raises for a bad --network-interfaces list
+    out = args.output_filename
+    if out and os.path.lexists(out) and not os.path.isdir(out):
+        # Every local rank would fail to create DIR/rank.N/ (exit 2) and the
+        # first to exit would be named as if it had failed first.
+        raise ValueError(f"--output-filename {out}: exists and is not a directory (each rank "
+                         "writes DIR/rank.N/{stdout,stderr})")
     host_list = _host_list(args)
     return _hosts.rank_to_host(host_list, args.np) if host_list else ["localhost"] * args.np
 

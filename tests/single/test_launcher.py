@@ -206,6 +206,20 @@ def test_out_of_range_settings_flag_fails_before_launching(elastic, capsys, monk
     assert "1e-06 <= value <= 1" in err, err
 
 
+def test_output_filename_that_is_a_file_fails_before_launching(capsys, monkeypatch, tmp_path):
+    """--output-filename naming an existing file: exit 2 before launching.
+    It used to start the job; every rank failed to create DIR/rank.N/ (exit
+    2) and gradflowrun named one of them as the rank that failed first
+    (helper-15's audit). Elastic mode refuses the flag altogether."""
+    for name in ("run_job", "run_elastic"):
+        monkeypatch.setattr(L, name, lambda *a, **k: pytest.fail("the job was launched"))
+    out = tmp_path / "out"
+    out.write_text("")
+    assert L.main(["-np", "2", "--output-filename", str(out), "python", "x.py"]) == 2
+    err = capsys.readouterr().err
+    assert f"--output-filename {out}: exists and is not a directory" in err, err
+
+
 # --------------------------------------------------------- the command line
 
 def test_build_launch_hydra():
