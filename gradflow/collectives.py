@@ -167,13 +167,24 @@ def allgather(array: ArrayLike, name: Optional[str] = None,
     return allgather_async(array, name, process_set).wait()
 
 
+def root_rank_of(root_rank: Any) -> int:
+    """`root_rank` as an int: a whole number (an int, a numpy integer, 1.0);
+    ValueError for anything else. int() truncated 1.5 to 1 and took "1",
+    so the broadcast came from another rank than asked, silently (Horovod's
+    bindings refuse a float root)."""
+    root = int(root_rank)
+    if isinstance(root_rank, (str, bytes)) or root != root_rank:
+        raise ValueError(f"gradflow: root_rank must be a whole rank number, got {root_rank!r}")
+    return root
+
+
 def broadcast_async(array: ArrayLike, root_rank: int, name: Optional[str] = None,
                     process_set: Optional[ProcessSet] = None) -> Handle:
     """Start a broadcast of root's `array`; the result is a new array.
     `root_rank` is a global rank (a member of `process_set`), as in Horovod."""
     name = auto_name(BROADCAST, name, process_set)
     with preparing(BROADCAST, name, process_set):
-        root = int(root_rank)
+        root = root_rank_of(root_rank)
         a = _prepare(array)
         out = np.empty_like(a)
         return submit(BROADCAST, name, a.ctypes.data, out.ctypes.data,
@@ -322,7 +333,7 @@ def broadcast_pickled(obj: Any, root_rank: int, size_name: str, data_name: str,
     (header broadcast `size_name`, bytes `data_name`); other ranks' `obj` is
     ignored. When root cannot pickle it, root re-raises its error and every
     other member raises GradflowError quoting it, all at once."""
-    root = int(root_rank)
+    root = root_rank_of(root_rank)
     if rank() == root:
         data, err = _pickle_or_error(obj, dumps)
         head = np.array([_UNPICKLABLE if err is not None else _PICKLED, data.size], np.int64)

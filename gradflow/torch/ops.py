@@ -16,7 +16,8 @@ import torch
 from .. import _dtypes
 from .._handles import Handle
 from .._runtime import ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, auto_name, rank, submit
-from ..collectives import Average, ReduceOp, Sum, native_reduce_op, op_from_average, reduce_op
+from ..collectives import (Average, ReduceOp, Sum, native_reduce_op, op_from_average, reduce_op,
+                           root_rank_of)
 from ..collectives import join as _np_join
 from .._withdrawal import preparing
 from .compression import Compression, split as _split_compression
@@ -309,7 +310,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] =
     global rank, a member of `process_set`, as in Horovod)."""
     name = auto_name(BROADCAST, name, process_set)
     with preparing(BROADCAST, name, process_set):
-        root = int(root_rank)  # (Note [Checks after naming])
+        root = root_rank_of(root_rank)  # (Note [Checks after naming])
         buf = _in_place(tensor)
         return submit(BROADCAST, name, buf.data_ptr(), buf.data_ptr(), dtype_code(buf.dtype),
                       buf.shape, (buf, tensor), lambda r: _write_back(tensor, buf), root=root,
@@ -321,7 +322,7 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = 
     """Start a broadcast of root's `tensor` into a new tensor (`root_rank`: global)."""
     name = auto_name(BROADCAST, name, process_set)
     with preparing(BROADCAST, name, process_set):
-        root = int(root_rank)  # (Note [Checks after naming])
+        root = root_rank_of(root_rank)  # (Note [Checks after naming])
         src = _staged(tensor)
         device = tensor.device
         out = torch.empty_like(src)

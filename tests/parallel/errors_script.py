@@ -1,5 +1,6 @@
 """SPMD checks that bad input raises a clear GradflowError on every rank (no
 hang, no crash) and that the runtime keeps working afterwards."""
+import pickle
 import time
 
 import numpy as np
@@ -81,6 +82,29 @@ np.testing.assert_array_equal(gf.allreduce(np.arange(4, dtype=np.int32), op=gf.S
                               np.arange(4) * N)
 expect_error(lambda: gf.allreduce(np.ones(3, np.complex64), name="complex"), "unsupported dtype", exc=TypeError)
 expect_error(lambda: gf.broadcast(np.ones(2), N + 3, name="root.range"), "out of range")
+# A root that is not a whole number raises (int() took 1.5 and "1" as rank
+# 1, 0.7 as rank 0: the broadcast came from another rank than asked).
+for bad_root in (N - 0.5, 0.7, "0"):
+    expect_error(lambda: gf.broadcast(np.ones(2), bad_root, name="root.frac"), "whole rank",
+                 exc=ValueError)
+    expect_error(lambda: gf.collectives.broadcast_pickled(
+        R, bad_root, "root.frac.size", "root.frac.data", None, pickle.dumps, pickle.loads),
+        "whole rank",
+        exc=ValueError)
+np.testing.assert_array_equal(gf.broadcast(np.full(2, R), np.float64(N - 1), name="root.whole"),
+                              np.full(2, N - 1))
+try:
+    import torch
+
+    import gradflow.torch as gt
+except ImportError:
+    torch = None
+if torch is not None:
+    expect_error(lambda: gt.broadcast(torch.ones(2), N - 0.5, name="root.frac.t"), "whole rank",
+                 exc=ValueError)
+    expect_error(lambda: gt.broadcast_(torch.ones(2), 0.7, name="root.frac.t_"), "whole rank",
+                 exc=ValueError)
+    expect_error(lambda: gt.broadcast_object(R, N - 0.5), "whole rank", exc=ValueError)
 expect_error(lambda: gf.allreduce(np.ones(2), op=17), "unknown reduce op", exc=ValueError)
 expect_error(lambda: gf.alltoall(np.ones(4), splits=[1] * (N + 1), name="a2a.len"), "splits")
 expect_error(lambda: gf.alltoall(np.ones(4), splits=[5] + [0] * (N - 1), name="a2a.sum"),
