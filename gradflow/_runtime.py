@@ -403,6 +403,13 @@ def submit(kind: int, name: str, in_ptr: int, out_ptr: int, dtype: int, shape: S
     which the optimizer skipped (Note [A skipped step owes its chunks])."""
     if "\x00" in name:  # C strings would cut it short in every error message
         raise ValueError(f"gradflow: collective name {name!r} contains a NUL character")
+    if not name.isascii():  # (O(1) for str) a lone surrogate has no UTF-8 form: the
+        try:                # core's call raised pybind11's 'incompatible function arguments'
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"gradflow: collective name {name!r} is not valid Unicode text "
+                             "(a lone surrogate, e.g. from os.fsdecode of undecodable bytes); "
+                             "it cannot be sent as UTF-8") from None
     ps = _process_sets.process_set_id(process_set, _KIND_NAMES[kind])
     _handles.sweep()
     group = _group.get()

@@ -93,6 +93,13 @@ for bad_root in (N - 0.5, 0.7, "0"):
         exc=ValueError)
 np.testing.assert_array_equal(gf.broadcast(np.full(2, R), np.float64(N - 1), name="root.whole"),
                               np.full(2, N - 1))
+# A name with a lone surrogate (os.fsdecode of undecodable bytes) has no
+# UTF-8 form: a ValueError saying so, not pybind11's "incompatible function
+# arguments" TypeError; unicode names work.
+expect_error(lambda: gf.allreduce(np.ones(2), name="grad.\udcff"), "not valid Unicode",
+             exc=ValueError)
+np.testing.assert_array_equal(gf.allreduce(np.ones(2), op=gf.Sum, name="grad.é.权重"),
+                              np.full(2, N))
 try:
     import torch
 
