@@ -142,9 +142,11 @@ def test_a_call_that_fails_before_submission_fails_everywhere(n, framework):
     here, the default), and the next calls pair with each other, never with
     the failed call's data (checked against numpy on every rank). An
     argument bad on one rank alone (op, sparse_ratio, compression, root)
-    too: Note [Checks after naming] in gradflow/_withdrawal.py."""
+    too: Note [Checks after naming] in gradflow/_withdrawal.py; and a name
+    submitted twice, refused on the ranks where the first call was still in
+    flight (native Note [Withdrawing a name in flight])."""
     out = run_mpi(n, "withdrawn_names_script.py", env={"FRAMEWORK": framework}, timeout=240)
-    cases = ["named", "unnamed", "cached", "late", "refused", "set", "bad_argument"]
+    cases = ["named", "unnamed", "cached", "late", "refused", "set", "bad_argument", "duplicate"]
     if framework == "torch":
         cases.append("grouped")
     for case in cases:

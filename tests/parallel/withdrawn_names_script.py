@@ -212,9 +212,46 @@ def case_bad_argument():
     return took
 
 
+def case_duplicate():
+    """The same name submitted twice without waiting: rank 0's first call
+    has completed, so its second is accepted; on the others the first is
+    still in flight and the second is refused ("submitted twice"). Rank 0's
+    second call used to pair with their next call under the name, silently
+    (native Note [Withdrawing a name in flight], tensor_queue.cc)."""
+    if N == 1:
+        return 0.0
+    took = 0.0
+    if R == 0:
+        time.sleep(0.5)  # the others' first call is in flight when they call again
+        first = gf.allreduce_async(data(0, R), op=gf.Sum, name="dup")
+        np.testing.assert_array_equal(first.wait(), expected_sum(0))
+        t0 = time.time()
+        second = gf.allreduce_async(data(1, R), op=gf.Sum, name="dup")
+        try:
+            second.wait()
+        except gf.GradflowError as e:
+            assert "failed on rank 1" in str(e) and "submitted twice" in str(e), str(e)
+        else:
+            raise AssertionError("rank 0's second call under 'dup' did not fail")
+        took = time.time() - t0
+    else:
+        first = gf.allreduce_async(data(0, R), op=gf.Sum, name="dup")
+        try:
+            gf.allreduce_async(data(1, R), op=gf.Sum, name="dup")
+        except ValueError as e:
+            assert "submitted twice" in str(e), str(e)
+        else:
+            raise AssertionError(f"rank {R}: the second call under 'dup' was accepted")
+        np.testing.assert_array_equal(first.wait(), expected_sum(0))
+    check_same_everywhere(allreduce_sum(data(2, R), "dup"), expected_sum(2))
+    check_same_everywhere(allreduce_sum(data(3, R)), expected_sum(3))
+    return took
+
+
 CASES = {"named": case_named, "unnamed": case_unnamed, "cached": case_cached,
          "late": case_late_peers, "grouped": case_grouped, "refused": case_refused_by_core,
-         "set": case_process_set, "bad_argument": case_bad_argument}
+         "set": case_process_set, "bad_argument": case_bad_argument,
+         "duplicate": case_duplicate}
 default = [c for c in CASES if FRAMEWORK == "torch" or c != "grouped"]
 for case in os.environ.get("CASES", ",".join(default)).split(","):
     took = CASES[case]()
