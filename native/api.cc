@@ -31,6 +31,16 @@ Config load_config_or_defaults(const std::map<std::string, std::string>& overrid
   }
 }
 constexpr int kPoolIndexBits = 32;
+
+// Note [CSC sums only]: CSC keeps what a rank did not send as an error-feedback
+// residual and adds it to the next call's input, and the receivers treat the
+// chunks not sent as zeros. That is exact bookkeeping for a sum (and an
+// average); for min, max and product it returned zeros for every chunk not
+// sent and fed a running sum back into a min (helper-17's audit: with
+// GRADFLOW_SPARSE_RATIO set for the gradients, a plain allreduce(op=Max) of
+// metrics came back mostly zeros, alike on every rank). So the default ratio
+// does not apply to them and an explicit one is refused.
+bool csc_reduces(ReduceOp op) { return op == ReduceOp::kSum || op == ReduceOp::kAverage; }
 }  // namespace
 
 Runtime::Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>& overrides,
@@ -184,6 +194,11 @@ int64_t Runtime::submit_checked(const SubmitArgs& a) {
     r.wire = WireDtype::kNative;
     r.sparse_ratio = 1.0;
   }
+  if (a.kind == OpKind::kAllreduce && !csc_reduces(a.op) && a.sparse_ratio < 0) {
+    // Note [CSC sums only]: GRADFLOW_SPARSE_RATIO is for sums; min, max and
+    // product stay dense (an explicit sparse_ratio is refused in validate_submit).
+    r.sparse_ratio = 1.0;
+  }
   r.in_pool = a.in_pool;
   r.step_tag = a.step_tag;
   r.group_size = a.group_size;
@@ -231,6 +246,13 @@ void Runtime::validate_submit(const SubmitArgs& a) const {
     GF_CHECK_ARG(!a.in_pool, "gradflow: gradient pools do not support op=Adasum");
   } else if (a.kind == OpKind::kAllreduce || a.kind == OpKind::kReducescatter) {
     GF_CHECK_ARG(reduce_supported(a.dtype, a.op, &why), "gradflow: " << what << " '" << a.name << "': " << why);
+    GF_CHECK_ARG(a.kind != OpKind::kAllreduce || csc_reduces(a.op) || a.sparse_ratio < 0 ||
+                     a.sparse_ratio >= 1,
+                 "gradflow: allreduce '" << a.name << "': sparse_ratio " << a.sparse_ratio
+                                         << " with op=" << reduce_op_name(a.op)
+                                         << " is not supported: CSC keeps the unsent part of a "
+                                            "sum for the next call, which min, max and product "
+                                            "cannot use; pass sparse_ratio=1 or None");
     // Scaling is defined for every numeric dtype (integers as Horovod: in
     // double, truncated); bool has no product with a factor.
     for (double f : {a.prescale, a.postscale})

@@ -95,3 +95,14 @@ def test_join_with_an_unfinished_accumulation_step(n):
 def test_init_on_sub_communicator(n):
     out = run_mpi(n, "subcomm_script.py", timeout=120)
     assert out.stdout.count("subcomm OK") == n
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_csc_setting_leaves_min_max_product_dense(n):
+    # Native Note [CSC sums only] (helper-17's audit): with
+    # GRADFLOW_SPARSE_RATIO=0.1, allreduce(op=Max) of 100000 floats came
+    # back 67 % zeros (2 ranks, alike on every rank), and an explicit
+    # sparse_ratio with Min/Max/Product was accepted.
+    out = run_mpi(n, "csc_ops_script.py", env={"GRADFLOW_SPARSE_RATIO": "0.1"}, timeout=120)
+    for r in range(n):
+        assert f"ok csc ops on rank {r}" in out.stdout, out.stdout + out.stderr
