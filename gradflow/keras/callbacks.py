@@ -106,7 +106,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     def __init__(self, root_rank: int, device: str = "", local_variables=None):
         super().__init__()
-        self.root_rank = int(root_rank)
+        self.root_rank = _c.root_rank_of(root_rank)  # 1.5 is no rank: ValueError
         self.device = device  # no-op on CPU (Horovod: device for the broadcast ops)
         if local_variables is None:
             local_variables = []

@@ -358,7 +358,7 @@ def broadcast(tensor: TensorLike, root_rank: int, name: Optional[str] = None,
     name = op_name("broadcast", name, process_set)
     x = _as_tensor(tensor)
     _check_dtype(x, "broadcast")
-    root = int(root_rank)
+    root = _c.root_rank_of(root_rank)
 
     @tf.custom_gradient
     def _broadcast(x):
@@ -408,7 +408,7 @@ def broadcast_(variables: Union[tf.Variable, Sequence[tf.Variable]], root_rank: 
     values = [tf.convert_to_tensor(v) for v in variables]
     for v in values:
         _check_dtype(v, "broadcast_")
-    root = int(root_rank)
+    root = _c.root_rank_of(root_rank)
 
     def fn(*arrays):
         names = [f"{base}.{i}" for i in range(len(arrays))]

@@ -82,6 +82,14 @@ def check_ops(mode, run):
         assert "splits must be integers" in str(e), e
     else:
         raise AssertionError(f"{mode} alltoall with splits [1.5, ...] did not raise")
+    # A root that is not a whole number raises (int() took 1.5 as rank 1).
+    for root in (0.5, "0"):
+        try:
+            run(lambda x: gtf.broadcast(x, root), np.ones(2, np.float32))
+        except ValueError as e:
+            assert "root_rank must be a whole rank number" in str(e), e
+        else:
+            raise AssertionError(f"{mode} broadcast with root_rank={root!r} did not raise")
 
 
 def eager(fn, *args):
