@@ -32,10 +32,10 @@ from .stats_callback import TensorBoardStatsCallback  # noqa: F401  (gradflow.ke
 from .epoch_agreement import EpochAgreementCallback  # noqa: F401,E402  (the same)
 
 
-def gradient_accumulators(optimizer) -> set:
-    """ids of `optimizer`'s gradient accumulators (Keras's
+def without_accumulators(optimizer, variables) -> list:
+    """`variables` (of `optimizer`) less its gradient accumulators (Keras's
     `_accumulated_gradients`, which `backward_passes_per_step=k > 1` uses;
-    a LossScaleOptimizer is looked through). Note [Accumulators stay local].
+    a LossScaleOptimizer is looked through): what a broadcast may make equal.
 
     Note [Accumulators stay local]: with k > 1 each rank's accumulators hold
     the sum of its own batches of the unfinished k-batch step; the step's
@@ -52,8 +52,9 @@ def gradient_accumulators(optimizer) -> set:
     ran those batches. The iteration counter is broadcast, so every rank
     agrees where the step ends. The weights stay identical either way (the
     accumulators only reach them through the reduction)."""
-    optimizer = getattr(optimizer, "inner_optimizer", optimizer)
-    return {id(v) for v in (getattr(optimizer, "_accumulated_gradients", None) or [])}
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    local = {id(v) for v in (getattr(inner, "_accumulated_gradients", None) or [])}
+    return [v for v in variables if id(v) not in local]
 
 
 def _variables_of(model: keras.Model):
@@ -66,8 +67,7 @@ def _variables_of(model: keras.Model):
         opt.build(model.trainable_variables)
     if opt is None:
         return list(model.variables)
-    local = gradient_accumulators(opt)
-    return list(model.variables) + [v for v in opt.variables if id(v) not in local]
+    return list(model.variables) + without_accumulators(opt, opt.variables)
 
 
 def broadcast_keras_variables(variables, root_rank: int, name: str) -> None:

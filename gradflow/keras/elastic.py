@@ -32,7 +32,7 @@ from ..elastic import ObjectState, run_fn
 from ..elastic.run import _peer_lost, reset_runtime
 from ..elastic.state import broadcast_object
 from .._basics import HorovodInternalError
-from .callbacks import broadcast_keras_variables, gradient_accumulators
+from .callbacks import broadcast_keras_variables, without_accumulators
 from .hyperparameter_check import restart_crc_of
 
 __all__ = ["run", "KerasState", "TensorFlowKerasState", "CommitStateCallback",
@@ -150,8 +150,7 @@ class KerasState(ObjectState):
         model_vars, opt_vars = self._variables()
         # Each rank's gradient accumulators (backward_passes_per_step > 1) stay
         # its own, as restore() left them: Note [Accumulators stay local].
-        local = gradient_accumulators(self.optimizer)
-        opt_vars = [v for v in opt_vars if id(v) not in local]
+        opt_vars = without_accumulators(self.optimizer, opt_vars)
         broadcast_keras_variables(model_vars + opt_vars, root_rank=0,
                                   name="gradflow.elastic.keras_variables")
         restart_crc_of(self.optimizer)  # the learning rate was broadcast too

@@ -427,9 +427,10 @@ def main(argv: Optional[Sequence[str]] = None, config_keys: Optional[Sequence[An
         # with exit code 2 as any usage error; it used to start the job and
         # fail in every rank's init(): a traceback per rank and "rank 0
         # failed first" (the core's own parser decides, as at init()).
-        if native is not None and settings_env(args, config_keys):
+        settings = settings_env(args, config_keys) if native is not None else {}
+        if settings:
             try:
-                native.validate_config(settings_env(args, config_keys))
+                native.validate_config(settings)
             except native.GradflowError as e:
                 raise ValueError(str(e).removeprefix("gradflow: ")) from None
     except ValueError as e:

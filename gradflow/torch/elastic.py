@@ -240,8 +240,13 @@ def _items(value: Any) -> List[Any]:
     return list(value) if isinstance(value, (list, tuple)) else []
 
 
+def _handler_class(value: Any) -> Optional[type]:
+    """The handler class of a model, optimizer, sampler, scaler or scheduler."""
+    return next((h for t, h in _HANDLERS if isinstance(value, t)), None)
+
+
 def _leaf_handler(value: Any) -> Optional[_Handler]:
-    cls = next((h for t, h in _HANDLERS if isinstance(value, t)), None)
+    cls = _handler_class(value)
     return None if cls is None else cls(value)
 
 
@@ -249,7 +254,7 @@ def _holds_handled(value: Any, depth: int = 0) -> bool:
     """Whether a plain value holds (in lists, tuples, dicts or sets) an
     object that needs a handler: pickled with the rest, it would reach
     ranks > 0 as a copy that nothing in their loop uses."""
-    if depth and any(isinstance(value, t) for t, _ in _HANDLERS):
+    if depth and _handler_class(value) is not None:
         return True
     items = list(value) if isinstance(value, (set, frozenset)) else _items(value)
     return depth < 4 and any(_holds_handled(v, depth + 1) for v in items)
@@ -266,7 +271,7 @@ def _handler_for(name: str, value: Any) -> Optional[_Handler]:
     handler = _leaf_handler(value)
     if handler is not None:
         return handler
-    if _items(value) and all(_leaf_handler_type(v) for v in _items(value)):
+    if _items(value) and all(_handler_class(v) is not None for v in _items(value)):
         return _ContainerHandler(value)
     if _holds_handled(value):
         raise ValueError(f"gradflow: TorchState: '{name}' holds a model, optimizer, sampler, "
@@ -275,10 +280,6 @@ def _handler_for(name: str, value: Any) -> Optional[_Handler]:
                          "Give each as its own keyword, or a list/tuple/dict of only such "
                          "objects")
     return None
-
-
-def _leaf_handler_type(value: Any) -> bool:
-    return any(isinstance(value, t) for t, _ in _HANDLERS)
 
 
 def _optimizer_scaler(optimizer: Any) -> Any:
