@@ -30,46 +30,40 @@ int64_t TensorQueue::submit(TensorEntry entry) {
   const bool after_withdrawal =
       withdrawn_names_.count(entry.request.name) && !held_.count(entry.request.name) &&
       entry.request.withdrawn.empty();
-  if (!entry.request.withdrawn.empty() && in_flight_names_.count(entry.request.name) &&
-      !withdrawn_names_.count(entry.request.name) && !held_.count(entry.request.name)) {
-    // Note [Withdrawing a name in flight]: this rank refused a second call
-    // under a name its first call still holds ("submitted twice"), and the
-    // binding withdraws the refused call. A rank whose first call had
-    // completed by then accepted its second call, which used to pair with
-    // this rank's next call under the name, and every call after it one
-    // behind, silently (2 ranks, per step a Sum of step+1 and then of
-    // 100+step under one name, unwaited: at step 1 rank 1 got 102 and
-    // rank 0 got 5, both expecting 4). Refused as
-    // "submitted twice" too, the withdrawal was lost. Now it is held here
-    // and goes out when the first call completes (complete()), so those
-    // ranks' second call fails with this rank's error; a later call under
-    // the name waits for it as after any withdrawal (Note [Withdrawn names]).
-    // Not covered: a refusal while this rank's first call is itself held
-    // behind an earlier withdrawal (its withdrawal is still dropped).
-    entry.handle = g_next_handle++;
-    entry.submitted = std::chrono::steady_clock::now();
-    withdrawn_names_.insert(entry.request.name);
-    in_flight_handles_.insert(entry.handle);
-    int64_t h = entry.handle;
-    held_.emplace(entry.request.name, std::move(entry));
-    return h;
-  }
+  // Note [Withdrawing a name in flight]: this rank refused a second call
+  // under a name its first call still holds ("submitted twice"), and the
+  // binding withdraws the refused call. A rank whose first call had
+  // completed by then accepted its second call, which used to pair with
+  // this rank's next call under the name, and every call after it one
+  // behind, silently (2 ranks, per step a Sum of step+1 and then of
+  // 100+step under one name, unwaited: at step 1 rank 1 got 102 and
+  // rank 0 got 5, both expecting 4). Refused as
+  // "submitted twice" too, the withdrawal was lost. Now it is held here
+  // and goes out when the first call completes (complete()), so those
+  // ranks' second call fails with this rank's error; a later call under
+  // the name waits for it as after any withdrawal (Note [Withdrawn names]).
+  // Not covered: a refusal while this rank's first call is itself held
+  // behind an earlier withdrawal (its withdrawal is still dropped).
+  const bool withdrawal_in_flight =
+      !entry.request.withdrawn.empty() && in_flight_names_.count(entry.request.name) &&
+      !withdrawn_names_.count(entry.request.name) && !held_.count(entry.request.name);
   // An invalid argument (ValueError), as in Horovod.
-  GF_CHECK_ARG(after_withdrawal || !in_flight_names_.count(entry.request.name),
+  GF_CHECK_ARG(after_withdrawal || withdrawal_in_flight || !in_flight_names_.count(entry.request.name),
            "gradflow: " << op_kind_name(entry.request.kind) << " '" << entry.request.name
                         << "' was submitted twice on rank " << entry.request.rank
                         << " before the first one completed; use distinct names or wait "
                            "for the first handle");
   entry.handle = g_next_handle++;
   entry.submitted = std::chrono::steady_clock::now();
-  in_flight_names_.insert(entry.request.name);
+  in_flight_names_.insert(entry.request.name);  // (already there for withdrawal_in_flight)
   if (!entry.request.withdrawn.empty()) withdrawn_names_.insert(entry.request.name);
   in_flight_handles_.insert(entry.handle);
   int64_t h = entry.handle;
-  if (after_withdrawal) {
+  if (after_withdrawal || withdrawal_in_flight) {
     // Note [Withdrawn names] (coordinator.h): the withdrawn call is still
     // being failed on the other ranks; this next call under its name waits
-    // here until it is, so the coordinator never sees two at once.
+    // here until it is, so the coordinator never sees two at once. (A
+    // withdrawal in flight waits for this rank's first call the same way.)
     held_.emplace(entry.request.name, std::move(entry));
     return h;
   }
@@ -94,6 +88,14 @@ std::vector<TensorEntry> TensorQueue::drain() {
   return out;
 }
 
+void TensorQueue::release_held_locked(std::map<std::string, TensorEntry>::iterator held) {
+  in_flight_names_.insert(held->first);
+  queue_.push_back(std::move(held->second));
+  held_.erase(held);
+  wakes_.fetch_add(1, std::memory_order_release);
+  wake_cv_.notify_all();
+}
+
 void TensorQueue::complete(const TensorEntry& entry, HandleResult result) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -103,25 +105,14 @@ void TensorQueue::complete(const TensorEntry& entry, HandleResult result) {
       // A withdrawal held behind this call goes out now (Note [Withdrawing
       // a name in flight], submit()).
       auto held = held_.find(entry.request.name);
-      if (held != held_.end() && !held->second.request.withdrawn.empty()) {
-        in_flight_names_.insert(held->first);
-        queue_.push_back(std::move(held->second));
-        held_.erase(held);
-        wakes_.fetch_add(1, std::memory_order_release);
-        wake_cv_.notify_all();
-      }
+      if (held != held_.end() && !held->second.request.withdrawn.empty()) release_held_locked(held);
     }
     // A withdrawal has no caller: nobody holds its handle; a call made under
     // its name since goes out now (Note [Withdrawn names]).
     if (!entry.request.withdrawn.empty()) {
       withdrawn_names_.erase(entry.request.name);
       auto held = held_.find(entry.request.name);
-      if (held == held_.end()) return;
-      in_flight_names_.insert(held->first);
-      queue_.push_back(std::move(held->second));
-      held_.erase(held);
-      wakes_.fetch_add(1, std::memory_order_release);
-      wake_cv_.notify_all();
+      if (held != held_.end()) release_held_locked(held);
       return;
     }
     if (released_.erase(entry.handle)) {

@@ -153,8 +153,12 @@ class TensorQueue {
   std::vector<int64_t> reaped_;          // released, since completed
   std::set<std::string> in_flight_names_;
   std::set<std::string> withdrawn_names_;  // in flight as withdrawals (no handle)
-  // The next call under a withdrawn name, queued when the withdrawal completes.
+  // The next call under a withdrawn name, queued when the withdrawal completes;
+  // or a withdrawal of a name whose first call is in flight, queued when that
+  // call completes (Note [Withdrawing a name in flight], tensor_queue.cc).
   std::map<std::string, TensorEntry> held_;
+  // Queues a held entry (under mu_) and wakes the loop.
+  void release_held_locked(std::map<std::string, TensorEntry>::iterator held);
   bool closed_ = false;
   std::string close_reason_;
   // Bumped under mu_ by every complete() (completions_) and every submit()
