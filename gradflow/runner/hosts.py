@@ -6,9 +6,10 @@ processes or import the native module.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import re
 import socket
-from typing import Iterable, List, Sequence
+from typing import Callable, Iterable, List, Sequence
 
 __all__ = [
     "HostSlots",
@@ -19,6 +20,7 @@ __all__ = [
     "rank_to_host",
     "hydra_hosts_arg",
     "is_local_host",
+    "merge_local_aliases",
 ]
 
 
@@ -153,14 +155,55 @@ def hydra_hosts_arg(hosts: Sequence[HostSlots], np: int) -> str:
     return ",".join(used)
 
 
-def is_local_host(name: str) -> bool:
-    """True when ``name`` designates this machine."""
-    local = {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn()}
-    if name in local:
+def _is_local_address(family: int, sockaddr: tuple) -> bool:
+    """True for a loopback address or one assigned to an interface here (the
+    kernel lets a socket bind only to those)."""
+    if ipaddress.ip_address(sockaddr[0].split("%")[0]).is_loopback:
         return True
     try:
-        here = socket.gethostbyname(socket.gethostname())
-        return socket.gethostbyname(name) in ("127.0.0.1", here)
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.bind(sockaddr)
+        return True
     except OSError:
         return False
 
+
+def is_local_host(name: str) -> bool:
+    """True when ``name`` designates this machine: localhost, its host name,
+    or a name or address that resolves to a loopback address or to one of
+    this machine's interface addresses (e.g. 127.0.1.1 or its LAN IP)."""
+    if name in ("localhost", socket.gethostname(), socket.getfqdn()):
+        return True
+    try:
+        infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_UDP)
+    except (OSError, UnicodeError):
+        return False
+    return any(_is_local_address(family, sockaddr) for family, _, _, _, sockaddr in infos)
+
+
+def merge_local_aliases(hosts: Sequence[HostSlots],
+                        is_local: Callable[[str], bool] = is_local_host) -> List[HostSlots]:
+    """One entry for all the names of this machine, at the first one's place
+    with their slots summed; other hosts unchanged.
+
+    Hydra starts one proxy per listed name, and MPICH's shared-memory split
+    (local_rank, local_size) follows the proxies: ``-H localhost:2,127.0.0.1:1``
+    gave two processes on this machine local_rank 0 (one GPU for both under
+    ``torch.cuda.set_device(local_rank())``). Open MPI's mpirun, which
+    horovodrun uses, likewise folds the local node's aliases into one node.
+    Other machines' aliases are not detected (that would need every host's
+    addresses); a host listed twice under one name is refused by the parsers.
+    """
+    merged: List[HostSlots] = []
+    first_local = None
+    for h in hosts:
+        if is_local(h.name):
+            if first_local is None:
+                first_local = len(merged)
+                merged.append(h)
+            else:
+                kept = merged[first_local]
+                merged[first_local] = HostSlots(kept.name, kept.slots + h.slots)
+            continue
+        merged.append(h)
+    return merged

@@ -232,10 +232,12 @@ def validate(args: argparse.Namespace) -> List[str]:
 
 
 def _host_list(args: argparse.Namespace) -> List[_hosts.HostSlots]:
+    # This machine's aliases (localhost, 127.0.0.1, its name and addresses)
+    # are one host, so local_rank counts every rank here (merge_local_aliases).
     if args.hosts:
-        return _hosts.parse_hosts(args.hosts)
+        return _hosts.merge_local_aliases(_hosts.parse_hosts(args.hosts))
     if args.hostfile:
-        return _hosts.read_hostfile(args.hostfile)
+        return _hosts.merge_local_aliases(_hosts.read_hostfile(args.hostfile))
     return []
 
 

@@ -141,6 +141,19 @@ def test_hosts_localhost():
     assert sorted(r.stdout.splitlines()) == ["[0]<stdout>: ok", "[1]<stdout>: ok"]
 
 
+def test_local_aliases_are_one_host():
+    """localhost and 127.0.0.1 are this machine: three ranks, local_rank 0, 1,
+    2 and local_size 3 (before, hydra ran a proxy per name and MPICH gave
+    rank 2 local_rank 0 beside rank 0, local_size 1)."""
+    body = ("import gradflow as gf; gf.init(); "
+            "print('local', gf.rank(), gf.local_rank(), gf.local_size(), gf.cross_size()); "
+            "gf.shutdown()")
+    r = gradflowrun("-np", "3", "-H", "localhost:2,127.0.0.1:1", sys.executable, "-c", body)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = sorted(line.split(": ", 1)[1] for line in r.stdout.splitlines() if "local " in line)
+    assert got == ["local 0 0 3 1", "local 1 1 3 1", "local 2 2 3 1"], r.stdout
+
+
 def test_start_timeout(tmp_path):
     fake = tmp_path / "fake_mpiexec"  # answers --version like hydra, never starts ranks
     fake.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo HYDRA; exit 0; }\nexec sleep 60\n')
