@@ -26,9 +26,55 @@ def install(comm_of: Callable[[], Any]) -> None:
     """Install the excepthook and the exit hook (once per process, before
     MPI is up: a timed-out init() must skip MPI_Finalize too). `comm_of`
     returns the runtime's mpi4py communicator or None (for the exit message)."""
-    global _comm_of
+    global _comm_of, _init_called
     _comm_of = comm_of
+    _init_called = True
     _install_hooks()
+
+
+# Note [A rank that leaves with MPI up and no init()]
+# A program that starts MPI itself (imports mpi4py.MPI) and ends on some rank
+# without calling init() (a branch that returns early) does not exit there:
+# mpi4py's MPI_Finalize, run after every Python atexit handler (Py_AtExit),
+# waits for the other ranks, while they wait in init() for it until
+# GRADFLOW_TIMEOUT. Under gradflowrun, this rank says so on its way out
+# (notice.MPI_START_ENV's <path>.left) and the others say whom their init()
+# waits for (<path>.init, init_waits_for), so gradflowrun stops the job within
+# seconds (supervise.py). Needs gradflow imported on the leaving rank; a
+# process that never imports it, or ends with os._exit, still leaves the
+# others to GRADFLOW_TIMEOUT, as does a plain mpiexec (there is no one to
+# tell: the ranks' MPI cannot be interrupted, and aborting the job from this
+# rank would also end jobs where it was never in init()'s communicator).
+_init_called = False
+
+
+def _leaving_without_init() -> None:
+    if _init_called or _native.forked_child():
+        return
+    mpi = sys.modules.get("mpi4py.MPI")
+    try:
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+            _notice.report_mpi_start("left")
+    except Exception:
+        pass
+
+
+if os.environ.get(_notice.MPI_START_ENV):
+    atexit.register(_leaving_without_init)
+
+
+def init_waits_for(comm: Any, mpi: Any) -> None:
+    """Under gradflowrun: record the COMM_WORLD ranks of `comm`, whose init()
+    this rank is about to wait for (Note [A rank that leaves with MPI up and
+    no init()]). Never raises."""
+    if not os.environ.get(_notice.MPI_START_ENV):
+        return
+    try:
+        world = mpi.COMM_WORLD.Get_group()
+        ranks = mpi.Group.Translate_ranks(comm.Get_group(), list(range(comm.Get_size())), world)
+        _notice.report_init_wait([r for r in ranks if r != mpi.UNDEFINED])
+    except Exception:
+        pass
 
 
 def _write_whole_traceback(exc_type, exc, tb) -> bool:

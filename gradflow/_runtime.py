@@ -114,6 +114,8 @@ def init(comm: Optional[Union[MPI.Comm, Sequence[int]]] = None,
         _hooks_installed = True
     from . import horovod_compat  # noqa: PLC0415 - reads HOROVOD_* only in compat mode
     mapped = horovod_compat.before_init()
+    if elastic_link is None:  # (an elastic generation's world is not COMM_WORLD)
+        _exit_hooks.init_waits_for(comm, MPI)
     try:
         _native.init(int(comm.handle),
                      _timeline_override(elastic_link.gen if elastic_link is not None else None))
@@ -121,6 +123,7 @@ def init(comm: Optional[Union[MPI.Comm, Sequence[int]]] = None,
         horovod_compat.reraise_with_origin(e, mapped)
         raise
     _comm = comm
+    _notice.report_mpi_start("ready")
     global _generation
     _generation += 1
     horovod_compat.after_init(_native.rank())

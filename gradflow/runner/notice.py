@@ -9,6 +9,7 @@ wrapper (run by path) and gradflow/__init__.py both import it.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import signal
@@ -45,6 +46,13 @@ FINISHED_ENV = "GRADFLOWRUN_FINISHED_FILE"
 # init()) used to leave the others there until GRADFLOW_INIT_TIMEOUT (300 s);
 # gradflowrun now sees it and stops the job within seconds (supervise.py).
 MPI_START_ENV = "GRADFLOWRUN_MPI_START_FILE"
+# Beside those, for MPI started by the program itself (mpi4py imported before
+# init()): <path>.init holds the COMM_WORLD ranks init()'s communicator
+# waits for, <path>.ready says init() returned, and <path>.left that the
+# process is exiting with MPI up and init() never called (mpi4py's
+# MPI_Finalize comes next and waits for the others, so its exit code never
+# shows). Ranks in init() waiting for a rank that left used to wait
+# GRADFLOW_TIMEOUT; gradflowrun now stops the job within seconds.
 # Diagnostics: with this set to 1, a rank that gradflowrun stops (SIGTERM:
 # the grace period after a failure, or the user's stop) first prints every
 # Python thread's stack to stderr (faulthandler), then dies as before. For a
@@ -111,6 +119,24 @@ def report_mpi_start(stage: str, environ=None) -> None:
     no-op outside gradflowrun; never raises, never follows a link."""
     path = (os.environ if environ is None else environ).get(MPI_START_ENV)
     _create(f"{path}.{stage}" if path else None)
+
+
+def report_init_wait(world_ranks, environ=None) -> None:
+    """Rank side: init() now waits for these COMM_WORLD ranks (<path>.init,
+    written whole); no-op outside gradflowrun; never raises."""
+    path = (os.environ if environ is None else environ).get(MPI_START_ENV)
+    if not path:
+        return
+    tmp = f"{path}.init.tmp"
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(" ".join(str(int(r)) for r in world_ranks) + "\n")
+        os.replace(tmp, f"{path}.init")
+    except (OSError, ValueError, TypeError):
+        pass
 
 
 def _create(path: Optional[str]) -> None:

@@ -38,7 +38,8 @@ KILL_GRACE_SECONDS = 5.0  # between the stages of stopping a job (see _Stopper)
 # signal death counts as this much earlier than it was seen.
 SIGNAL_HEAD_START_SECONDS = 2.0
 # The stop reason when a rank exited with code 0 without starting MPI while
-# others wait in MPI's start-up (notice.MPI_START_ENV; _never_started_mpi).
+# others wait in MPI's start-up (notice.MPI_START_ENV; _never_started_mpi),
+# or left with MPI up while others wait in init() for it (_left_without_init).
 MPI_START_WHY = "a rank exited before starting MPI"
 
 
@@ -122,15 +123,10 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
                 write_notice(status_dir, _notice.describe_exit(first, statuses[first][0]))
             if failed_at and now - failed_at > FAILURE_GRACE_SECONDS:
                 stopper.start(signal.SIGTERM, "failed")
-            stranded = _never_started_mpi(status_dir, statuses, np) if stopper.stage == 0 else None
+            stranded = _stranded(status_dir, statuses, np) if stopper.stage == 0 else None
             stranded_at = (stranded_at or now) if stranded else None
             if stranded and now - stranded_at > FAILURE_GRACE_SECONDS:
-                print(f"gradflowrun: rank(s) {_ranks(stranded[0])} exited with code 0 without "
-                      "calling gradflow.init() while rank(s) "
-                      f"{_ranks(stranded[1])} wait for them in init() (MPI's start-up waits "
-                      "for every rank and would give up only after GRADFLOW_INIT_TIMEOUT); "
-                      "stopping the job: every rank must call gradflow.init()",
-                      file=sys.stderr, flush=True)
+                print(stranded, file=sys.stderr, flush=True)
                 stopper.start(signal.SIGTERM, MPI_START_WHY)
             if stopper.stage == 0 and now - started > start_timeout:
                 missing = [r for r in local_ranks if not os.path.exists(
@@ -154,6 +150,53 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
             seen_at[r] = gone_at.get(r, now)
     return _report(proc.returncode, statuses, np, received, stopper.why,
                    failure_order(seen_at, statuses))
+
+
+def _stranded(status_dir: str, statuses: Dict[int, "RankExit"], np: int) -> Optional[str]:
+    """Why ranks in init() can never finish it, or None: a rank exited with
+    code 0 before MPI's start-up (_never_started_mpi), or a rank is leaving
+    with MPI up and without calling init() while others' init() waits for it
+    (_left_without_init)."""
+    stranded = _never_started_mpi(status_dir, statuses, np)
+    if stranded:
+        return (f"gradflowrun: rank(s) {_ranks(stranded[0])} exited with code 0 without "
+                f"calling gradflow.init() while rank(s) {_ranks(stranded[1])} wait for them in "
+                "init() (MPI's start-up waits for every rank and would give up only after "
+                "GRADFLOW_INIT_TIMEOUT); stopping the job: every rank must call gradflow.init()")
+    stranded = _left_without_init(status_dir, statuses, np)
+    if stranded:
+        return (f"gradflowrun: rank(s) {_ranks(stranded[0])} ended without calling "
+                f"gradflow.init() (MPI was started, and MPI_Finalize waits for the other ranks) "
+                f"while rank(s) {_ranks(stranded[1])} wait for them in init() (which would give "
+                "up only after GRADFLOW_TIMEOUT); stopping the job: every rank of init()'s "
+                "communicator must call gradflow.init()")
+    return None
+
+
+def _left_without_init(status_dir: str, statuses: Dict[int, "RankExit"],
+                       np: int) -> Optional[Tuple[List[int], List[int]]]:
+    """(ranks leaving with MPI up and init() never called, local ranks whose
+    init() waits for one of them), both non-empty, or None (Note [A rank
+    that leaves with MPI up and no init()] in gradflow/_exit_hooks.py). The
+    latter cannot finish: init() needs every rank of its communicator."""
+    def path(r: int, stage: str) -> str:
+        return os.path.join(status_dir, f"rank.{r}.mpi.{stage}")
+
+    left = {r for r in range(np) if os.path.exists(path(r, "left"))}
+    if not left:
+        return None
+    waiting = []
+    for r in range(np):
+        if r in left or r in statuses or os.path.exists(path(r, "ready")):
+            continue
+        try:
+            with open(path(r, "init"), encoding="utf-8") as f:
+                members = {int(m) for m in f.read().split()}
+        except (OSError, ValueError):
+            continue
+        if members & left:
+            waiting.append(r)
+    return (sorted(left), waiting) if waiting else None
 
 
 def _never_started_mpi(status_dir: str, statuses: Dict[int, "RankExit"],

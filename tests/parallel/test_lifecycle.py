@@ -1,7 +1,8 @@
 """Lifecycle: handles dropped or waited by several threads, shutdown() from
 another thread (during waits, submits and a 64 MiB ring) and at exit with a
 thread still waiting, fork() after init(), re-init with an optimizer of the
-previous runtime, init() without one rank, exit after a dead peer with
+previous runtime, init() without one rank (gradflowrun stopping such a job
+when MPI is up or not), exit after a dead peer with
 two-sync windows. Each script checks its own ranks; here: exit status, the
 final line, and time bounds a hang would blow through."""
 import os
@@ -92,6 +93,32 @@ def test_gradflowrun_stops_a_job_whose_rank_exited_0_before_init(n):
     if n == 3:
         r = gradflowrun("-np", "3", sys.executable, script, "late", timeout=120)
         assert r.returncode == 0 and r.stdout.count("init returned") == 3, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_gradflowrun_stops_a_job_whose_rank_left_with_mpi_up_before_init(n):
+    """The program imports mpi4py itself; its last rank ends without init()
+    and sits in MPI_Finalize. Under gradflowrun the others, in init() for
+    it, are stopped within seconds (they waited GRADFLOW_TIMEOUT, 60 s
+    here; Note [A rank that leaves with MPI up and no init()]). Without it
+    in init()'s communicator, the others run as usual and the job ends 0."""
+    if launcher() == "openmpi":
+        pytest.skip("the status files are gradflowrun's; checked with hydra")
+    script = os.path.join(HERE, "lifecycle_left_before_init_script.py")
+    t0 = time.monotonic()
+    r = gradflowrun("-np", str(n), sys.executable, script, "leave",
+                    env={"GRADFLOW_TIMEOUT": "60"}, timeout=120)
+    elapsed = time.monotonic() - t0
+    report = f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
+    waiting = ", ".join(str(i) for i in range(n - 1))
+    assert (f"gradflowrun: rank(s) {n - 1} ended without calling gradflow.init() (MPI was "
+            f"started, and MPI_Finalize waits for the other ranks) while rank(s) {waiting} "
+            "wait for them in init()") in r.stderr, report
+    assert r.returncode == 1 and "init returned" not in r.stdout, report
+    assert elapsed < 30, f"took {elapsed:.0f} s\n{report}"
+    r = gradflowrun("-np", str(n), sys.executable, script, "subset",
+                    env={"GRADFLOW_TIMEOUT": "60"}, timeout=120)
+    assert r.returncode == 0 and r.stdout.count("allreduce OK") == n - 1, r.stdout + r.stderr
 
 
 def test_init_before_mpi_started_waits_for_a_late_rank():
