@@ -81,6 +81,21 @@ class _DistributedMixin:
                                     **cls._gradflow_settings)
 
     @property
+    def lr(self) -> Any:
+        """Keras 2's `learning_rate` alias, gone in Keras 3 but used by Horovod's
+        elastic Keras example (`tf.keras.backend.set_value(opt.lr, x)` on reset).
+        TF backend: the step's `tf.Variable` (set_value/assign/float work);
+        a schedule as is, as Keras 2."""
+        rate = self._learning_rate
+        if isinstance(rate, keras.Variable) and keras.backend.backend() == "tensorflow":
+            return rate.value  # keras.Variable -> its tf.Variable (set_value needs one)
+        return rate
+
+    @lr.setter
+    def lr(self, value: Any) -> None:
+        self.learning_rate = value
+
+    @property
     def sparse_ratio(self) -> Optional[float]:
         """CSC ratio read on every step (None: GRADFLOW_SPARSE_RATIO, 1.0:
         dense). Checked when set: the one-rank path never submits, so the
