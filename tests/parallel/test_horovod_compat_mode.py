@@ -16,7 +16,8 @@ import sys
 import numpy as np
 import pytest
 
-from _launch import HERE, ROOT, in_place_build, mpiexec, rank_env, run_cwd
+from _launch import (HERE, ROOT, host_discovery, in_place_build, mpiexec, rank_env, run_cwd,
+                     skip_unless_hydra)
 
 TIMEOUT = 420  # Keras start-up on an oversubscribed 2-core machine is slow
 PTH = "gradflow-horovod-compat.pth"
@@ -194,3 +195,38 @@ def test_bad_switch_and_bad_horovod_value_fail_on_every_rank(n):
     proc = run_plain(sys.executable, ["-c", code], bad_value, n)
     lines = [ln for ln in proc.stdout.splitlines() if "GRADFLOW_CYCLE_TIME" in ln]
     assert len(lines) == n and all("set from HOROVOD_CYCLE_TIME" in ln for ln in lines), proc.stdout
+
+
+def elastic_finals(stdout):
+    """{rank: fields} from hvd_elastic_torch_compat_script.py's last lines
+    (matched, not split: mpiexec may join two ranks' lines)."""
+    pattern = (r"rank (\d+) of (\d+) params ([0-9a-f]{64}) lr ([0-9.]+) resets (\d+) "
+               r"epoch (\d+) first_loss ([0-9.]+) last_loss ([0-9.]+) test_loss ([0-9.]+)")
+    return {int(m[0]): m[1:] for m in re.findall(pattern, stdout)}
+
+
+@skip_unless_hydra("elastic mode starts each worker with MPICH's mpiexec")
+@pytest.mark.parametrize("kill", [False, True])
+def test_elastic_horovod_script_under_gradflowrun(kill, tmp_path):
+    """Horovod's elastic recipe (examples/elastic/pytorch), unmodified
+    imports, under `--horovod-compat` with horovodrun's elastic flags; with
+    `kill`, rank 2 is SIGKILLed mid-epoch: the two survivors roll back, the
+    reset callback rescales the learning rate to 2 ranks, and both end with
+    the same parameters and a lower loss."""
+    _, script = host_discovery(tmp_path, "localhost:3\n")
+    args = ["--horovod-compat", "--start-timeout", "150", "--min-np", "2", "--max-np", "3",
+            "--host-discovery-script", str(script), sys.executable,
+            os.path.join(HERE, "hvd_elastic_torch_compat_script.py"), str(tmp_path)]
+    proc = gradflowrun(*(args + (["2"] if kill else [])), timeout=180)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
+    finals = elastic_finals(proc.stdout)
+    size = 2 if kill else 3
+    assert sorted(finals) == list(range(size)), proc.stdout[-4000:]
+    assert {f[0] for f in finals.values()} == {str(size)}
+    assert len({f[1] for f in finals.values()}) == 1, finals     # bitwise identical
+    assert {f[2] for f in finals.values()} == {f"{0.05 * size:.4f}"}  # reset callback ran
+    assert {f[3] for f in finals.values()} == {"1" if kill else "0"}
+    assert len({f[7] for f in finals.values()}) == 1              # hvd.allreduce'd metric
+    for f in finals.values():
+        assert float(f[6]) < 0.5 * float(f[5]), f                 # it learned
+    assert ("generation 1: 2 worker(s)" in proc.stderr) == kill, proc.stderr[-3000:]
