@@ -24,8 +24,18 @@ error drew its next auto-name one behind theirs, so every later unnamed
 collective paired its call k with their call k+1, silently (3 ranks,
 op='bogus' on rank 1, unnamed Sum allreduces after: rank 1 got 3 where
 ranks 0 and 2 got 13). Withdrawn, the name fails on every rank at once and
-the counters stay in step. Only a bad `name` or `process_set` still raises
-before naming: there is no name to withdraw.
+the counters stay in step. The same in every binding: torch's differentiable
+reducescatter and grouped ops pass op, scales and a user Compressor's work
+to where the name is drawn (torch/scatter_ops.py, grouped_ops.py
+`preparing_group`); TensorFlow's ops check in `tensorflow/arguments.py`
+`Checked` (eagerly as here; inside tf.function the node raises at run time,
+since a rank whose trace failed would never run the graph the others run).
+
+Only a bad `name` or `process_set` still raises before naming: there is no
+name to withdraw, and none can be guessed. Drawing an auto-name and
+withdrawing it would be right only if the others passed no name on that
+set; if they passed one, the withdrawal would fail their next unnamed call
+and put this rank's counter one ahead of theirs, the very fault above.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 
 from .. import collectives as _c
-from ..collectives import Average, ReduceOp, op_from_average, reduce_op
+from ..collectives import Average, ReduceOp, op_from_average
 from ..compression import Compression
 from .optimizer import DistributedOptimizer, is_distributed
 
@@ -41,7 +41,9 @@ def allreduce(value: Any, name: Optional[str] = None, average: Optional[bool] = 
         return gtf.allreduce(tf.convert_to_tensor(value), average, compression=compression, op=op,
                              prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                              name=name)
-    return _c.allreduce(_host(value), op_from_average(average, op), name, prescale_factor,
+    # op is checked once named (Note [Checks after naming]); average= folds in here
+    return _c.allreduce(_host(value), (Average if op is None else op) if average is None
+                        else op_from_average(average, op), name, prescale_factor,
                         postscale_factor, compression)
 
 
@@ -69,7 +71,7 @@ def reducescatter(value: Any, name: Optional[str] = None, op: ReduceOp = Average
         import tensorflow as tf  # (TF backend: TensorFlow is there)
         from .. import tensorflow as gtf
         return gtf.reducescatter(tf.convert_to_tensor(value), op=op, name=name)
-    return _c.reducescatter(_host(value), reduce_op(op), name)
+    return _c.reducescatter(_host(value), op, name)  # (op checked once named)
 
 
 def broadcast_global_variables(root_rank: int) -> None:

@@ -1,66 +1,46 @@
 # gradflow/tensorflow/ops.py — TensorFlow collectives on tf.Tensor / tf.Variable,
-# eager and inside tf.function, each with a gradient. Owns how tensors cross to
-# the numpy core (see `_cross`); must not hold communication logic (that is the
-# core's) nor import torch/keras.
+# eager and inside tf.function, each with a gradient. Crosses to the numpy core
+# through crossing.py; must not hold communication logic (that is the core's)
+# nor import torch/keras.
 """TensorFlow ops: `allreduce`, `grouped_allreduce`, `allgather`, `broadcast`,
 `broadcast_`, `alltoall`, `join`, plus the runtime queries re-exported from
 gradflow (reducescatter and the grouped allgather/reducescatter are in
 scatter_ops.py).
 
-How tensors cross to the core
------------------------------
-Every op hands numpy arrays to `gradflow.collectives` (the numpy API):
-
-* eagerly, the op calls the numpy API directly on `np.asarray(tensor)`, a
-  read-only view of the tensor's host buffer (no copy);
-* inside `tf.function`, the op is one `tf.numpy_function(..., stateful=True)`
-  node whose static output shape is set at trace time. TensorFlow hands the
-  Python function numpy views of its inputs (no copy) and adopts the returned
-  arrays as output tensors.
-
-The core writes results into fresh numpy arrays, so on CPU a collective costs
-at most one host copy per direction (in: none or one to make the array
-C-contiguous; out: the result array TF adopts), plus one Python call per op
-(per gradient *list* for `grouped_allreduce` / `DistributedGradientTape`).
-Stateful numpy_function nodes run in program order inside a tf.function
-(automatic control dependencies), so every rank issues its collectives in the
-same order. A host callback cannot run under XLA: ops raise when traced with
-`jit_compile=True`.
-
-Names: a name given by the caller is used as is. Otherwise, eagerly, names come
-from gradflow's per-kind counter (`allreduce.noname.<n>`); while tracing, from a
-per-graph counter (`allreduce.tf.<n>`), so every rank tracing the same function
-produces the same names whatever the name scopes or graph uids are (hence
-Horovod's `ignore_name_scope` is accepted and changes nothing). A process set
-counts on its own (`allreduce.tf.set<id>.<n>`).
+How tensors cross to the core, and how unnamed ops are named: crossing.py.
 
 Every op takes Horovod's `process_set=` (default: all ranks), translated by
 `gradflow._runtime.submit`; sizes and ranks in shapes and gradients are the
 set's (`root_rank` stays global, as in Horovod).
+
+Arguments (op, compression, sparse_ratio, root, dtypes, splits) are checked
+once the op is named (arguments.py: eagerly a failure withdraws the names
+and raises; traced, the node raises at run time), so an argument bad on one
+rank fails the op on every rank (Note [Checks after naming],
+gradflow/_withdrawal.py).
 """
 from __future__ import annotations
 
-import itertools
-import weakref
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
 
-from .. import _dtypes
 from .. import collectives as _c
 from .. import monitor as _monitor
 from .._handles import wait_all
-from .._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCESCATTER, GradflowError,
-                        auto_name, cross_rank, cross_size, init, is_initialized, local_rank,
-                        local_size, mpi_comm, rank, shutdown, size, submitting_group)
-from ..collectives import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, op_from_average,
-                           reduce_op)
+from .._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, GradflowError, cross_rank,
+                        cross_size, init, is_initialized, local_rank, local_size, mpi_comm, rank,
+                        shutdown, size, submitting_group)
+from ..collectives import Adasum, Average, Max, Min, Product, ReduceOp, Sum, op_from_average
 from ..compression import Compression, wire_code
 from ..hyperparameter_tag import combine
 from ..settings_check import native_sparse_ratio
 from ..process_sets import (ProcessSet, global_process_set, process_set_id, process_set_rank,
                             process_set_size)
+from .arguments import Checked
+from .crossing import (SparseRatio, TensorLike, _as_tensor, _check_dtype, _check_not_xla, _cross,
+                       _resolve_ratio, op_name)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
@@ -69,89 +49,6 @@ __all__ = [
     "broadcast", "broadcast_", "alltoall", "join",
 ]
 
-TensorLike = Union[tf.Tensor, tf.Variable, np.ndarray]
-SparseRatio = Union[None, float, Callable[[], Optional[float]]]
-
-_KIND_CODES = {"allreduce": ALLREDUCE, "allgather": ALLGATHER, "broadcast": BROADCAST,
-               "reducescatter": REDUCESCATTER, "alltoall": ALLTOALL}
-# graph -> process set id -> counter
-_graph_counters: "weakref.WeakKeyDictionary[tf.Graph, dict]" = weakref.WeakKeyDictionary()
-
-
-# ---- helpers: names, XLA guard, the crossing itself ----
-
-def op_name(kind: str, name: Optional[str], process_set=None) -> str:
-    """The collective name for one op: `name`, else a counter-based name that
-    every rank derives identically (eager: gradflow's counter; tracing: a
-    counter per graph), counted per process set."""
-    ps = process_set_id(process_set, kind)  # an unregistered set raises here, at trace time
-    if name is not None:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"gradflow: name must be a non-empty string, got {name!r}")
-        return name
-    if tf.executing_eagerly():
-        return auto_name(_KIND_CODES[kind], None, process_set)
-    graph = tf.compat.v1.get_default_graph()
-    counter = _graph_counters.setdefault(graph, {}).setdefault(ps, itertools.count())
-    return f"{kind}.tf.{next(counter)}" if ps == 0 else f"{kind}.tf.set{ps}.{next(counter)}"
-
-
-def _check_not_xla(what: str) -> None:
-    try:
-        from tensorflow.python.ops import control_flow_util
-        in_xla = control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
-    except (ImportError, AttributeError):  # private helper moved: let XLA report it
-        return
-    if in_xla:
-        raise GradflowError(
-            f"gradflow: {what} cannot run under XLA (jit_compile=True): gradflow collectives are "
-            "host callbacks (tf.numpy_function). Use jit_compile=False (Keras: "
-            "model.compile(..., jit_compile=False)).")
-
-
-def _check_dtype(t: tf.Tensor, what: str) -> None:
-    try:
-        _dtypes.code_of_name(t.dtype.name)
-    except TypeError as e:
-        raise TypeError(f"gradflow: {what} of {t.dtype.name} tensor: {e}") from None
-
-
-def _cross(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
-           touts: Sequence[tf.DType], shapes: Sequence[Optional[Sequence[Optional[int]]]],
-           what: str) -> List[tf.Tensor]:
-    """Run numpy function `fn` on `inputs`: directly when eager, as one
-    stateful tf.numpy_function node (output shapes set) when tracing."""
-    full = [tuple(tf.TensorShape(s).as_list()) if s is not None and tf.TensorShape(s).is_fully_defined()
-            else None for s in shapes]
-    inner = fn
-
-    def fn(*arrays):  # the numpy API returns 0-d inputs as shape [1]: restore static shapes
-        return [o if f is None else np.reshape(o, f) for o, f in zip(inner(*arrays), full)]
-
-    if tf.executing_eagerly():
-        # .numpy() first: np.asarray of a 0-d bfloat16 eager tensor raises
-        # "object __array__ method not producing an array".
-        outs = fn(*[np.asarray(t.numpy() if hasattr(t, "numpy") else t) for t in inputs])
-        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]
-    _check_not_xla(what)
-    outs = tf.numpy_function(lambda *a: list(fn(*a)), list(inputs), list(touts), stateful=True,
-                             name="gradflow_" + what.split(" ")[0])
-    if not isinstance(outs, (list, tuple)):
-        outs = [outs]
-    outs = list(outs)
-    for o, s in zip(outs, shapes):
-        o.set_shape(s)
-    return outs
-
-
-def _as_tensor(tensor: TensorLike) -> tf.Tensor:
-    return tf.convert_to_tensor(tensor)
-
-
-def _resolve_ratio(sparse_ratio: SparseRatio) -> Optional[float]:
-    return sparse_ratio() if callable(sparse_ratio) else sparse_ratio
-
-
 # ---- allreduce ----
 
 def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op: ReduceOp = Average,
@@ -159,7 +56,9 @@ def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op
                           postscale_factor: float = 1.0, sparse_ratio: SparseRatio = None,
                           process_set: Optional[ProcessSet] = None,
                           count_step: bool = False, step_tag: str = "",
-                          round_tag: Any = None, grouped: bool = False) -> List[tf.Tensor]:
+                          round_tag: Any = None, grouped: bool = False,
+                          average: Optional[bool] = None,
+                          differentiating: bool = False) -> List[tf.Tensor]:
     """Allreduce several dense tensors over `process_set` in one crossing
     (no gradient): every tensor is submitted before any is waited on, so the
     core can fuse them. `sparse_ratio` may be a callable, read at run time
@@ -170,20 +69,31 @@ def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op
     tensors, and `begin(*their values)` at run time gives a tag that every
     allreduce of this run carries too (hyperparameter_tag.combine).
     `grouped`: the tensors are a user's grouped_allreduce list, whose length
-    every rank must give alike (native Note [Grouped lists])."""
+    every rank must give alike (native Note [Grouped lists]). `average`:
+    Horovod's flag, folded into `op`. `differentiating`: these are an
+    allreduce's gradients (only Sum and Average have one). The arguments
+    are checked after naming (arguments.Checked)."""
     if not tensors:
         return []
     tensors = [_as_tensor(t) for t in tensors]
-    for t in tensors:
-        _check_dtype(t, "allreduce")
-    op = reduce_op(op)
-    wire_code(compression)  # validate now, not inside the callback
-    if not callable(sparse_ratio):  # (a callable is checked per call, by allreduce_async)
-        native_sparse_ratio(sparse_ratio, "allreduce")
-    round_inputs = list(round_tag.inputs()) if round_tag is not None else []
     count = len(tensors)
 
+    def check() -> ReduceOp:
+        for t in tensors:
+            _check_dtype(t, "allreduce")
+        reduce = op_from_average(average, op)
+        if differentiating and reduce not in (Sum, Average):
+            raise NotImplementedError(f"gradflow: no gradient for allreduce with op {reduce!r}")
+        wire_code(compression)
+        if not callable(sparse_ratio):  # (a callable is checked per call, by allreduce_async)
+            native_sparse_ratio(sparse_ratio, "allreduce")
+        return reduce
+
+    checked = Checked(check, ALLREDUCE, names[:count], process_set, count if grouped else 0)
+    round_inputs = list(round_tag.inputs()) if round_tag is not None else []
+
     def fn(*arrays):
+        op = checked.get()  # a check that failed while tracing fails here, on every rank
         if count_step:
             _monitor.count_step()
         tag = combine(step_tag, round_tag.begin(*arrays[count:]) if round_inputs else "")
@@ -208,23 +118,31 @@ def _scaled(values: tf.Tensor, factor: float) -> tf.Tensor:
     return tf.cast(tf.cast(values, tf.float64) * factor, values.dtype)
 
 
-def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: ReduceOp, name: str,
+def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: Optional[ReduceOp], name: str,
                               process_set: Optional[ProcessSet] = None,
                               prescale_factor: float = 1.0,
-                              postscale_factor: float = 1.0) -> tf.IndexedSlices:
+                              postscale_factor: float = 1.0, *,
+                              average: Optional[bool] = None) -> tf.IndexedSlices:
     # As Horovod: gather every member's values and indices; the optimizer sums
     # duplicate indices. Average divides the values by the number of members.
     # The scale factors apply as for a dense tensor (each member's values
     # times prescale before, the gathered ones times postscale after);
     # Horovod drops them for IndexedSlices, so a value came back unscaled.
-    if op not in (Sum, Average):
-        raise NotImplementedError("gradflow: allreduce of tf.IndexedSlices supports Sum and "
-                                  f"Average, not {op!r}")
-    values = allgather(_scaled(slices.values, float(prescale_factor)), name=f"{name}.values",
-                       process_set=process_set)
+    # Checked once named: the values' allgather is the first crossing.
+    def check():
+        reduce = op_from_average(average, op)
+        if reduce not in (Sum, Average):
+            raise NotImplementedError("gradflow: allreduce of tf.IndexedSlices supports Sum and "
+                                      f"Average, not {reduce!r}")
+        _check_dtype(slices.values, "allgather")
+        return reduce, float(prescale_factor), float(postscale_factor)
+
+    checked = Checked(check, ALLGATHER, [f"{name}.values"], process_set)
+    reduce, pre, post = checked.value if checked.ok else (Sum, 1.0, 1.0)  # (traced: fails first)
+    values = _allgather(_scaled(slices.values, pre), f"{name}.values", process_set, checked)
     indices = allgather(slices.indices, name=f"{name}.indices", process_set=process_set)
-    values = _scaled(values, float(postscale_factor))
-    if op == Average:
+    values = _scaled(values, post)
+    if reduce == Average:
         values = values / tf.cast(process_set_size(process_set, "allreduce"), values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
@@ -245,23 +163,24 @@ def allreduce(tensor: Union[TensorLike, tf.IndexedSlices], average: Optional[boo
     scope). tf.IndexedSlices are allgathered (values and indices), as in
     Horovod.
     Gradient: the upstream gradient allreduced with the same op and scaling."""
-    op = op_from_average(average, op)
-    name = op_name("allreduce", name, process_set)
+    name = op_name("allreduce", name, process_set)  # then the checks (Note [Checks after naming])
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_indexed_slices(tensor, op, name, process_set, prescale_factor,
-                                         postscale_factor)
+                                         postscale_factor, average=average)
 
     @tf.custom_gradient
     def _allreduce(x):
         y = grouped_allreduce_raw([x], [name], op, compression, prescale_factor, postscale_factor,
-                                  sparse_ratio, process_set)[0]
+                                  sparse_ratio, process_set, average=average)[0]
 
         def grad(dy):
-            if op not in (Sum, Average):
-                raise NotImplementedError(f"gradflow: no gradient for allreduce with op {op!r}")
-            return allreduce(dy, op=op, name=f"{name}.grad", compression=compression,
-                             prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                             process_set=process_set)
+            if isinstance(dy, tf.IndexedSlices):  # gathered, as allreduce() does them
+                return allreduce(dy, average, op=op, name=f"{name}.grad",
+                                 prescale_factor=prescale_factor,
+                                 postscale_factor=postscale_factor, process_set=process_set)
+            return grouped_allreduce_raw([dy], [f"{name}.grad"], op, compression,
+                                         prescale_factor, postscale_factor, None, process_set,
+                                         average=average, differentiating=True)[0]
 
         return y, grad
 
@@ -281,8 +200,7 @@ def grouped_allreduce(tensors: Sequence[TensorLike], average: Optional[bool] = N
     Every rank must pass a list of the same length: a difference aborts the
     job at once on every rank (native Note [Grouped lists]).
     Gradient: grouped allreduce of the gradients."""
-    op = op_from_average(average, op)
-    base = op_name("allreduce", name, process_set)
+    base = op_name("allreduce", name, process_set)  # then the checks (Note [Checks after naming])
     tensors = [_as_tensor(t) for t in tensors]
     if not tensors:
         return []
@@ -291,14 +209,13 @@ def grouped_allreduce(tensors: Sequence[TensorLike], average: Optional[bool] = N
     def _grouped(*xs):
         ys = grouped_allreduce_raw(list(xs), [f"{base}.{i}" for i in range(len(xs))], op,
                                    compression, prescale_factor, postscale_factor, sparse_ratio,
-                                   process_set, grouped=True)
+                                   process_set, grouped=True, average=average)
 
         def grad(*dys):
-            if op not in (Sum, Average):
-                raise NotImplementedError(f"gradflow: no gradient for allreduce with op {op!r}")
             return grouped_allreduce_raw(list(dys), [f"{base}.grad.{i}" for i in range(len(dys))],
                                          op, compression, prescale_factor, postscale_factor,
-                                         process_set=process_set, grouped=True)
+                                         process_set=process_set, grouped=True, average=average,
+                                         differentiating=True)
 
         return ys, grad
 
@@ -332,12 +249,20 @@ def allgather(tensor: TensorLike, name: Optional[str] = None, ignore_name_scope:
     over the members."""
     name = op_name("allgather", name, process_set)
     x = _as_tensor(tensor)
-    _check_dtype(x, "allgather")
+    return _allgather(x, name, process_set,
+                      Checked(lambda: _check_dtype(x, "allgather"), ALLGATHER, [name], process_set))
+
+
+def _allgather(x: tf.Tensor, name: str, process_set: Optional[ProcessSet],
+               checked: Checked) -> tf.Tensor:
+    """allgather of `x` under `name`, its arguments checked by `checked`."""
+    def fn(a):
+        checked.get()
+        return [_c.allgather(a, name, process_set)]
 
     @tf.custom_gradient
     def _allgather(x):
-        y = _cross(lambda a: [_c.allgather(a, name, process_set)], [x], [x.dtype],
-                   [gathered_shape(x)], f"allgather {name!r}")[0]
+        y = _cross(fn, [x], [x.dtype], [gathered_shape(x)], f"allgather {name!r}")[0]
 
         def grad(dy):
             reduced = allreduce(dy, op=Average, name=f"{name}.grad", process_set=process_set)
@@ -357,13 +282,18 @@ def broadcast(tensor: TensorLike, root_rank: int, name: Optional[str] = None,
     the members, other ranks zeros."""
     name = op_name("broadcast", name, process_set)
     x = _as_tensor(tensor)
-    _check_dtype(x, "broadcast")
-    root = _c.root_rank_of(root_rank)
+
+    def check() -> int:
+        _check_dtype(x, "broadcast")
+        return _c.root_rank_of(root_rank)
+
+    checked = Checked(check, BROADCAST, [name], process_set)
+    root = checked.value  # (None: failed while tracing; the node raises first)
 
     @tf.custom_gradient
     def _broadcast(x):
-        y = _cross(lambda a: [_c.broadcast(a, root, name, process_set)], [x], [x.dtype], [x.shape],
-                   f"broadcast {name!r}")[0]
+        y = _cross(lambda a: [_c.broadcast(a, checked.get(), name, process_set)], [x], [x.dtype],
+                   [x.shape], f"broadcast {name!r}")[0]
 
         def grad(dy):
             reduced = allreduce(dy, op=Average, name=f"{name}.grad", process_set=process_set)
@@ -406,12 +336,17 @@ def broadcast_(variables: Union[tf.Variable, Sequence[tf.Variable]], root_rank: 
         return []
     base = op_name("broadcast", name, process_set)
     values = [tf.convert_to_tensor(v) for v in variables]
-    for v in values:
-        _check_dtype(v, "broadcast_")
-    root = _c.root_rank_of(root_rank)
+    names = [f"{base}.{i}" for i in range(len(values))]
+
+    def check() -> int:
+        for v in values:
+            _check_dtype(v, "broadcast_")
+        return _c.root_rank_of(root_rank)
+
+    checked = Checked(check, BROADCAST, names, process_set, len(names))
 
     def fn(*arrays):
-        names = [f"{base}.{i}" for i in range(len(arrays))]
+        root = checked.get()
         with submitting_group(len(arrays), names, BROADCAST, process_set):
             handles = [_c.broadcast_async(a, root, n, process_set) for a, n in zip(arrays, names)]
         return wait_all(handles)
@@ -435,15 +370,21 @@ def alltoall(tensor: TensorLike, splits: Optional[Union[Sequence[int], tf.Tensor
     Gradient: alltoall of the upstream gradient with the received splits."""
     name = op_name("alltoall", name, process_set)
     x = _as_tensor(tensor)
-    _check_dtype(x, "alltoall")
-    sp = tf.zeros([0], tf.int64) if splits is None else _as_tensor(splits)
-    if not sp.dtype.is_integer:  # a cast truncated [1.5, 1] to [1, 1]: other rows than asked
-        raise TypeError(f"gradflow: alltoall splits must be integers (row counts), got "
-                        f"{sp.dtype.name} {splits!r}")
-    sp = tf.cast(sp, tf.int64)
+
+    def check() -> tf.Tensor:
+        _check_dtype(x, "alltoall")
+        sp = tf.zeros([0], tf.int64) if splits is None else _as_tensor(splits)
+        if not sp.dtype.is_integer:  # a cast truncated [1.5, 1] to [1, 1]: other rows than asked
+            raise TypeError(f"gradflow: alltoall splits must be integers (row counts), got "
+                            f"{sp.dtype.name} {splits!r}")
+        return tf.cast(sp, tf.int64)
+
+    checked = Checked(check, ALLTOALL, [name], process_set)
+    sp = checked.value if checked.ok else tf.zeros([0], tf.int64)  # (traced: the node raises)
     out_shape = [None] + list(x.shape[1:]) if x.shape.rank else [None]
 
     def fn(a, s):
+        checked.get()
         y, received = _c.alltoall(a, None if s.size == 0 else s.tolist(), name, process_set)
         return [y, received.astype(np.int32)]
 

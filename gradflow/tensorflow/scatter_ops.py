@@ -7,11 +7,12 @@
 
 A grouped op submits every tensor before waiting on any (one host crossing),
 so the core can run them back to back; tensor i of a group is named
-`<name>.<i>`.
+`<name>.<i>`. Arguments are checked once the op is named, as in ops.py
+(arguments.Checked): one bad on one rank fails the op on every rank.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -22,7 +23,8 @@ from ..collectives import Average, ReduceOp, Sum, reduce_op
 from ..compression import Compression, wire_code
 from ..process_sets import (ProcessSet, global_process_set, process_set_id, process_set_rank,
                             process_set_size)
-from .ops import (TensorLike, _as_tensor, _check_dtype, _cross, allgather, allreduce,
+from .arguments import Checked
+from .ops import (TensorLike, _allgather, _as_tensor, _check_dtype, _cross, allreduce,
                   gathered_shape, op_name, own_rows)
 
 __all__ = ["reducescatter", "grouped_reducescatter", "grouped_allgather"]
@@ -33,7 +35,7 @@ def _scattered_shape(x: tf.Tensor, process_set: Optional[ProcessSet]
     """Static shape of this rank's block: rows split as evenly as possible
     over the members of `process_set`, earlier members get the remainder (the
     core's split)."""
-    if x.shape.rank is None:
+    if not x.shape.rank:  # (rank 0: refused by the checks, at run time when traced)
         return None
     n = x.shape[0]
     members = process_set_size(process_set, "reducescatter")
@@ -42,43 +44,65 @@ def _scattered_shape(x: tf.Tensor, process_set: Optional[ProcessSet]
     return [rows] + list(x.shape[1:])
 
 
-def _checked_inputs(tensors: Sequence[TensorLike], what: str) -> List[tf.Tensor]:
+def _input_list(tensors: Sequence[TensorLike], what: str) -> List[tf.Tensor]:
     if isinstance(tensors, (tf.Tensor, tf.Variable)) or not isinstance(tensors, (list, tuple)):
         raise TypeError(f"gradflow: {what} takes a list or tuple of tensors, got "
                         f"{type(tensors).__name__}")
-    xs = [_as_tensor(t) for t in tensors]
+    return [_as_tensor(t) for t in tensors]
+
+
+def _check_inputs(xs: Sequence[tf.Tensor], what: str) -> None:
     for x in xs:
         _check_dtype(x, what)
         if what.endswith("reducescatter") and x.shape.rank == 0:
             raise ValueError(f"gradflow: {what} needs tensors with at least one dimension")
-    return xs
+
+
+def _check_scatter(xs: Sequence[tf.Tensor], device_dense: Any, compression: Any, op: Any,
+                   pre: Any, post: Any, what: str) -> Tuple[ReduceOp, float]:
+    """A reducescatter's checks; (op, the gradient's scale pre * post)."""
+    _check_device(device_dense, what)
+    wire_code(compression)
+    _check_inputs(xs, what)
+    return reduce_op(op), float(pre) * float(post)
 
 
 def _reducescatter_grad(dys: Sequence[tf.Tensor], names: Sequence[str], op: ReduceOp,
-                        scale: float, process_set: Optional[ProcessSet]) -> List[tf.Tensor]:
+                        scale: float, process_set: Optional[ProcessSet],
+                        what: str) -> List[tf.Tensor]:
     # y_r = post * op_j(pre * x_j)[block r]: d y_r / d x_j[block r] is
     # pre * post (and 1/members for Average), so member j's gradient is the
     # allgather of every member's upstream block, scaled. (gradflow.torch's
     # convention; Horovod multiplies Sum's gradient by size instead.)
+    def check():
+        if op not in (Sum, Average):
+            raise NotImplementedError(f"gradflow: no gradient for {what} with op {op!r}")
+
+    # Each gradient is its own crossing: the first one fails, the others never run.
+    first = Checked(check, ALLGATHER, [f"{names[0]}.grad"], process_set)
     members = process_set_size(process_set, "reducescatter")
     out = []
-    for dy, name in zip(dys, names):
-        g = allgather(dy, name=f"{name}.grad", process_set=process_set)
+    for i, (dy, name) in enumerate(zip(dys, names)):
+        g = _allgather(tf.convert_to_tensor(dy), f"{name}.grad", process_set,
+                       first if i == 0 else Checked(lambda: None, ALLGATHER, []))
         factor = scale / members if op == Average else scale
         out.append(g if factor == 1.0 else g * tf.cast(factor, g.dtype))
     return out
 
 
-def _scatter(xs: List[tf.Tensor], names: List[str], op: ReduceOp, pre: float, post: float,
+def _scatter(xs: List[tf.Tensor], names: List[str], checked: Checked, pre: Any, post: Any,
              process_set: Optional[ProcessSet], what: str, compression: Any,
              grouped: bool) -> List[tf.Tensor]:
     """The differentiable grouped reducescatter under both public forms
-    (`compression` picks the wire; the gradient travels uncompressed;
-    `grouped`: a user's list, one grouped op: _runtime.submitting_group)."""
+    (`checked`: its arguments' checks, _check_scatter; `compression` picks
+    the wire; the gradient travels uncompressed; `grouped`: a user's list,
+    one grouped op: _runtime.submitting_group)."""
+    op, scale = checked.value if checked.ok else (Sum, 1.0)  # (traced: the node raises first)
 
     @tf.custom_gradient
     def _fn(*xs):
         def fn(*arrays):
+            checked.get()
             with submitting_group(len(arrays) if grouped else 0, names, REDUCESCATTER,
                                   process_set):
                 handles = [_c.reducescatter_async(a, op, n, process_set, pre, post, compression)
@@ -90,9 +114,7 @@ def _scatter(xs: List[tf.Tensor], names: List[str], op: ReduceOp, pre: float, po
                     f"{what} {names[0]!r}")
 
         def grad(*dys):
-            if op not in (Sum, Average):
-                raise NotImplementedError(f"gradflow: no gradient for {what} with op {op!r}")
-            return _reducescatter_grad(dys, names, op, pre * post, process_set)
+            return _reducescatter_grad(dys, names, op, scale, process_set, what)
 
         return ys, grad
 
@@ -123,13 +145,13 @@ def reducescatter(tensor: TensorLike, device_dense: str = "", compression: Any =
     changes nothing. Scaling needs a floating-point tensor. Gradient: allgather
     of the upstream gradient, times prescale * postscale (and / members for
     Average)."""
-    _check_device(device_dense, "reducescatter")
-    wire_code(compression)
-    op = reduce_op(op)
-    name = op_name("reducescatter", name, process_set)
-    return _scatter(_checked_inputs([tensor], "reducescatter"), [name], op, float(prescale_factor),
-                    float(postscale_factor), process_set, "reducescatter", compression,
-                    grouped=False)[0]
+    name = op_name("reducescatter", name, process_set)  # then the checks
+    xs = [_as_tensor(tensor)]
+    checked = Checked(lambda: _check_scatter(xs, device_dense, compression, op, prescale_factor,
+                                             postscale_factor, "reducescatter"),
+                      REDUCESCATTER, [name], process_set)
+    return _scatter(xs, [name], checked, prescale_factor, postscale_factor, process_set,
+                    "reducescatter", compression, grouped=False)[0]
 
 
 def grouped_reducescatter(tensors: Sequence[TensorLike], device_dense: str = "",
@@ -140,17 +162,19 @@ def grouped_reducescatter(tensors: Sequence[TensorLike], device_dense: str = "",
     """`reducescatter` of every tensor in the list, in one host crossing
     (Horovod 0.28's signature; arguments as in `reducescatter`). An empty list
     returns an empty list. Differentiable like `reducescatter`."""
-    _check_device(device_dense, "grouped_reducescatter")
-    wire_code(compression)
-    op = reduce_op(op)
-    xs = _checked_inputs(tensors, "grouped_reducescatter")
+    xs = _input_list(tensors, "grouped_reducescatter")
     process_set_id(process_set, "grouped_reducescatter")  # an unregistered set raises even for []
     if not xs:
+        _check_scatter(xs, device_dense, compression, op, prescale_factor, postscale_factor,
+                       "grouped_reducescatter")  # (nothing named: a bad argument raises here)
         return []
-    base = op_name("reducescatter", None, process_set)
-    return _scatter(xs, [f"{base}.{i}" for i in range(len(xs))], op, float(prescale_factor),
-                    float(postscale_factor), process_set, "grouped_reducescatter", compression,
-                    grouped=True)
+    base = op_name("reducescatter", None, process_set)  # then the checks
+    names = [f"{base}.{i}" for i in range(len(xs))]
+    checked = Checked(lambda: _check_scatter(xs, device_dense, compression, op, prescale_factor,
+                                             postscale_factor, "grouped_reducescatter"),
+                      REDUCESCATTER, names, process_set, len(names))
+    return _scatter(xs, names, checked, prescale_factor, postscale_factor, process_set,
+                    "grouped_reducescatter", compression, grouped=True)
 
 
 def grouped_allgather(tensors: Sequence[TensorLike], name: Optional[str] = None,
@@ -160,16 +184,19 @@ def grouped_allgather(tensors: Sequence[TensorLike], name: Optional[str] = None,
     crossing (Horovod 0.28's signature; tensor i is named `<name>.<i>`).
     Gradient, per tensor (as `allgather`): this rank's rows of the upstream
     gradient averaged over the members."""
-    xs = _checked_inputs(tensors, "grouped_allgather")
+    xs = _input_list(tensors, "grouped_allgather")
     process_set_id(process_set, "grouped_allgather")  # an unregistered set raises even for []
     if not xs:
         return []
-    base = op_name("allgather", name, process_set)
+    base = op_name("allgather", name, process_set)  # then the checks
     names = [f"{base}.{i}" for i in range(len(xs))]
+    checked = Checked(lambda: _check_inputs(xs, "grouped_allgather"), ALLGATHER, names,
+                      process_set, len(names))
 
     @tf.custom_gradient
     def _fn(*xs):
         def fn(*arrays):
+            checked.get()
             with submitting_group(len(arrays), names, ALLGATHER, process_set):
                 handles = [_c.allgather_async(a, n, process_set) for a, n in zip(arrays, names)]
             return wait_all(handles)

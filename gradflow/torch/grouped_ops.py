@@ -8,15 +8,17 @@
 """Grouped allreduce for ``import gradflow.torch as hvd``."""
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence
+import contextlib
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import torch
 
 from .._handles import Handle, wait_all
 from .._runtime import ALLREDUCE, auto_name, submitting_group
+from .._withdrawal import withdraw_all
 from .aliasing import check_no_aliasing
 from .compression import Compression
-from .ops import _op_of, allreduce_async, allreduce_async_
+from .ops import allreduce_async, allreduce_async_
 from ..process_sets import ProcessSet, global_process_set
 
 __all__ = ["grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
@@ -49,6 +51,20 @@ def start_group(kind: int, name: Optional[str], process_set: Optional[ProcessSet
     names = [f"{base}.{i}" for i in range(len(tensors))]
     with submitting_group(len(tensors), names, kind, process_set):
         return GroupHandle([start_one(t, n) for t, n in zip(tensors, names)])
+
+
+@contextlib.contextmanager
+def preparing_group(kind: int, base: str, count: int,
+                    process_set: Optional[ProcessSet]) -> Iterator[None]:
+    """Around what a grouped op of `count` members named `<base>.<i>` does
+    between drawing `base` and `start_group` (a user Compressor, argument
+    checks): if it raises, every member is withdrawn, so every rank fails
+    the group at once (Note [Checks after naming], gradflow/_withdrawal.py)."""
+    try:
+        yield
+    except BaseException as exc:
+        withdraw_all(kind, [f"{base}.{i}" for i in range(count)], process_set, exc, count)
+        raise
 
 
 def _grouped(allreduce_one, tensors, average, name, op, prescale_factor, postscale_factor,
@@ -91,18 +107,20 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[b
 
 
 class _GroupedAllreduceFn(torch.autograd.Function):
+    # average and op go to each member, checked there once named (Note
+    # [Checks after naming]): an op bad on one rank fails the group everywhere.
     @staticmethod
     def forward(ctx, args, *tensors):
         ctx.args = args
-        name, op, pre, post, compression, process_set = args
-        return tuple(grouped_allreduce_async(tensors, None, name, op, pre, post, process_set,
+        name, average, op, pre, post, compression, process_set = args
+        return tuple(grouped_allreduce_async(tensors, average, name, op, pre, post, process_set,
                                              compression=compression).wait())
 
     @staticmethod
     def backward(ctx, *grads):
-        name, op, pre, post, compression, process_set = ctx.args
+        name, average, op, pre, post, compression, process_set = ctx.args
         gname = None if name is None else name + ".grad"
-        return (None,) + tuple(grouped_allreduce_async(grads, None, gname, op, pre, post,
+        return (None,) + tuple(grouped_allreduce_async(grads, average, gname, op, pre, post,
                                                        process_set,
                                                        compression=compression).wait())
 
@@ -113,7 +131,7 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] =
                       postscale_factor: float = 1.0,
                       process_set: Optional[ProcessSet] = global_process_set) -> List[torch.Tensor]:
     """Allreduce every tensor of the list over `process_set`; differentiable."""
-    args = (name, _op_of(average, op), prescale_factor, postscale_factor, compression, process_set)
+    args = (name, average, op, prescale_factor, postscale_factor, compression, process_set)
     return list(_GroupedAllreduceFn.apply(args, *tensors))
 
 

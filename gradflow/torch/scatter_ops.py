@@ -16,7 +16,7 @@ from .._withdrawal import preparing
 from ..collectives import Average, native_reduce_op
 from .compression import Compression, split as split_compression
 from ..process_sets import ProcessSet, global_process_set, process_set_size
-from .grouped_ops import GroupHandle, grouped_allreduce_async, start_group
+from .grouped_ops import GroupHandle, grouped_allreduce_async, preparing_group, start_group
 from .ops import _from_result, _op_of, _set_rank, _staged, allgather_async, dtype_code
 
 __all__ = ["reducescatter", "reducescatter_async", "grouped_allgather", "grouped_allgather_async",
@@ -55,12 +55,17 @@ def _start_reducescatter(tensor: torch.Tensor, name: Optional[str], op: int,
 
 class _ReducescatterFn(torch.autograd.Function):
     """Gradient: allgather of the incoming gradient, scaled as the forward
-    (pre * post, and 1/size for Average), as in Horovod."""
+    (pre * post, and 1/size for Average), as in Horovod. `drawn`: the
+    forward's name, drawn by the caller; `name`: the caller's (None: the
+    gradient's allgather is auto-named)."""
 
     @staticmethod
-    def forward(ctx, tensor, name, op, pre, post, process_set, wire):
-        ctx.name, ctx.op, ctx.scale, ctx.process_set = name, op, pre * post, process_set
-        return _start_reducescatter(tensor, name, op, process_set, pre, post, wire).wait()
+    def forward(ctx, tensor, drawn, name, op, pre, post, process_set, wire):
+        # op, pre and post are checked in there, once named (Note [Checks after naming])
+        out = _start_reducescatter(tensor, drawn, op, process_set, pre, post, wire).wait()
+        ctx.name, ctx.op, ctx.process_set = name, _op_of(None, op), process_set
+        ctx.scale = float(pre) * float(post)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
@@ -70,7 +75,7 @@ class _ReducescatterFn(torch.autograd.Function):
             full = full / process_set_size(ctx.process_set, "reducescatter")
         if ctx.scale != 1.0:
             full = full * ctx.scale
-        return full, None, None, None, None, None, None
+        return full, None, None, None, None, None, None, None
 
 
 def reducescatter(tensor: torch.Tensor, name: Optional[str] = None,
@@ -84,10 +89,12 @@ def reducescatter(tensor: torch.Tensor, name: Optional[str] = None,
     allreduce's; Horovod casts the tensor to fp16 and sums in fp16); a user
     Compressor runs around the collective, as in Horovod. Differentiable
     (the gradient travels uncompressed, as in Horovod)."""
-    wire, user = split_compression(compression)
-    sent, cctx = user.compress(tensor) if user is not None else (tensor, None)
-    out = _ReducescatterFn.apply(sent, name, _op_of(None, op), float(prescale_factor),
-                                 float(postscale_factor), process_set, wire)
+    drawn = auto_name(REDUCESCATTER, name, process_set)
+    with preparing(REDUCESCATTER, drawn, process_set):  # fails here: every rank fails `drawn`
+        wire, user = split_compression(compression)
+        sent, cctx = user.compress(tensor) if user is not None else (tensor, None)
+    out = _ReducescatterFn.apply(sent, drawn, name, op, prescale_factor, postscale_factor,
+                                 process_set, wire)
     return user.decompress(out, cctx) if user is not None else out
 
 
@@ -162,17 +169,20 @@ class _GroupedReducescatterFn(torch.autograd.Function):
     """Per tensor, the gradient of reducescatter (see _ReducescatterFn)."""
 
     @staticmethod
-    def forward(ctx, args, *tensors):
+    def forward(ctx, args, base, *tensors):
+        # `base`: the caller drew it; op, pre and post are checked once named
         ctx.args = args
-        return tuple(_start_grouped_reducescatter(tensors, *args).wait())
+        _name, op, ps, pre, post, wire = args
+        return tuple(_start_grouped_reducescatter(tensors, base, op, ps, pre, post, wire).wait())
 
     @staticmethod
     def backward(ctx, *grads):
         name, op, ps, pre, post, _wire = ctx.args
         g = None if name is None else name + ".grad"
-        scale = pre * post / (process_set_size(ps, "grouped_reducescatter") if op == Average else 1)
+        scale = float(pre) * float(post) / (
+            process_set_size(ps, "grouped_reducescatter") if _op_of(None, op) == Average else 1)
         full = grouped_allgather_async(grads, g, ps).wait()
-        return (None,) + tuple(f * scale if scale != 1.0 else f for f in full)
+        return (None, None) + tuple(f * scale if scale != 1.0 else f for f in full)
 
 
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
@@ -183,12 +193,13 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] =
     """Reducescatter every tensor of the list (as `reducescatter`, with its
     `compression`; dim 0 of each is split separately). Differentiable."""
     tensors = _tensor_list(tensors, "grouped_reducescatter")
-    wire, user = split_compression(compression)
-    ctxs = None
-    if user is not None:
-        pairs = [user.compress(t) for t in tensors]
-        tensors, ctxs = [p[0] for p in pairs], [p[1] for p in pairs]
-    args = (name, _op_of(None, op), process_set, float(prescale_factor), float(postscale_factor),
-            wire)
-    out = list(_GroupedReducescatterFn.apply(args, *tensors))
+    base = auto_name(REDUCESCATTER, name, process_set)
+    with preparing_group(REDUCESCATTER, base, len(tensors), process_set):
+        wire, user = split_compression(compression)
+        ctxs = None
+        if user is not None:
+            pairs = [user.compress(t) for t in tensors]
+            tensors, ctxs = [p[0] for p in pairs], [p[1] for p in pairs]
+    args = (name, op, process_set, prescale_factor, postscale_factor, wire)
+    out = list(_GroupedReducescatterFn.apply(args, base, *tensors))
     return [user.decompress(o, c) for o, c in zip(out, ctxs)] if user is not None else out

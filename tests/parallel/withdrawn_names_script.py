@@ -7,8 +7,9 @@ Each case: the last rank fails call A of a name while the others submit
 theirs; every rank checks the error it got (and how fast: well under
 GRADFLOW_TIMEOUT, which the test sets high), then every rank calls the
 same name (or the next unnamed one) again with step-2 data and checks the
-result against numpy, bitwise alike on every rank. FRAMEWORK picks numpy or
-torch; CASES (comma-separated) which cases run. Prints "OK <case>" each."""
+result against numpy, bitwise alike on every rank. FRAMEWORK picks numpy,
+torch or tensorflow (its ops eagerly and inside tf.function); CASES
+(comma-separated) which cases run. Prints "OK <case>" each."""
 import os
 import sys
 import time
@@ -25,6 +26,11 @@ if FRAMEWORK == "torch":
     import torch
 
     import gradflow.torch as gt
+if FRAMEWORK == "tensorflow":
+    import tensorflow as tf
+
+    import gradflow.tensorflow as gtf
+    from gradflow.tensorflow.functions import broadcast_object
 
 
 def data(step, rank, n=6):
@@ -49,7 +55,11 @@ class Refuses:
 
 def allreduce_sum(x, name=None, failing=False):
     """One Sum allreduce of `x`; `failing`: this rank's call fails before
-    it reaches the core (a user Compressor in torch, an object array in numpy)."""
+    it reaches the core (a user Compressor in torch, an object array in numpy,
+    a string tensor in TensorFlow)."""
+    if FRAMEWORK == "tensorflow":
+        arr = tf.constant([b"x"] * len(x)) if failing else tf.constant(x)
+        return gtf.allreduce(arr, op=gtf.Sum, name=name).numpy()
     if FRAMEWORK == "torch":
         comp = Refuses if failing else gt.Compression.none
         out = gt.allreduce(torch.from_numpy(x), name=name, op=gt.Sum, compression=comp)
@@ -58,9 +68,10 @@ def allreduce_sum(x, name=None, failing=False):
     return gf.allreduce(arr, op=gf.Sum, name=name)
 
 
-def expect_failure(call, mine, who=LAST):
+def expect_failure(call, mine, who=LAST, strict=False):
     """`call` must raise: on LAST its own error, elsewhere GradflowError
-    naming LAST's error (as rank `who`: a set counts its members). Returns
+    naming LAST's error (as rank `who`: a set counts its members). `strict`:
+    LAST's error must be its own, quoting `mine` (not one relayed). Returns
     seconds taken."""
     t0 = time.time()
     try:
@@ -68,8 +79,13 @@ def expect_failure(call, mine, who=LAST):
     except Exception as e:  # noqa: BLE001 - checked below
         took = time.time() - t0
         text = str(e)
-        if R == LAST:
+        if R == LAST and strict:
+            assert mine in text and "before it was submitted" not in text, (R, type(e), text)
+        elif R == LAST:
             assert mine in text or not isinstance(e, gf.GradflowError), (R, text)
+        elif FRAMEWORK == "tensorflow" and isinstance(e, tf.errors.OpError):
+            # Inside tf.function: TensorFlow's error for the GradflowError its node raised
+            assert "GradflowError" in text, (R, type(e), text)
         else:
             assert isinstance(e, gf.GradflowError), (R, type(e), text)
             assert f"failed on rank {who}" in text and "before it was submitted" in text, text
@@ -190,7 +206,22 @@ def case_bad_argument():
                 t, name=nm, op=99 if bad else gt.Sum).wait()),
             ("unknown reduce op", lambda nm: gt.grouped_allreduce_async(
                 [t, t], name=nm, op="bogus" if bad else gt.Sum).wait()),
+            # the differentiable forms, and their user Compressors
+            ("unknown reduce op", lambda nm: gt.reducescatter(
+                t, name=nm, op="bogus" if bad else gt.Sum)),
+            ("unknown reduce op", lambda nm: gt.grouped_allreduce(
+                [t, t], name=nm, op="bogus" if bad else gt.Sum)),
+            ("supersedes average", lambda nm: gt.grouped_allreduce(
+                [t, t], name=nm, average=True if bad else None, op=gt.Sum)),
+            ("unknown reduce op", lambda nm: gt.grouped_reducescatter(
+                [t, t], name=nm, op=99 if bad else gt.Sum)),
+            ("broke", lambda nm: gt.reducescatter(
+                t, name=nm, op=gt.Sum, compression=Refuses if bad else gt.Compression.none)),
+            ("broke", lambda nm: gt.grouped_reducescatter(
+                [t, t], name=nm, op=gt.Sum, compression=Refuses if bad else gt.Compression.none)),
         ]
+    elif FRAMEWORK == "tensorflow":
+        return tf_bad_arguments(bad, x)
     else:
         calls = [
             ("unknown reduce op", lambda nm: gf.allreduce(x, name=nm, op="bogus" if bad else gf.Sum)),
@@ -205,10 +236,73 @@ def case_bad_argument():
     took = 0.0
     for i, (mine, call) in enumerate(calls):
         for name in (f"bad.arg.{i}", None):
-            took = max(took, expect_failure(lambda: call(name), mine))
+            took = max(took, expect_failure(lambda: call(name), mine, strict=True))
             check_same_everywhere(allreduce_sum(data(i + 1, R)), expected_sum(i + 1))
             check_same_everywhere(allreduce_sum(data(i + 2, R), f"after.bad.{i}"),
                                   expected_sum(i + 2))
+    return took
+
+
+def tf_bad_arguments(bad, x):
+    """case_bad_argument's calls in TensorFlow, each eagerly and inside a
+    tf.function after a healthy allreduce (which pairs: the graph fails at
+    the bad op on every rank, at run time); then a new tf.function's unnamed
+    allreduces pair too (no withdrawal left behind under their names)."""
+    t, v = tf.constant(x), tf.Variable(x)
+    text = tf.constant([b"x"] * len(x))
+    rows = tf.constant(np.ones((2 * N, 1), np.float32))
+    slices = tf.IndexedSlices(tf.constant(x.reshape(6, 1)), tf.range(6), tf.constant([6, 1]))
+    calls = [
+        ("unknown reduce op", lambda nm: gtf.allreduce(t, name=nm, op="bogus" if bad else gtf.Sum)),
+        ("sparse_ratio", lambda nm: gtf.allreduce(
+            t, name=nm, op=gtf.Sum, sparse_ratio=float("nan") if bad else None)),
+        ("compression", lambda nm: gtf.allreduce(
+            t, name=nm, op=gtf.Sum, compression="fp16" if bad else gtf.Compression.none)),
+        ("supersedes average", lambda nm: gtf.allreduce(
+            t, name=nm, average=True if bad else None, op=gtf.Sum)),
+        ("supports Sum and Average", lambda nm: gtf.allreduce(
+            slices, name=nm, op=gtf.Min if bad else gtf.Sum).values),
+        ("unknown reduce op", lambda nm: gtf.grouped_allreduce(
+            [t, t], name=nm, op=99 if bad else gtf.Sum)),
+        ("invalid literal", lambda nm: gtf.broadcast(t, "a" if bad else 0, name=nm)),
+        ("whole rank", lambda nm: gtf.broadcast_(v, 0.5 if bad else 0, name=nm)),
+        ("unknown reduce op", lambda nm: gtf.reducescatter(
+            t, name=nm, op="bogus" if bad else gtf.Sum)),
+        ("unknown reduce op", lambda nm: gtf.grouped_reducescatter(  # (no name= in Horovod's)
+            [t, t], op="bogus" if bad else gtf.Sum)),
+        ("unsupported dtype", lambda nm: gtf.allgather(text if bad else t, name=nm)),
+        ("unsupported dtype", lambda nm: gtf.grouped_allgather([t, text if bad else t], name=nm)),
+        ("splits must be integers", lambda nm: gtf.alltoall(
+            rows, splits=[2.0 if bad else 2] * N, name=nm)),
+    ]
+    # TensorFlow's first tf.function call takes seconds on a loaded machine: not timed
+    tf.function(lambda: gtf.allreduce(t, op=gtf.Sum))()
+    took = 0.0
+    for i, (mine, call) in enumerate(calls):
+        for graph in (False, True):
+            for name in (f"bad.tf.{i}.{graph}", None):
+                if graph:
+                    def run(nm=name, call=call):
+                        return tf.function(lambda: (gtf.allreduce(t, op=gtf.Sum), call(nm)))()
+                else:
+                    def run(nm=name, call=call):
+                        return call(nm)
+                took = max(took, expect_failure(run, mine, strict=True))
+                check_same_everywhere(allreduce_sum(data(i + 1, R)), expected_sum(i + 1))
+                check_same_everywhere(allreduce_sum(data(i + 2, R), f"after.bad.{i}"),
+                                      expected_sum(i + 2))
+                if graph:
+                    two = tf.function(lambda s: [gtf.allreduce(tf.constant(data(s, R)), op=gtf.Sum)
+                                                 for _ in range(2)])(i + 3)
+                    for y in two:
+                        check_same_everywhere(y.numpy(), expected_sum(i + 3))
+    # broadcast_object runs in Python in any mode: its root is checked once named
+    for name in ("bad.object", None):
+        took = max(took, expect_failure(
+            lambda: broadcast_object({"r": R}, root_rank=0.5 if bad else 0, name=name),
+            "whole rank", strict=True))
+        assert broadcast_object({"r": R}, root_rank=0, name=name) == {"r": 0}
+        check_same_everywhere(allreduce_sum(data(1, R)), expected_sum(1))
     return took
 
 
@@ -253,6 +347,8 @@ CASES = {"named": case_named, "unnamed": case_unnamed, "cached": case_cached,
          "set": case_process_set, "bad_argument": case_bad_argument,
          "duplicate": case_duplicate}
 default = [c for c in CASES if FRAMEWORK == "torch" or c != "grouped"]
+if FRAMEWORK == "tensorflow":  # (the other cases are numpy's alone)
+    default = ["named", "unnamed", "cached", "late", "bad_argument"]
 for case in os.environ.get("CASES", ",".join(default)).split(","):
     took = CASES[case]()
     # GRADFLOW_TIMEOUT is 60 s: the other ranks learn within a few cycles.
