@@ -1,7 +1,7 @@
 # gradflow/keras/loss_scale.py — Keras 3's LossScaleOptimizer around a gradflow
 # DistributedOptimizer (mixed_float16: model.compile wraps the optimizer by
-# itself). Owns the one patch of keras.optimizers.LossScaleOptimizer.apply;
-# the reduction itself is the wrapped optimizer's (optimizer.py).
+# itself). Owns the patches of keras.optimizers.LossScaleOptimizer (apply, and
+# an lr property); the reduction itself is the wrapped optimizer's (optimizer.py).
 """Note [LossScaleOptimizer]: LossScaleOptimizer.apply checks the gradients
 for inf/NaN and calls its inner optimizer's apply() only when they are
 finite. Keras assumes the gradients are already reduced there
@@ -51,4 +51,27 @@ def install() -> None:
 
     apply.__doc__ = original.__doc__
     cls.apply = apply
+    if not hasattr(cls, "lr"):
+        cls.lr = property(_lr_get, _lr_set, doc=_lr_get.__doc__)
     _patched = True
+
+
+def _lr_get(self: Any) -> Any:
+    """The inner gradflow optimizer's `lr` (Keras 2's alias, optimizer.py):
+    Horovod's elastic Keras example reads `model.optimizer.lr`, which under
+    mixed_float16 is this LossScaleOptimizer. Around any other optimizer
+    Keras 3 has no `lr`, and neither has this."""
+    if "lr" in self.__dict__:  # set on an optimizer gradflow did not wrap
+        return self.__dict__["lr"]
+    inner = getattr(self, "inner_optimizer", None)
+    if not getattr(inner, "_gradflow_wrapped", False):
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute 'lr'")
+    return inner.lr
+
+
+def _lr_set(self: Any, value: Any) -> None:
+    inner = getattr(self, "inner_optimizer", None)
+    if getattr(inner, "_gradflow_wrapped", False):
+        inner.lr = value
+    else:  # a plain attribute, as without this property
+        self.__dict__["lr"] = value

@@ -49,3 +49,23 @@ def test_lr_of_a_schedule_is_the_schedule():
     schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(schedule))
     assert isinstance(opt.lr, keras.optimizers.schedules.ExponentialDecay)
+
+
+def test_lr_through_a_loss_scale_optimizer():
+    # --use-mixed-precision in Horovod's example: compile() puts Keras's
+    # LossScaleOptimizer around the wrapped one, and the reset callback reads
+    # model.optimizer.lr (Keras 2's LossScaleOptimizer had it).
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = _compiled(hvd.DistributedOptimizer(keras.optimizers.Adam(0.001)))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    opt = model.optimizer
+    assert isinstance(opt, keras.optimizers.LossScaleOptimizer)
+    tf.keras.backend.set_value(opt.lr, 0.004)
+    assert float(opt.inner_optimizer.learning_rate) == pytest.approx(0.004)
+    opt.lr = 0.003
+    assert float(opt.learning_rate) == pytest.approx(0.003)
+    # Around a plain Keras optimizer nothing changes: Keras 3 has no lr there.
+    plain = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.001))
+    assert not hasattr(plain, "lr")
