@@ -23,8 +23,10 @@ R, N = gf.rank(), gf.size()
 LAST = N - 1
 FRAMEWORK = os.environ.get("FRAMEWORK", "numpy")
 if FRAMEWORK == "torch":
+    os.environ["KERAS_BACKEND"] = "torch"  # gradflow.keras's functions: the numpy path
     import torch
 
+    import gradflow.keras as gk
     import gradflow.torch as gt
 if FRAMEWORK == "tensorflow":
     import tensorflow as tf
@@ -219,6 +221,11 @@ def case_bad_argument():
                 t, name=nm, op=gt.Sum, compression=Refuses if bad else gt.Compression.none)),
             ("broke", lambda nm: gt.grouped_reducescatter(
                 [t, t], name=nm, op=gt.Sum, compression=Refuses if bad else gt.Compression.none)),
+            # Keras 3's functions on a backend other than TensorFlow
+            ("unknown reduce op", lambda nm: gk.allreduce(
+                x, name=nm, op="bogus" if bad else gf.Sum)),
+            ("unknown reduce op", lambda nm: gk.reducescatter(
+                x, name=nm, op=99 if bad else gf.Sum)),
         ]
     elif FRAMEWORK == "tensorflow":
         return tf_bad_arguments(bad, x)
