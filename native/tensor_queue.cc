@@ -27,9 +27,8 @@ void yield_until_counter_moves(const std::atomic<uint64_t>& counter, uint64_t se
 int64_t TensorQueue::submit(TensorEntry entry) {
   std::unique_lock<std::mutex> lock(mu_);
   GF_CHECK(!closed_, close_reason_);
-  const bool after_withdrawal =
-      withdrawn_names_.count(entry.request.name) && !held_.count(entry.request.name) &&
-      entry.request.withdrawn.empty();
+  const std::string& name = entry.request.name;
+  const bool withdrawal = !entry.request.withdrawn.empty();
   // Note [Withdrawing a name in flight]: this rank refused a second call
   // under a name its first call still holds ("submitted twice"), and the
   // binding withdraws the refused call. A rank whose first call had
@@ -37,43 +36,53 @@ int64_t TensorQueue::submit(TensorEntry entry) {
   // this rank's next call under the name, and every call after it one
   // behind, silently (2 ranks, per step a Sum of step+1 and then of
   // 100+step under one name, unwaited: at step 1 rank 1 got 102 and
-  // rank 0 got 5, both expecting 4). Refused as
-  // "submitted twice" too, the withdrawal was lost. Now it is held here
-  // and goes out when the first call completes (complete()), so those
-  // ranks' second call fails with this rank's error; a later call under
-  // the name waits for it as after any withdrawal (Note [Withdrawn names]).
-  // Not covered: a refusal while this rank's first call is itself held
-  // behind an earlier withdrawal (its withdrawal is still dropped).
-  const bool withdrawal_in_flight =
-      !entry.request.withdrawn.empty() && in_flight_names_.count(entry.request.name) &&
-      !withdrawn_names_.count(entry.request.name) && !held_.count(entry.request.name);
+  // rank 0 got 5, both expecting 4). Refused as "submitted twice" too, the
+  // withdrawal was lost. So every call of this rank under a name keeps its
+  // place: an accepted call, or the withdrawal of a refused or failed one.
+  // While anything under the name is in flight here, the next entry waits
+  // behind it in held_ (FIFO per name) and goes out when it completes
+  // (complete()): a withdrawal behind this rank's first call, so the ranks
+  // that accepted their second call see it fail with this rank's error; a
+  // call behind a withdrawal (Note [Withdrawn names]); and, where the
+  // first call was itself held behind a withdrawal, the refused call's
+  // withdrawal behind that call (before, dropped: rank 0's third call then
+  // summed with the others' fourth, 2 ranks, withdrawn_held_script.py).
+  // A call is refused while a call (not a withdrawal) of this rank under
+  // the name is in flight or held: withdrawals have no caller to wait.
+  const bool in_flight = in_flight_names_.count(name) > 0;
+  auto held = held_.find(name);
+  const bool call_pending =
+      (in_flight && !withdrawn_names_.count(name)) ||
+      (held != held_.end() &&
+       std::any_of(held->second.begin(), held->second.end(),
+                   [](const TensorEntry& e) { return e.request.withdrawn.empty(); }));
   // An invalid argument (ValueError), as in Horovod.
-  GF_CHECK_ARG(after_withdrawal || withdrawal_in_flight || !in_flight_names_.count(entry.request.name),
-           "gradflow: " << op_kind_name(entry.request.kind) << " '" << entry.request.name
-                        << "' was submitted twice on rank " << entry.request.rank
-                        << " before the first one completed; use distinct names or wait "
-                           "for the first handle");
+  GF_CHECK_ARG(withdrawal || !call_pending,
+               "gradflow: " << op_kind_name(entry.request.kind) << " '" << name
+                            << "' was submitted twice on rank " << entry.request.rank
+                            << " before the first one completed; use distinct names or wait "
+                               "for the first handle");
   entry.handle = g_next_handle++;
   entry.submitted = std::chrono::steady_clock::now();
-  in_flight_names_.insert(entry.request.name);  // (already there for withdrawal_in_flight)
-  if (!entry.request.withdrawn.empty()) withdrawn_names_.insert(entry.request.name);
   in_flight_handles_.insert(entry.handle);
-  int64_t h = entry.handle;
-  if (after_withdrawal || withdrawal_in_flight) {
-    // Note [Withdrawn names] (coordinator.h): the withdrawn call is still
-    // being failed on the other ranks; this next call under its name waits
-    // here until it is, so the coordinator never sees two at once. (A
-    // withdrawal in flight waits for this rank's first call the same way.)
-    held_.emplace(entry.request.name, std::move(entry));
+  const int64_t h = entry.handle;
+  if (in_flight) {
+    held_[name].push_back(std::move(entry));
     return h;
   }
+  queue_locked(std::move(entry));
+  lock.unlock();
+  wake_cv_.notify_all();
+  return h;
+}
+
+void TensorQueue::queue_locked(TensorEntry entry) {
+  in_flight_names_.insert(entry.request.name);
+  if (!entry.request.withdrawn.empty()) withdrawn_names_.insert(entry.request.name);
   queue_.push_back(std::move(entry));
   // Wake the background loop: a sleeping loop starts its next cycle now
   // instead of at the end of GRADFLOW_CYCLE_TIME (see BackgroundLoop::cycle).
   wakes_.fetch_add(1, std::memory_order_release);
-  lock.unlock();
-  wake_cv_.notify_all();
-  return h;
 }
 
 std::vector<TensorEntry> TensorQueue::drain() {
@@ -88,41 +97,39 @@ std::vector<TensorEntry> TensorQueue::drain() {
   return out;
 }
 
-void TensorQueue::release_held_locked(std::map<std::string, TensorEntry>::iterator held) {
-  in_flight_names_.insert(held->first);
-  queue_.push_back(std::move(held->second));
-  held_.erase(held);
-  wakes_.fetch_add(1, std::memory_order_release);
-  wake_cv_.notify_all();
-}
-
 void TensorQueue::complete(const TensorEntry& entry, HandleResult result) {
+  bool queued = false, finished = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     in_flight_names_.erase(entry.request.name);
+    withdrawn_names_.erase(entry.request.name);
     in_flight_handles_.erase(entry.handle);
+    // The next entry held under this name goes out now (Note [Withdrawing
+    // a name in flight], submit()).
+    auto held = held_.find(entry.request.name);
+    if (held != held_.end()) {
+      queue_locked(std::move(held->second.front()));
+      held->second.pop_front();
+      if (held->second.empty()) held_.erase(held);
+      queued = true;
+    }
+    // A withdrawal has no caller: nobody holds its handle and its completion
+    // is dropped (Note [Withdrawn names]); so is the result of a released
+    // handle nobody waits on.
     if (entry.request.withdrawn.empty()) {
-      // A withdrawal held behind this call goes out now (Note [Withdrawing
-      // a name in flight], submit()).
-      auto held = held_.find(entry.request.name);
-      if (held != held_.end() && !held->second.request.withdrawn.empty()) release_held_locked(held);
+      finished = true;
+      if (released_.erase(entry.handle)) {
+        reaped_.push_back(entry.handle);
+        finished = waiters_.count(entry.handle) > 0;
+      }
+      if (finished) {
+        finished_[entry.handle] = std::make_shared<HandleResult>(std::move(result));
+        completions_.fetch_add(1, std::memory_order_release);
+      }
     }
-    // A withdrawal has no caller: nobody holds its handle; a call made under
-    // its name since goes out now (Note [Withdrawn names]).
-    if (!entry.request.withdrawn.empty()) {
-      withdrawn_names_.erase(entry.request.name);
-      auto held = held_.find(entry.request.name);
-      if (held != held_.end()) release_held_locked(held);
-      return;
-    }
-    if (released_.erase(entry.handle)) {
-      reaped_.push_back(entry.handle);
-      if (!waiters_.count(entry.handle)) return;  // nobody will wait: drop the result
-    }
-    finished_[entry.handle] = std::make_shared<HandleResult>(std::move(result));
-    completions_.fetch_add(1, std::memory_order_release);
   }
-  done_cv_.notify_all();
+  if (queued) wake_cv_.notify_all();
+  if (finished) done_cv_.notify_all();
 }
 
 bool TensorQueue::poll(int64_t handle) {
@@ -220,7 +227,8 @@ std::vector<TensorEntry> TensorQueue::close(const std::string& reason) {
   std::vector<TensorEntry> out(std::make_move_iterator(queue_.begin()),
                                std::make_move_iterator(queue_.end()));
   queue_.clear();
-  for (auto& kv : held_) out.push_back(std::move(kv.second));
+  for (auto& kv : held_)
+    for (auto& e : kv.second) out.push_back(std::move(e));
   held_.clear();
   return out;
 }

@@ -92,10 +92,13 @@ constexpr std::chrono::milliseconds kInterruptCheck{100};
 class TensorQueue {
  public:
   // Registers a handle and queues the entry. Throws GradflowError if the
-  // name is already in flight on this rank or the queue is closed. An
-  // entry with `request.withdrawn` has no buffers and no caller: its handle
-  // is never waited on and its completion is dropped; the next call under
-  // its name is held back until then (Note [Withdrawn names], coordinator.h).
+  // queue is closed, and (a ValueError) if a call under the name is already
+  // in flight or held on this rank. An entry with `request.withdrawn` has no
+  // buffers and no caller: its handle is never waited on and its completion
+  // is dropped (Note [Withdrawn names], coordinator.h). An entry whose name
+  // is in flight here (a call after a withdrawal, a withdrawal after a call)
+  // is held and queued, in order, when the one before it completes (Note
+  // [Withdrawing a name in flight], tensor_queue.cc).
   int64_t submit(TensorEntry entry);
   // Moves every queued entry to the caller (the background loop).
   std::vector<TensorEntry> drain();
@@ -151,14 +154,15 @@ class TensorQueue {
   std::set<int64_t> in_flight_handles_;
   std::set<int64_t> released_;           // released while in flight
   std::vector<int64_t> reaped_;          // released, since completed
-  std::set<std::string> in_flight_names_;
-  std::set<std::string> withdrawn_names_;  // in flight as withdrawals (no handle)
-  // The next call under a withdrawn name, queued when the withdrawal completes;
-  // or a withdrawal of a name whose first call is in flight, queued when that
-  // call completes (Note [Withdrawing a name in flight], tensor_queue.cc).
-  std::map<std::string, TensorEntry> held_;
-  // Queues a held entry (under mu_) and wakes the loop.
-  void release_held_locked(std::map<std::string, TensorEntry>::iterator held);
+  std::set<std::string> in_flight_names_;  // an entry queued or with the core
+  std::set<std::string> withdrawn_names_;  // ... and that entry is a withdrawal (no handle)
+  // Entries submitted while their name was in flight, in order, each queued
+  // when the one before it completes (Note [Withdrawing a name in flight],
+  // tensor_queue.cc): a call behind a withdrawal, a withdrawal behind a call.
+  std::map<std::string, std::deque<TensorEntry>> held_;
+  // Queues an entry, marks its name in flight and counts a wake (under mu_;
+  // the caller notifies wake_cv_ after).
+  void queue_locked(TensorEntry entry);
   bool closed_ = false;
   std::string close_reason_;
   // Bumped under mu_ by every complete() (completions_) and every submit()
