@@ -43,7 +43,7 @@ from .collectives import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, all
 from .compression import Compression
 from ._basics import (HorovodInternalError, HostsUpdatedInterrupt, ccl_built, cuda_built,
                       ddl_built, gloo_built, gloo_enabled, is_homogeneous, mpi_built, mpi_enabled,
-                      mpi_threads_supported, nccl_built, rocm_built, start_timeline,
+                      mpi_threads_supported, nccl_built, rocm_built, sycl_built, start_timeline,
                       stop_timeline)
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from ._handles import Handle
@@ -64,6 +64,6 @@ __all__ = [
     "Average", "Adasum", "Min", "Max", "Product", "Compression", "Handle", "GradflowError",
     "HorovodInternalError", "HostsUpdatedInterrupt", "is_homogeneous", "mpi_threads_supported",
     "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built",
-    "ccl_built", "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
+    "ccl_built", "cuda_built", "rocm_built", "sycl_built", "start_timeline", "stop_timeline",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
 ]

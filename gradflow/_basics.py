@@ -17,8 +17,8 @@ GradflowValueError = _native.GradflowValueError
 
 __all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "is_homogeneous",
            "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
-           "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "start_timeline",
-           "stop_timeline"]
+           "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "sycl_built",
+           "start_timeline", "stop_timeline"]
 
 
 class HostsUpdatedInterrupt(RuntimeError):
@@ -92,6 +92,12 @@ def cuda_built() -> bool:
 
 def rocm_built() -> bool:
     """False: no ROCm support."""
+    return False
+
+
+def sycl_built() -> bool:
+    """False: no SYCL (Intel GPU) support. Horovod added it after 0.28.1;
+    its current examples call it by default."""
     return False
 
 

@@ -6,8 +6,8 @@ load_model. See docs/tensorflow.md."""
 from .._runtime import (GradflowError, cross_rank, cross_size, init, is_initialized, local_rank,
                         local_size, rank, shutdown, size)
 from .._basics import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,
-                       mpi_enabled, mpi_threads_supported, nccl_built, rocm_built, start_timeline,
-                       stop_timeline)
+                       mpi_enabled, mpi_threads_supported, nccl_built, rocm_built, sycl_built,
+                       start_timeline, stop_timeline)
 from ..collectives import Adasum, Average, Sum
 from ..compression import Compression
 from ..process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
@@ -33,6 +33,6 @@ __all__ = [
     "SyncBatchNormalization", "TensorBoardStatsCallback", "EpochAgreementCallback",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
-    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "start_timeline",
-    "stop_timeline",
+    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "sycl_built",
+    "start_timeline", "stop_timeline",
 ]

@@ -6,7 +6,7 @@
 process sets. See docs/tensorflow.md."""
 from .._basics import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled,
                        is_homogeneous, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
-                       rocm_built, start_timeline, stop_timeline)
+                       rocm_built, sycl_built, start_timeline, stop_timeline)
 from .ops import (Adasum, Average, Compression, GradflowError, Max, Min, Product, ReduceOp, Sum,
                   allgather, allreduce, alltoall, broadcast, broadcast_, cross_rank, cross_size,
                   grouped_allreduce, init, is_initialized, join, local_rank, local_size, mpi_comm,
@@ -33,6 +33,6 @@ __all__ = [
     "local_size_op", "process_set_included_op", "SyncBatchNormalization",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled",
-    "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
+    "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "sycl_built",
     "start_timeline", "stop_timeline",
 ]

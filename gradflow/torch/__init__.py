@@ -9,7 +9,7 @@ from .._runtime import (GradflowError, cross_rank, cross_size, init, is_initiali
                         local_size, mpi_comm, rank, reset_stats, shutdown, size, stats)
 from .._basics import (HorovodInternalError, HostsUpdatedInterrupt, ccl_built, cuda_built,
                        ddl_built, gloo_built, gloo_enabled, is_homogeneous, mpi_built, mpi_enabled,
-                       mpi_threads_supported, nccl_built, rocm_built, start_timeline,
+                       mpi_threads_supported, nccl_built, rocm_built, sycl_built, start_timeline,
                        stop_timeline)
 from ..collectives import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from .compression import Compression, Compressor
@@ -44,7 +44,7 @@ __all__ = [
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "DistributedOptimizer", "FusedLinear", "fuse_linear_grad_accumulation", "SyncBatchNorm", "StatsLogger", "HorovodInternalError", "HostsUpdatedInterrupt", "is_homogeneous",
     "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
-    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "start_timeline",
-    "stop_timeline",
+    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "sycl_built",
+    "start_timeline", "stop_timeline",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
 ]

@@ -40,7 +40,7 @@ assert hvd.is_homogeneous() is True  # one host: every node (the one) has N rank
 assert hvd.mpi_threads_supported() is True and hvd.mpi_enabled() is True and hvd.mpi_built()
 assert hvd.gloo_enabled() is False and hvd.gloo_built() is False
 assert hvd.nccl_built() == 0 and not hvd.ddl_built() and not hvd.ccl_built()
-assert not hvd.cuda_built() and not hvd.rocm_built()
+assert not hvd.cuda_built() and not hvd.rocm_built() and not hvd.sycl_built()
 assert hvd.is_homogeneous is gf.is_homogeneous  # one implementation, re-exported
 
 # ---- exception types
