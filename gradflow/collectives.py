@@ -333,7 +333,11 @@ def broadcast_pickled(obj: Any, root_rank: int, size_name: str, data_name: str,
     (header broadcast `size_name`, bytes `data_name`); other ranks' `obj` is
     ignored. When root cannot pickle it, root re-raises its error and every
     other member raises GradflowError quoting it, all at once."""
-    root = root_rank_of(root_rank)
+    # The root checked once named (Note [Checks after naming]): bad on this
+    # rank alone, every rank fails the header broadcast, the first the
+    # others submit, instead of waiting for it until GRADFLOW_TIMEOUT.
+    with preparing(BROADCAST, size_name, process_set):
+        root = root_rank_of(root_rank)
     if rank() == root:
         data, err = _pickle_or_error(obj, dumps)
         head = np.array([_UNPICKLABLE if err is not None else _PICKLED, data.size], np.int64)

@@ -22,8 +22,6 @@ from typing import Any, Callable, List, Optional, Sequence
 import tensorflow as tf
 
 from .. import collectives as _c
-from .._runtime import BROADCAST
-from .._withdrawal import preparing
 from ..process_sets import ProcessSet, global_process_set, process_set_id
 from .ops import broadcast_, op_name
 
@@ -74,10 +72,6 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: Op
     objects of different types)."""
     del session
     base = op_name("broadcast", name, process_set)
-    # The root checked once named (Note [Checks after naming]): bad here, every
-    # rank fails the header broadcast, the first the others submit.
-    with preparing(BROADCAST, f"{base}.sz", process_set):
-        root_rank = _c.root_rank_of(root_rank)
     return _c.broadcast_pickled(obj, root_rank, f"{base}.sz", f"{base}.t", process_set,
                                 _pickle.dumps, _pickle.loads, "broadcast_object")
 

@@ -203,10 +203,12 @@ class _AllreduceFn(torch.autograd.Function):
     scaling) of the incoming gradient, as in Horovod."""
 
     @staticmethod
-    def forward(ctx, tensor, name, op, pre, post, compression, process_set):
-        ctx.args = (name, op, pre, post, compression, process_set)
-        return allreduce_async(tensor, None, name, op, pre, post, process_set,
-                               compression=compression).wait()
+    def forward(ctx, tensor, name, average, op, pre, post, compression, process_set):
+        # average= and op= are folded once named (Note [Checks after naming]).
+        out = allreduce_async(tensor, average, name, op, pre, post, process_set,
+                              compression=compression).wait()
+        ctx.args = (name, _op_of(average, op), pre, post, compression, process_set)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
@@ -214,7 +216,7 @@ class _AllreduceFn(torch.autograd.Function):
         gname = None if name is None else name + ".grad"
         return (allreduce_async(grad, None, gname, op, pre, post, process_set,
                                 compression=compression).wait(),
-                None, None, None, None, None, None)
+                None, None, None, None, None, None, None)
 
 
 def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
@@ -224,9 +226,7 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
     """Reduce `tensor` across the ranks of `process_set` (default: all;
     default op: average over the set) into a new tensor, bitwise identical on
     every member; differentiable."""
-    # op is checked once named (Note [Checks after naming]); average= folds in here
-    op = op if average is None else _op_of(average, op)
-    return _AllreduceFn.apply(tensor, name, op, prescale_factor, postscale_factor,
+    return _AllreduceFn.apply(tensor, name, average, op, prescale_factor, postscale_factor,
                               compression, process_set)
 
 

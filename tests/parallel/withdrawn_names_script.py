@@ -28,6 +28,8 @@ if FRAMEWORK == "torch":
 
     import gradflow.keras as gk
     import gradflow.torch as gt
+if FRAMEWORK == "numpy":
+    from gradflow.elastic.state import broadcast_object as broadcast_state_object
 if FRAMEWORK == "tensorflow":
     import tensorflow as tf
 
@@ -202,7 +204,10 @@ def case_bad_argument():
                 t, name=nm, op=gt.Sum, sparse_ratio=0.0 if bad else None).wait()),
             ("compression", lambda nm: gt.allreduce(
                 t, name=nm, op=gt.Sum, compression="fp16" if bad else gt.Compression.none)),
+            ("supersedes average", lambda nm: gt.allreduce(
+                t, name=nm, average=True if bad else None, op=gt.Sum)),
             ("invalid literal", lambda nm: gt.broadcast(t, "a" if bad else 0, name=nm)),
+            ("whole rank", lambda nm: gt.broadcast_object({"r": R}, 0.5 if bad else 0, name=nm)),
             ("invalid literal", lambda nm: gt.broadcast_(t.clone(), "a" if bad else 0, name=nm)),
             ("unknown reduce op", lambda nm: gt.reducescatter_async(
                 t, name=nm, op=99 if bad else gt.Sum).wait()),
@@ -237,6 +242,8 @@ def case_bad_argument():
             ("compression", lambda nm: gf.allreduce(
                 x, name=nm, op=gf.Sum, compression="fp16" if bad else None)),
             ("invalid literal", lambda nm: gf.broadcast(x, "a" if bad else 0, name=nm)),
+            # the elastic state's broadcast_object (numpy): collectives.broadcast_pickled
+            ("whole rank", lambda nm: broadcast_state_object({"r": R}, 0.5 if bad else 0, nm)),
             ("unknown reduce op", lambda nm: gf.reducescatter(
                 x, name=nm, op=99 if bad else gf.Sum)),
         ]
