@@ -19,6 +19,9 @@ from .runner import notice as _notice
 
 GradflowError = _native.GradflowError
 _uncaught_exception = False
+# The uncaught exception was the program's own, raised while nothing had
+# failed (not a peer's failure surfacing here): the exit message says so.
+_own_failure = False
 _comm_of: Callable[[], Any] = lambda: None  # the runtime's communicator (install())
 
 
@@ -98,7 +101,7 @@ def _install_hooks() -> None:
 
     def excepthook(exc_type, exc, tb):
         # Tell the other ranks before this one dies, so they raise instead of waiting.
-        global _uncaught_exception
+        global _uncaught_exception, _own_failure
         try:
             if _native.forked_child():
                 _uncaught_exception = True  # only the exit status (see _at_exit)
@@ -118,6 +121,7 @@ def _install_hooks() -> None:
                     # while it exits (a busy machine may schedule its exit
                     # after its peers').
                     _notice.report_own_failure()
+                    _own_failure = True
                 _native.abort(f"{exc_type.__name__}: {exc}")
                 _uncaught_exception = True
         except Exception:
@@ -177,8 +181,13 @@ def _at_exit() -> None:
         # would wait for them forever.
         sys.stdout.flush()
         comm = _comm_of()
-        sys.stderr.write(f"[gradflow rank {comm.Get_rank() if comm else '?'}] communication "
-                         "failed or aborted; exiting with code 1 without MPI_Finalize\n")
+        # Say which: a plain user error (a TypeError before any collective)
+        # was reported as a communication failure, and sent people looking
+        # at the network (helper-20's audit, 2026-11-29).
+        why = ("uncaught exception on this rank (the other ranks are told to stop)"
+               if _own_failure else "communication failed or aborted")
+        sys.stderr.write(f"[gradflow rank {comm.Get_rank() if comm else '?'}] {why}; "
+                         "exiting with code 1 without MPI_Finalize\n")
         sys.stderr.flush()
         os._exit(1)
     # An orderly end: say so to gradflowrun before MPI_Finalize, which waits

@@ -62,7 +62,9 @@ def test_traceback_is_one_write_and_the_exit_is_orderly(tmp_path):
     assert len(whole) == 1, writes
     assert whole[0].endswith("ValueError: boom in the program\n"), whole[0]
     assert 'raise ValueError("boom in the program")' in whole[0]
-    assert "[gradflow rank 0] communication failed or aborted; exiting with code 1" in r.stderr
+    # a user error, not a communication failure (the message said so before 2026-11-29)
+    assert ("[gradflow rank 0] uncaught exception on this rank (the other ranks are told to "
+            "stop); exiting with code 1 without MPI_Finalize") in r.stderr, r.stderr
 
 
 def test_a_hook_installed_before_init_still_prints(tmp_path):
