@@ -361,8 +361,11 @@ class ElasticDriver:
             self.failed_while_finishing.append((what, code))
         self.lost.append(what)
         delay = self.hosts.blacklist(w.host)
+        # "Blacklisted" means no new worker there; its running workers go on
+        # (said, since Horovod's driver also drops them: helper-20's audit).
         self.note(f"{what}; host {w.host} blacklisted "
-                  + ("for the rest of the job" if delay == float("inf") else f"for {delay:g} s"))
+                  + ("for the rest of the job" if delay == float("inf") else f"for {delay:g} s")
+                  + " (no new worker starts there; its running workers go on)")
         if self.finished:
             if self.failed_after_finish is None:
                 self.failed_after_finish = (what, code)
