@@ -168,7 +168,11 @@ int64_t Runtime::in_set_errors(const std::function<int64_t()>& f) const {
   } catch (const TransportError&) {
     throw;
   } catch (const GradflowError& e) {
-    throw GradflowError(in_set(e.what()));
+    // The engine's failure (its queue closed with the reason its waits fail
+    // with: the set's coordinator's words, which count its members), so
+    // worded as wait() words it. Without the note, "shutdown() was called on
+    // rank 1" in set [1, 2] read as global rank 1, the rank reading it.
+    throw GradflowError(in_set(e.what(), true));
   }
 }
 

@@ -6,7 +6,12 @@
 """Case `global`: rank 1 shuts down; ranks 0 and 2 wait in a global
 allreduce rank 1 never submits. Case `set`: set {1, 2} (rank 2 is the
 set's member 1); rank 2 shuts down while rank 1 waits in a set allreduce,
-and rank 0 waits in nothing. Before 2026-11-29 the error said "on some rank"."""
+and rank 0 waits in nothing. Case `set_late`: the same, but rank 1 submits
+only after the set's engine has failed (the error comes from submit, not
+wait: it lacked the prefix's member-count note, so "rank 1" read as the
+global rank 1 reading it; seen in CI, 2026-11-29). Before 2026-11-29 the
+error said "on some rank"."""
+import time
 import sys
 
 import numpy as np
@@ -25,6 +30,8 @@ gf.barrier()
 if R == (quitter if ps is None else 2):
     gf.shutdown()
 elif R in waiters:
+    if CASE == "set_late":
+        time.sleep(2)  # rank 2's shutdown reaches this rank's set engine first
     try:
         gf.allreduce(np.ones(4), name="never", process_set=ps)
     except gf.GradflowError as e:

@@ -144,7 +144,7 @@ def test_exit_after_a_dead_peer_with_two_sync_windows():
     assert elapsed < 60, f"took {elapsed:.0f} s"
 
 
-@pytest.mark.parametrize("case", ["global", "set"])
+@pytest.mark.parametrize("case", ["global", "set", "set_late"])
 def test_a_rank_that_shut_down_is_named_by_its_global_rank(case):
     # Before 2026-11-29: "shutdown() was called on some rank" (helper-15's
     # audit: a rank whose program ended early was named by no error).
