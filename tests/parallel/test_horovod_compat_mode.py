@@ -214,7 +214,14 @@ def test_elastic_horovod_script_under_gradflowrun(kill, tmp_path):
     reset callback rescales the learning rate to 2 ranks, and both end with
     the same parameters and a lower loss."""
     _, script = host_discovery(tmp_path, "localhost:3\n")
-    args = ["--horovod-compat", "--start-timeout", "150", "--min-np", "2", "--max-np", "3",
+    # -np 3: the three workers start together and form generation 0. Without
+    # it gradflowrun starts --min-np (2) and the third joins when discovery
+    # finds its slot; on a loaded machine (CI, 2026-11-29) that came after the
+    # first two had built their sampler from hvd.size() == 2, so the
+    # newcomer's epoch had 8 batches to their 12 (the script's sampler, as
+    # Horovod's example's, is made once) and the last allreduce stalled.
+    args = ["--horovod-compat", "--start-timeout", "150", "-np", "3", "--min-np", "2",
+            "--max-np", "3",
             "--host-discovery-script", str(script), sys.executable,
             os.path.join(HERE, "hvd_elastic_torch_compat_script.py"), str(tmp_path)]
     proc = gradflowrun(*(args + (["2"] if kill else [])), timeout=180)
