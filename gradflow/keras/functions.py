@@ -17,6 +17,7 @@ import keras
 import numpy as np
 
 from .. import collectives as _c
+from .._withdrawal import preparing
 from ..collectives import Average, ReduceOp, op_from_average
 from ..compression import Compression
 from .optimizer import DistributedOptimizer, is_distributed
@@ -41,10 +42,15 @@ def allreduce(value: Any, name: Optional[str] = None, average: Optional[bool] = 
         return gtf.allreduce(tf.convert_to_tensor(value), average, compression=compression, op=op,
                              prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                              name=name)
-    # op is checked once named (Note [Checks after naming]); average= folds in here
-    return _c.allreduce(_host(value), (Average if op is None else op) if average is None
-                        else op_from_average(average, op), name, prescale_factor,
-                        postscale_factor, compression)
+    # average= folds into op once named (Note [Checks after naming]): folded
+    # before, a rank passing both raised while the others waited for the name
+    # until GRADFLOW_TIMEOUT. The conversion too; op itself is checked by
+    # _c.allreduce, under the name drawn here.
+    name = _c.auto_name(_c.ALLREDUCE, name)
+    with preparing(_c.ALLREDUCE, name):
+        host = _host(value)
+        reduce = (Average if op is None else op) if average is None else op_from_average(average, op)
+    return _c.allreduce(host, reduce, name, prescale_factor, postscale_factor, compression)
 
 
 def allgather(value: Any, name: Optional[str] = None) -> Any:

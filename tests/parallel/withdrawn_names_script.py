@@ -231,6 +231,9 @@ def case_bad_argument():
                 x, name=nm, op="bogus" if bad else gf.Sum)),
             ("unknown reduce op", lambda nm: gk.reducescatter(
                 x, name=nm, op=99 if bad else gf.Sum)),
+            ("supersedes average", lambda nm: gk.allreduce(
+                x, name=nm, average=True if bad else None, op=gf.Sum)),
+            ("must be a bool", lambda nm: gk.allreduce(x, name=nm, average=gf.Sum if bad else False)),
         ]
     elif FRAMEWORK == "tensorflow":
         return tf_bad_arguments(bad, x)
