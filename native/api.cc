@@ -41,6 +41,24 @@ constexpr int kPoolIndexBits = 32;
 // metrics came back mostly zeros, alike on every rank). So the default ratio
 // does not apply to them and an explicit one is refused.
 bool csc_reduces(ReduceOp op) { return op == ReduceOp::kSum || op == ReduceOp::kAverage; }
+
+// Note [Global failures in a set]: a dead global engine fails every set
+// engine with its own text (abort_sets), which counts GLOBAL ranks, while a
+// set engine's own texts count its members (in_set's note says so). Relayed
+// as they were, set [0, 2] waiting when global rank 1 raised read "process
+// set 1 (ranks [0, 2]; 'rank i' ... count its members): aborting because
+// rank 0 failed: gradflow: aborting because rank 1 failed: ValueError ...",
+// its rank 1 (global) read as member 1, global rank 2. So the global text
+// carries this marker through the set's engines (a member's set coordinator
+// relays it to the others inside its "aborting because rank i failed"), and
+// in_set words the text from the marker on, without the members' note.
+constexpr char kGlobalFailure[] = "the job failed ('rank i' below is a global rank): ";
+
+std::string as_global_failure(const std::string& why) {
+  const std::string prefix = "gradflow: ";
+  return kGlobalFailure +
+         (why.compare(0, prefix.size(), prefix) == 0 ? why.substr(prefix.size()) : why);
+}
 }  // namespace
 
 Runtime::Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>& overrides,
@@ -62,7 +80,7 @@ Runtime::Runtime(uintptr_t comm_handle, const std::map<std::string, std::string>
     links_ = std::make_shared<EngineLinks>();
     sets_ = std::make_unique<ProcessSetTable>(*this, comm_handle, overrides);
     // A dead global engine (dead peer, abort) fails every set's collectives.
-    on_fatal = [this](const std::string& why) { sets_->abort_sets(why); };
+    on_fatal = [this](const std::string& why) { sets_->abort_sets(as_global_failure(why)); };
     // Rank 0 writes the timeline (as in Horovod): negotiation spans there
     // show when the *last* rank submitted each tensor. Set engines write to
     // the same one (EngineLinks::timeline), on their own rows.
@@ -89,10 +107,15 @@ std::string Runtime::in_set(const std::string& message, bool set_relative) const
   const std::string prefix = "gradflow: ";
   std::string rest = message.compare(0, prefix.size(), prefix) == 0 ? message.substr(prefix.size())
                                                                      : message;
+  const std::string set = prefix + "process set " + std::to_string(set_id_) + " (ranks " +
+                          rank_list_string(set_ranks_);
+  // The global engine's text, relayed by any member: global ranks from the
+  // marker on (Note [Global failures in a set]); the relay adds nothing.
+  const size_t global = rest.find(kGlobalFailure);
+  if (global != std::string::npos) return set + "): " + rest.substr(global);
   // The engine's coordinator numbers ranks within its communicator.
-  return prefix + "process set " + std::to_string(set_id_) + " (ranks " +
-         rank_list_string(set_ranks_) +
-         (set_relative ? "; 'rank i' and 'root=i' below count its members" : "") + "): " + rest;
+  return set + (set_relative ? "; 'rank i' and 'root=i' below count its members" : "") + "): " +
+         rest;
 }
 
 ProcessSetTable& Runtime::process_sets() {
@@ -318,7 +341,8 @@ void Runtime::shutdown(const std::string& reason) {
   // fatal listener), but a thread woken by that failure may get here first:
   // sets stopped without the abort would tell their peers "shutdown() was
   // called" instead of why (a raising or dead rank elsewhere).
-  if (sets_ && loop_ && loop_->failed_fatally()) sets_->abort_sets(loop_->failure());
+  if (sets_ && loop_ && loop_->failed_fatally())
+    sets_->abort_sets(as_global_failure(loop_->failure()));
   if (sets_) sets_->shutdown_sets();  // Note [Process sets]: every engine stops
   if (loop_) loop_->shutdown();  // joins: the loop thread was the only MPI user
   // Only the global engine closes the shared timeline, after its set engines

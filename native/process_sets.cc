@@ -140,8 +140,16 @@ int ProcessSetTable::add(const std::vector<int>& requested) {
       Runtime& global = global_;
       entry.engine = std::make_shared<Runtime>(
           sub, overrides_, id, ranks,
-          [&global, id](const std::string& why) {
-            global.abort("process set " + std::to_string(id) + " failed: " + why);
+          [&global, id, ranks](const std::string& why) {
+            // Its ranks count the set's members; the global text that
+            // quotes this counts global ranks (Note [Global failures in a
+            // set] in api.cc), so the quote says whose numbering it keeps.
+            const std::string prefix = "gradflow: ";
+            global.abort("process set " + std::to_string(id) + " (ranks " +
+                         rank_list_string(ranks) +
+                         "; 'rank i' and 'root=i' below count its members) failed: " +
+                         (why.compare(0, prefix.size(), prefix) == 0 ? why.substr(prefix.size())
+                                                                      : why));
           },
           global.engine_links());
     } catch (...) {

@@ -78,7 +78,21 @@ def test_failure_reaches_every_set(mode, n):
         if mode == "raise":
             assert "boom on rank 1" in msg, report
     took, msg = raised_after(out.stdout, 0)
-    assert "process set 1 (ranks [0, 2]" in msg, report  # rank 0's even-set wait failed
+    # Rank 0's even-set wait failed with the global engine's text, which
+    # counts global ranks: the prefix must say so, not that its ranks count
+    # the set's members (rank 1 read as member 1, global rank 2: Note
+    # [Global failures in a set] in native/api.cc).
+    head, marker, tail = msg.partition("the job failed ('rank i' below is a global rank): ")
+    assert marker and "count its members" not in head, report
+    assert head.endswith("process set 1 (ranks [0, 2]): "), report
+    if mode == "raise" and "process set 2" in tail:
+        # Rank 3's odd-set engine heard rank 1's abort first and aborted the
+        # job: its text, quoted, counts that set's members and says so.
+        assert "aborting because rank 3 failed: process set 2 (ranks [1, 3]; 'rank i' and " \
+            "'root=i' below count its members) failed: aborting because rank 0 failed: " \
+            "ValueError: boom on rank 1" in tail, report
+    elif mode == "raise":
+        assert tail.startswith("aborting because rank 1 failed: ValueError: boom on rank 1"), report
 
 
 # gradflowrun with default settings: every survivor raises within seconds.
