@@ -96,34 +96,53 @@ class HyperparameterCheck:
         same point of its rounds."""
         self.crc = 0
 
+    def _group(self) -> List[Any]:
+        """The optimizers whose values are checked: this one, or the ones a
+        wrapped keras.optimizers.MultiOptimizer dispatches to (it has no
+        learning rate of its own: reading one raised AttributeError at the
+        first step)."""
+        opt = self._optimizer()
+        if isinstance(opt, keras.optimizers.MultiOptimizer):
+            return list(opt.optimizers)  # (built from a callable map: none yet)
+        return [opt]
+
     def inputs(self) -> List[Any]:
         """The run-time values a traced round passes to `begin`: the current
-        learning rate (variable, schedule or callable), as float64."""
-        lr = self._optimizer().learning_rate
-        return [keras.ops.reshape(keras.ops.cast(lr, "float64"), (1,))]
+        learning rate of each optimizer of the group (variable, schedule or
+        callable), as one float64 vector."""
+        rates = [keras.ops.reshape(keras.ops.cast(o.learning_rate, "float64"), (1,))
+                 for o in self._group()]
+        if len(rates) == 1:
+            return rates
+        return [keras.ops.concatenate(rates) if rates else keras.ops.zeros((1,), "float64")]
 
     def begin_eager(self) -> str:
         """`begin` with the values read now (eager steps)."""
         return self.begin(keras.ops.convert_to_numpy(self.inputs()[0]))
 
     def begin(self, learning_rate: Any) -> str:
-        """A round starts: fold the values in; the round's tag or ""."""
+        """A round starts (`learning_rate`: `inputs()`'s value): fold the
+        values in; the round's tag or ""."""
         generation = _runtime.generation()
         if generation != self.generation:  # an elastic reset: every rank starts over
             self.generation = generation
             self.restart_count()
-        values = self.values(_shortest(float(np.asarray(learning_rate).reshape(-1)[0])))
+        values = self.values([_shortest(float(x)) for x in np.asarray(learning_rate).reshape(-1)])
         self.crc = _tag.fold(self.crc, values)
         self.rounds += 1
         return _tag.tag(self.crc, values) if _tag.is_check_round(self.rounds) else ""
 
-    def values(self, learning_rate: float) -> List[List[Any]]:
-        """One group (Keras optimizers have one): the learning rate, then the
-        attributes of KEYS this optimizer has and has set (not None)."""
-        opt = self._optimizer()
-        items = [("learning_rate", learning_rate)]
-        items += [(k, _plain(getattr(opt, k))) for k in KEYS if getattr(opt, k, None) is not None]
-        return [items]
+    def values(self, learning_rates: List[float]) -> List[List[Any]]:
+        """One group per optimizer (one, or a MultiOptimizer's): its
+        learning rate, then the attributes of KEYS it has and has set (not
+        None)."""
+        groups = []
+        for opt, rate in zip(self._group(), learning_rates):
+            items = [("learning_rate", rate)]
+            items += [(k, _plain(getattr(opt, k))) for k in KEYS
+                      if getattr(opt, k, None) is not None]
+            groups.append(items)
+        return groups
 
 
 def restart_crc_of(optimizer: Optional[Any]) -> None:

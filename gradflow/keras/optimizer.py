@@ -86,6 +86,8 @@ class _DistributedMixin:
         elastic Keras example (`tf.keras.backend.set_value(opt.lr, x)` on reset).
         TF backend: the step's `tf.Variable` (set_value/assign/float work);
         a schedule as is, as Keras 2."""
+        if isinstance(self, keras.optimizers.MultiOptimizer):
+            return self.learning_rate  # Keras's AttributeError: a rate per optimizer
         rate = self._learning_rate
         if isinstance(rate, keras.Variable) and keras.backend.backend() == "tensorflow":
             return rate.value  # keras.Variable -> its tf.Variable (set_value needs one)
@@ -145,8 +147,8 @@ class _DistributedMixin:
                 not self._gradflow_local_ids and keras.backend.backend() == "torch"):
             # The common eager step: the presence Sum travels with the
             # gradients instead of before them (_reduce_eager_numpy).
-            grads = _reduce_eager_numpy(grads, self._gradflow_names(len(grads)), self,
-                                        self._gradflow_presence(grads, trainable_variables))
+            grads = _reduce_eager_numpy(grads, self._gradflow_names(len(grads), trainable_variables),
+                                        self, self._gradflow_presence(grads, trainable_variables))
             return super().apply(grads, trainable_variables)
         grads = self._gradflow_zeros_where_others_have_gradients(grads, trainable_variables)
         if self.backward_passes_per_step == 1 and not self._gradflow_in_loss_scale:
@@ -191,7 +193,7 @@ class _DistributedMixin:
             variables = (self._trainable_variables if trainable_variables is None
                          else trainable_variables)
             return self._gradflow_reduce_partial(grads, list(variables))
-        return self._gradflow_reduce(grads)
+        return self._gradflow_reduce(grads, trainable_variables)
 
     def _gradflow_before_loss_scale(self, grads: List[Any], trainable_variables=None) -> List[Any]:
         """Called by a LossScaleOptimizer around this one before its finite
@@ -211,19 +213,26 @@ class _DistributedMixin:
         return _nan_if_any_rank_not_finite(grads, self)
 
     def _gradflow_reduce_partial(self, grads: List[Any], variables: List[Any]) -> List[Any]:
-        # Shared gradients are reduced (named by their position among the
-        # shared ones, the same on every rank); local ones stay this rank's,
-        # divided by size with scale_local_gradients (Horovod's scaling).
+        # Shared gradients are reduced (named by their variables, the same on
+        # every rank); local ones stay this rank's, divided by size with
+        # scale_local_gradients (Horovod's scaling).
         local = [id(v) in self._gradflow_local_ids for v in variables]
         shared = [i for i, is_local in enumerate(local) if not is_local]
         out = list(grads)
-        for i, r in zip(shared, self._gradflow_reduce([grads[i] for i in shared])):
+        for i, r in zip(shared, self._gradflow_reduce([grads[i] for i in shared],
+                                                      [variables[i] for i in shared])):
             out[i] = r
         if self.scale_local_gradients:
             for i, is_local in enumerate(local):
                 if is_local and out[i] is not None:
                     out[i] = _divided(out[i], process_set_size(self.process_set, "gradient"))
         return out
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        # The names _clip_gradients reduces under (strings: a list of
+        # variables set here would join the optimizer's tracked variables).
+        self._gradflow_step_names = tuple(self._gradflow_names(len(grads), trainable_variables))
+        return super()._backend_apply_gradients(grads, trainable_variables)
 
     def _clip_gradients(self, grads):
         # With gradient accumulation Keras calls this once per real update, on
@@ -235,14 +244,28 @@ class _DistributedMixin:
             if not self.average_aggregated_gradients:
                 k = float(self.backward_passes_per_step)
                 grads = [None if g is None else g * k for g in grads]
-            grads = self._gradflow_reduce(grads)
+            grads = self._gradflow_reduce(grads, names=getattr(self, "_gradflow_step_names", None))
         return super()._clip_gradients(grads)
 
-    def _gradflow_names(self, count: int) -> List[str]:
-        return [f"{self.gradflow_name}.{i}" for i in range(count)]
+    def _gradflow_names(self, count: int, variables: Optional[List[Any]] = None) -> List[str]:
+        """`<name>.<j>` for each gradient, j its variable's index in this
+        optimizer: Keras passes only the trainable variables, so once a layer
+        is frozen (fine-tuning) a position in that list is another variable,
+        whose CSC residual and cached shape it took (found by the 2026-11-29
+        combination audit). Positions where the variables are unknown (not
+        built yet: the list it is built from)."""
+        index: Any = range(count)
+        if variables is not None and self.built and len(variables) == count:
+            try:
+                index = [self._get_variable_index(v) for v in variables]
+            except KeyError:  # not this optimizer's: Keras's apply() raises its error
+                pass
+        return [f"{self.gradflow_name}.{i}" for i in index]
 
-    def _gradflow_reduce(self, grads: List[Any]) -> List[Any]:
-        names = self._gradflow_names(len(grads))
+    def _gradflow_reduce(self, grads: List[Any], variables: Optional[List[Any]] = None,
+                         names: Optional[Any] = None) -> List[Any]:
+        if names is None or len(names) != len(grads):
+            names = self._gradflow_names(len(grads), variables)
         backend = keras.backend.backend()
         if backend == "tensorflow":
             from ..tensorflow.gradient_tape import reduce_gradients
@@ -408,6 +431,14 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
                          "accumulation on a LossScaleOptimizer); put the LossScaleOptimizer "
                          "around instead: LossScaleOptimizer(DistributedOptimizer(opt, "
                          "backward_passes_per_step=k))")
+    if int(backward_passes_per_step) > 1 and isinstance(optimizer,
+                                                        keras.optimizers.MultiOptimizer):
+        # (Keras's MultiOptimizer takes no gradient_accumulation_steps: a TypeError.)
+        raise ValueError("gradflow: DistributedOptimizer(MultiOptimizer(...), "
+                         "backward_passes_per_step>1) is not supported (a MultiOptimizer has no "
+                         "gradient accumulation); wrap the optimizers inside it instead: "
+                         "MultiOptimizer(OptimizerMap(DistributedOptimizer(opt, "
+                         "backward_passes_per_step=k), ...))")
     settings = dict(compression=compression, op=op, sparse_ratio=sparse_ratio,
                     sparse_as_dense=sparse_as_dense,
                     gradient_predivide_factor=gradient_predivide_factor,

@@ -133,7 +133,8 @@ def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: Optional[ReduceOp], 
         reduce = op_from_average(average, op)
         if reduce not in (Sum, Average):
             raise NotImplementedError("gradflow: allreduce of tf.IndexedSlices supports Sum and "
-                                      f"Average, not {reduce!r}")
+                                      f"Average, not {reduce!r} (gradients: sparse_as_dense=True "
+                                      "makes them dense, as Horovod advises for Adasum)")
         _check_dtype(slices.values, "allgather")
         return reduce, float(prescale_factor), float(postscale_factor)
 

@@ -1,7 +1,8 @@
 # tests/parallel/keras_horovod_script.py — SPMD script (run by test_tensorflow.py
 # under mpiexec at 2 and 3 ranks): Horovod 0.28 parity of the Keras API through
 # `gradflow.tensorflow.keras`: signatures, backward_passes_per_step sum/average vs
-# a single-process reference, callbacks with Horovod's arguments, clear errors.
+# a single-process reference, callbacks with Horovod's arguments, clear errors;
+# Keras 3's MultiOptimizer wrapped, or wrapping DistributedOptimizers.
 import inspect
 import os
 import tempfile
@@ -191,6 +192,37 @@ def check_errors():
     expect_value_error("bpps", lambda: hvd.DistributedOptimizer(sgd, backward_passes_per_step=0),
                        "backward_passes_per_step")
 
+def multi_optimizer(wrap=lambda o: o):
+    return keras.optimizers.MultiOptimizer(keras.optimizers.OptimizerMap(
+        wrap(keras.optimizers.SGD(0.1)), {"head/.*": wrap(keras.optimizers.Adam(0.01))}))
+
+
+def check_multi_optimizer():
+    """Keras 3's MultiOptimizer (a rate per layer) wrapped by DistributedOptimizer
+    (before: AttributeError at the first step, from the hyperparameter check
+    reading its learning rate), or wrapping DistributedOptimizers, traced and
+    eager: equal to the plain MultiOptimizer on the combined batches, ranks
+    bitwise identical. With backward_passes_per_step > 1 around it: ValueError."""
+    def train(opt, x, y, batch, eager):
+        keras.utils.set_random_seed(11)
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dense(10, name="head")])
+        model.compile(optimizer=opt, loss=LOSS, run_eagerly=eager)
+        model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+        return model.get_weights()
+
+    for eager in (False, True):
+        want = train(multi_optimizer(), XC, YC, B * N, eager)
+        for opt in (hvd.DistributedOptimizer(multi_optimizer()),
+                    multi_optimizer(lambda o: hvd.DistributedOptimizer(o))):
+            ws = train(opt, XT, YT, B, eager)
+            for i, (w, r) in enumerate(zip(ws, want)):
+                assert np.allclose(w, r, atol=2e-6), ("multi", eager, np.abs(w - r).max())
+                allw = gradflow.allgather(w[None], name=f"multi.{eager}.{i}")
+                assert (allw == allw[0]).all(), "multi: weights differ between ranks"
+    expect_value_error("multi bpps", lambda: hvd.DistributedOptimizer(
+        multi_optimizer(), backward_passes_per_step=2), "MultiOptimizer", "inside it")
+
 
 check_alias_and_signatures()
 check_errors()
@@ -198,5 +230,6 @@ check_backward_passes(average=False)
 check_backward_passes(average=True)
 check_broadcast_local_variables()
 check_metric_average_and_checkpoint()
+check_multi_optimizer()
 gradflow.barrier()
 print(f"rank {R}: keras horovod OK", flush=True)

@@ -1,7 +1,9 @@
 # tests/parallel/keras_torch_backend_script.py — SPMD script (run by
 # test_tensorflow.py): Keras 3 with KERAS_BACKEND=torch, DistributedOptimizer and
 # callbacks in model.fit; weights identical on every rank, metrics averaged,
-# and equal to single-process Keras training on the concatenated batches.
+# and equal to single-process Keras training on the concatenated batches;
+# fine-tuning with CSC (a layer frozen between fits) keeps each gradient's
+# name (the test sets GRADFLOW_SPARSE_CHUNK=16, no CSC warm-up).
 import hashlib
 import os
 
@@ -75,4 +77,43 @@ if R == 0:
     b = np.concatenate([w.ravel() for w in ref.get_weights()])
     err = np.abs(a - b).max() / max(1.0, np.abs(b).max())
     assert err < 1e-5, f"keras torch backend differs from single-process training by {err}"
+
+
+# Fine-tuning with CSC: layer 0 frozen for the second fit (compile again,
+# same optimizer), unfrozen for the third. Each gradient is named by its
+# variable's index in the optimizer, so its CSC residual stays its own
+# (before 2026-11-29: by its position among the trainable variables, and
+# layer 0's unsent gradient went into layer 1's). Reference: one allreduce
+# per variable under its index, the same CSC, SGD by hand.
+def finetune_model():
+    keras.utils.set_random_seed(3)
+    return keras.Sequential([keras.Input((16,)), keras.layers.Dense(16),
+                             keras.layers.Dense(16), keras.layers.Dense(16)])
+
+
+rng = np.random.default_rng(5)
+XK = rng.standard_normal((3, 2, N, 8, 16)).astype(np.float32)  # phase, step, rank
+YK = rng.standard_normal((3, 2, N, 8, 16)).astype(np.float32)
+mse = keras.losses.MeanSquaredError()
+ft, ref = finetune_model(), finetune_model()
+opt = gk.DistributedOptimizer(keras.optimizers.SGD(0.1), name="finetune", sparse_ratio=0.25)
+every = list(ref.trainable_variables)
+for p, frozen in enumerate((False, True, False)):
+    for m in (ft, ref):
+        m.layers[0].trainable = not frozen
+    ft.compile(optimizer=opt, loss=mse)
+    ft.fit(XK[p, :, R].reshape(-1, 16), YK[p, :, R].reshape(-1, 16), batch_size=8,
+           shuffle=False, verbose=0)
+    for s in range(2):
+        variables = ref.trainable_variables
+        grads = torch.autograd.grad(mse(torch.tensor(YK[p, s, R]), ref(torch.tensor(XK[p, s, R]))),
+                                    [v.value for v in variables])
+        for v, g in zip(variables, grads):
+            i = next(k for k, e in enumerate(every) if e is v)
+            r = gradflow.allreduce(g.detach().numpy(), name=f"finetune.ref.{i}", sparse_ratio=0.25)
+            v.assign(keras.ops.convert_to_numpy(v) - 0.1 * r)
+for i, (w, r) in enumerate(zip(ft.get_weights(), ref.get_weights())):
+    assert np.allclose(w, r, atol=1e-6), ("fine-tuning", i, np.abs(w - r).max())
+    rows = gradflow.allgather(np.ascontiguousarray(w.reshape(1, -1)), name=f"finetune.w{i}")
+    assert (rows == rows[0]).all(), "fine-tuning: ranks differ"
 print(f"rank {R}: keras torch backend OK", flush=True)

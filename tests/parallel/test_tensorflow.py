@@ -34,7 +34,10 @@ def test_tf_horovod_api(ranks):
 def test_tf_default_named_tapes_keep_their_own_residuals(ranks):
     """Two default-named DistributedGradientTapes over different variables
     with sparse_ratio: separate CSC residuals (Note [Default tape names]),
-    eagerly and in tf.function; equal to explicitly named tapes."""
+    eagerly and in tf.function; equal to explicitly named tapes. Keras
+    fine-tuning with CSC (a layer frozen between fits, then unfrozen): each
+    gradient keeps its variable's name and residual (before: layer 0's unsent
+    gradient went into layer 1's, 0.039 off)."""
     env = dict(TF_ENV, GRADFLOW_SPARSE_CHUNK="16", GRADFLOW_SPARSE_WARMUP_STEPS="0")
     out = run_mpi(ranks, "tf_tape_names_script.py", env=env, timeout=240)
     assert out.stdout.count("tf tape names OK") == ranks, out.stdout
@@ -80,7 +83,9 @@ def test_keras_fit_and_callbacks():
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_keras_horovod_parity(ranks):
     """gradflow.tensorflow.keras as Horovod 0.28's horovod.tensorflow.keras:
-    signatures, backward_passes_per_step sum/average, callbacks' arguments."""
+    signatures, backward_passes_per_step sum/average, callbacks' arguments;
+    Keras 3's MultiOptimizer wrapped (before: AttributeError at the first
+    step) or wrapping DistributedOptimizers, against the plain one."""
     out = run_mpi(ranks, "keras_horovod_script.py", env=TF_ENV, timeout=300)
     assert out.stdout.count("keras horovod OK") == ranks, out.stdout
 
@@ -95,8 +100,9 @@ def test_torch_and_tensorflow_share_one_runtime():
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 def test_keras_torch_backend():
-    out = run_mpi(2, "keras_torch_backend_script.py", env={**TF_ENV, "KERAS_BACKEND": "torch"},
-                  timeout=240)
+    env = {**TF_ENV, "KERAS_BACKEND": "torch", "GRADFLOW_SPARSE_CHUNK": "16",
+           "GRADFLOW_SPARSE_WARMUP_STEPS": "0"}  # the fine-tuning case's CSC
+    out = run_mpi(2, "keras_torch_backend_script.py", env=env, timeout=240)
     assert out.stdout.count("keras torch backend OK") == 2, out.stdout
 
 

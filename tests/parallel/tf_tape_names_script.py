@@ -10,12 +10,15 @@
 # watched tensor's tape keeps one name from step to step. Before 2026-11-28
 # both tapes were named "DistributedGradientTape" and one tape's gradients
 # came out 39x their true sum. Also: a variable freed on some ranks
-# only does not shift the names. Exits non-zero on failure.
+# only does not shift the names; Keras fine-tuning with CSC (a layer
+# frozen between fits) keeps each gradient under its variable's name.
+# Exits non-zero on failure.
 import gc
 
 import numpy as np
 
-from _tf_common import tf  # first: sets TensorFlow up before it loads
+from _tf_common import keras, tf  # first: sets TensorFlow up before it loads
+import gradflow.keras as gk
 import gradflow.tensorflow as gtf
 from gradflow.tensorflow import gradient_tape
 
@@ -93,4 +96,45 @@ print(f"rank {R}: {reused} of 12 new variables reused a freed id", flush=True)
 # batch) keeps its tape's name.
 x1, x2 = tf.constant([1.0, 2.0]), tf.constant([3.0, 4.0, 5.0])
 assert gradient_tape.default_name(None, [x1]) == gradient_tape.default_name(None, [x2])
+
+# Keras fine-tuning with CSC: a layer frozen between fits (trainable=False,
+# compile again with the same optimizer), then unfrozen. Keras passes the
+# optimizer only the trainable variables, so the position of a gradient in
+# that list names another variable once a layer is frozen; the optimizer's
+# gradients are named by the variable's index in the optimizer instead (the
+# CSC residual stays with its variable). Before 2026-11-29 the first frozen
+# step added layer 0's unsent gradient to layer 1's (weights 0.05 off here;
+# with layers of other sizes: "has 160 elements, but earlier calls under
+# this name had 1024"). Reference: one allreduce per variable named by its
+# index, the same CSC, SGD by hand.
+def finetune_model():
+    keras.utils.set_random_seed(3)
+    return keras.Sequential([keras.Input((16,)), keras.layers.Dense(16),
+                             keras.layers.Dense(16), keras.layers.Dense(16)])
+
+
+PHASES = ((False, False), (True, False), (False, True))  # (layer 0 frozen, run_eagerly)
+rng = np.random.default_rng(5)
+XK = rng.standard_normal((len(PHASES), 2, N, 8, 16)).astype(np.float32)  # phase, step, rank
+YK = rng.standard_normal((len(PHASES), 2, N, 8, 16)).astype(np.float32)
+mse = keras.losses.MeanSquaredError()
+model, ref = finetune_model(), finetune_model()
+opt = gk.DistributedOptimizer(keras.optimizers.SGD(0.1), name="finetune", sparse_ratio=0.25)
+every = list(ref.trainable_variables)
+for p, (frozen, eager) in enumerate(PHASES):
+    for m in (model, ref):
+        m.layers[0].trainable = not frozen
+    model.compile(optimizer=opt, loss=mse, run_eagerly=eager)
+    model.fit(XK[p, :, R].reshape(-1, 16), YK[p, :, R].reshape(-1, 16), batch_size=8,
+              shuffle=False, verbose=0)
+    for s in range(2):
+        with tf.GradientTape() as t:
+            loss = mse(YK[p, s, R], ref(XK[p, s, R], training=True))
+        for v, g in zip(ref.trainable_variables, t.gradient(loss, ref.trainable_variables)):
+            i = next(k for k, e in enumerate(every) if e is v)
+            v.assign_sub(0.1 * gtf.allreduce(g, name=f"finetune.ref.{i}", sparse_ratio=0.25))
+for w, r in zip(model.get_weights(), ref.get_weights()):
+    assert np.allclose(w, r, atol=1e-6), ("fine-tuning", np.abs(w - r).max())
+    rows = gtf.allgather(tf.reshape(tf.constant(w), [1, -1])).numpy()
+    assert all(np.array_equal(rows[0], rows[r]) for r in range(N)), "fine-tuning: ranks differ"
 print(f"tf tape names OK rank {R}", flush=True)

@@ -80,6 +80,28 @@ def test_eager_begin_reads_the_current_rate_of_a_schedule():
     assert "learning_rate=0.025," in check.begin_eager()
 
 
+def multi(head_rate=0.01):
+    return keras.optimizers.MultiOptimizer(keras.optimizers.OptimizerMap(
+        keras.optimizers.SGD(0.1), {"head/.*": keras.optimizers.Adam(head_rate)}))
+
+
+def test_a_multi_optimizer_is_checked_per_inner_optimizer():
+    # A wrapped MultiOptimizer has no learning rate of its own (Keras raises
+    # AttributeError on reading it: before, the first step did).
+    check = check_of(multi())
+    (rates,) = check.inputs()
+    assert keras.ops.convert_to_numpy(rates).tolist() == pytest.approx([0.01, 0.1])
+    for _ in range(tag.CHECK_EVERY - 1):
+        check.begin_eager()
+    t = check.begin_eager()
+    assert "group 0: learning_rate=0.01, beta_1=0.9" in t and \
+        "group 1: learning_rate=0.1, momentum=0.0" in t, t
+    other = check_of(multi(head_rate=0.02))
+    for _ in range(tag.CHECK_EVERY - 1):
+        other.begin_eager()
+    assert other.begin_eager() != t  # one inner optimizer's rate differs
+
+
 def test_join_and_a_new_generation_restart_the_count_broadcast_the_crc(monkeypatch):
     check = check_of(keras.optimizers.SGD(0.05))
     run_rounds(check, 5)
