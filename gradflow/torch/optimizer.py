@@ -348,7 +348,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             s.synchronized = True
             return
         if not s.fired:
-            raise _step.no_gradient_error(s)
+            # Note [No backward on one rank]: a rank that skipped backward
+            # (e.g. `if torch.isfinite(loss): loss.backward()` on its own
+            # loss) raised here alone while the others waited for its
+            # buckets until GRADFLOW_TIMEOUT (60 s of stall, then a stall
+            # error naming bucket0). Failed as Note [A failed step] does:
+            # its names are withdrawn, so every rank's step fails at once
+            # with this error and the next step pairs afresh.
+            err = _step.no_gradient_error(s)
+            _step.abandon(self, err)
+            raise err
         _step.synchronize(self)
 
     @contextlib.contextmanager

@@ -1,7 +1,8 @@
 # torch_errors_script.py — SPMD: misuse of the torch binding must raise a
 # clear GradflowError on every rank instead of hanging: step() twice without
-# backward, too many backward passes, models that differ between ranks
-# (DistributedOptimizer and broadcast_parameters), rank-dependent shapes.
+# backward, step() without backward on one rank only, too many backward
+# passes, models that differ between ranks (DistributedOptimizer and
+# broadcast_parameters), rank-dependent shapes.
 import torch
 import torch.nn.functional as F
 
@@ -105,3 +106,38 @@ assert_identical(list(m.parameters()), "after a failed step")
 for p, q in zip(m.parameters(), ref.parameters()):
     assert_close(p.detach(), q.detach(), "after a failed step, against plain torch")
 ok("a failed reduction fails its step only")
+
+# Note [No backward on one rank]: the last rank calls step() without a
+# backward (its loss skipped), at step 1 (layout agreement) and on the pool
+# path; pool, copy path and CSC. Every rank's step fails at once with that
+# rank's error (the others from their backward, whose end reduces), and
+# after zero_grad() training goes on paired afresh: equal to plain torch
+# with that step dropped. Before: that rank raised alone and the others
+# waited for its buckets until GRADFLOW_TIMEOUT (a stall error after 60 s).
+for kw in ({}, {"use_pool": False}, {"sparse_ratio": 0.5}):
+    m = mlp()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(),
+                                   **kw)
+    ref = mlp()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(4):
+        def skipping_step():
+            opt.zero_grad()
+            if R != N - 1:
+                xb, yb = batch(X, Y, step, R, N, 8)
+                F.cross_entropy(m(xb), yb).backward()
+            opt.step()
+        if step in (0, 2):
+            expect_error(skipping_step, "no backward pass produced a gradient", f"rank {N - 1}"
+                         if R != N - 1 else "called twice without backward")
+            continue
+        one_step(m, opt, step)
+        ref_opt.zero_grad()
+        gx, gy = global_batch(X, Y, step, N, 8)
+        F.cross_entropy(ref(gx), gy).backward()
+        ref_opt.step()
+    assert_identical(list(m.parameters()), f"after a step without backward on one rank, {kw}")
+    if not kw.get("sparse_ratio"):
+        for p, q in zip(m.parameters(), ref.parameters()):
+            assert_close(p.detach(), q.detach(), f"step without backward on one rank, {kw}")
+    ok(f"a step without backward on one rank fails on every rank, then trains ({kw})")
