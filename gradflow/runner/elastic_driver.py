@@ -47,6 +47,16 @@ DRIVER_ENV, WORKER_ENV, TIMEOUT_ENV = ("GRADFLOW_ELASTIC_DRIVER", "GRADFLOW_ELAS
                                        "GRADFLOW_ELASTIC_TIMEOUT")  # = gradflow/elastic/worker.py
 DISCOVERY_INTERVAL = 1.0  # seconds between runs of the discovery script (Horovod's)
 ABORT_GRACE = 10.0        # seconds workers get to leave after an abort before SIGKILL
+# Note [A generation that does not form]: MPI_Comm_accept has no deadline;
+# MPICH's MPI_Comm_connect bounds its handshake (180 s) but not the exchange
+# after it; neither can be interrupted. A member that never reached its
+# accept, or a stalled connection, hung the job for ever (once under load: a
+# grown keras job's newcomer in PMPI_Comm_connect). So a generation must
+# form within --elastic-timeout (the worker side's rendezvous bound too), at
+# least FORM_TIMEOUT_FLOOR (connects on a loaded host are slow); else the job
+# ends naming where forming stopped, and its workers are killed after
+# ABORT_GRACE (inside MPI they cannot read the abort).
+FORM_TIMEOUT_FLOOR = 60.0
 
 
 def describe_code(code: int) -> str:
@@ -104,6 +114,8 @@ class ElasticDriver:
         self.gen = -1
         self.forming: List[Worker] = []
         self.port = ""                       # rank 0's MPI port of the forming generation
+        self.forming_since = 0.0             # when the forming generation was assigned
+        self.joined: set = set()             # its ranks connected so far (0: port opened)
         self.members: List[Worker] = []      # the last formed generation, by rank
         self.resets = 0
         self.notified_gen = -1               # generation told about waiting newcomers
@@ -241,7 +253,7 @@ class ElasticDriver:
         # was added).
         sync = any(w.gen < 0 or w.wants_sync for w in members)
         self.gen += 1
-        self.forming = members
+        self.forming, self.forming_since, self.joined = members, time.monotonic(), set()
         for r, w in enumerate(members):
             w.state, w.gen, w.rank, w.formed, w.told = "running", self.gen, r, False, False
         for w in members:
@@ -319,8 +331,10 @@ class ElasticDriver:
             # has joined (concurrent connects to one port crashed MPICH 5.0
             # in MPI_Comm_accept now and then).
             self.port = msg.get("port")
+            self.joined.add(0)
             self._send_port(1)
         elif op == "joined" and msg.get("gen") == self.gen and self.forming:
+            self.joined.add(w.rank)
             self._send_port(w.rank + 1)
         elif op == "finished" and w.state in ("running", "ready") and not w.dismiss:
             # Its program ends in order (worker.py, finished()); if it exits 0,
@@ -330,6 +344,26 @@ class ElasticDriver:
             w.formed = True
             if self.forming and all(m.formed for m in self.forming):
                 self.members, self.forming = self.forming, []
+
+    def _check_forming(self) -> None:
+        """Note [A generation that does not form]: end the job, saying where
+        the forming generation stopped, once it is past its deadline."""
+        limit = max(self.timeout, FORM_TIMEOUT_FLOOR)
+        if not self.forming or self.aborted or time.monotonic() - self.forming_since <= limit:
+            return
+        stuck = next((w for w in self.forming if w.rank not in self.joined), None)
+        if stuck is None:
+            where = ("every rank connected, but " + ", ".join(
+                w.label() for w in self.forming if not w.formed) + " did not report the "
+                "communicator formed (MPI_Intercomm_merge / MPI_Comm_split)")
+        elif stuck.rank == 0:
+            where = f"{stuck.label()} did not open its MPI port"
+        else:
+            where = (f"{stuck.label()} did not finish MPI_Comm_connect to rank 0's port "
+                     f"(ranks 0-{stuck.rank - 1} wait in MPI_Comm_accept)")
+        self._abort(f"generation {self.gen} did not form within {limit:g} s (--elastic-timeout, "
+                    f"at least {FORM_TIMEOUT_FLOOR:g} s): {where}; MPI's connect and accept cannot "
+                    "be interrupted, so its workers are stopped")
 
     def _send_port(self, rank: int) -> None:
         if rank < len(self.forming):
@@ -434,6 +468,7 @@ class ElasticDriver:
                 except queue.Empty:
                     pass
                 self._try_form()
+                self._check_forming()
                 self._notify_newcomers()
                 if self.aborted and time.monotonic() > self.abort_deadline:
                     for w in self._alive():

@@ -151,3 +151,41 @@ def test_a_failure_after_another_worker_finished_is_told_to_the_others():
     assert "then rank 1 (worker 1 on host localhost) exited with code 9" in w2.sent[1]["message"]
     assert [m["op"] for m in late.sent] == ["exit"], late.sent
     assert d.gen == 0 and d._exit_code() == 9
+
+
+def test_a_generation_that_does_not_form_ends_the_job(monkeypatch):
+    """Note [A generation that does not form]: rank 2 never reports that it
+    connected (inside MPI_Comm_connect, which cannot be interrupted). The job
+    used to wait for ever; past max(--elastic-timeout, FORM_TIMEOUT_FLOOR)
+    it ends naming where forming stopped, and the workers are killed after
+    ABORT_GRACE (driver.run)."""
+    import gradflow.runner.elastic_driver as ed
+    clock = [1000.0]
+    monkeypatch.setattr(ed.time, "monotonic", lambda: clock[0])
+    d = driver(min_np=3, elastic_timeout=5)
+    ws = [worker(d, i, state="ready") for i in range(3)]
+    d._try_form()
+    assert d.forming == ws
+    d._on_message(ws[0], {"op": "port", "gen": d.gen, "port": "tag#0$"})
+    d._on_message(ws[1], {"op": "joined", "gen": d.gen})
+    clock[0] += ed.FORM_TIMEOUT_FLOOR  # the floor, not --elastic-timeout's 5 s
+    d._check_forming()
+    assert not d.aborted
+    clock[0] += 1
+    d._check_forming()
+    assert d.aborted == (
+        "the elastic job ended: generation 0 did not form within 60 s (--elastic-timeout, at "
+        "least 60 s): rank 2 (worker 2 on host localhost) did not finish MPI_Comm_connect to "
+        "rank 0's port (ranks 0-1 wait in MPI_Comm_accept); MPI's connect and accept cannot be "
+        "interrupted, so its workers are stopped")
+    assert all(w.sent[-1]["op"] == "abort" for w in ws)
+    assert d.abort_deadline == clock[0] + ed.ABORT_GRACE and d._exit_code() == 1
+    # A generation that formed in time is never ended.
+    d = driver(min_np=2, elastic_timeout=5)
+    ws = [worker(d, i, state="ready") for i in range(2)]
+    d._try_form()
+    for w in ws:
+        d._on_message(w, {"op": "formed", "gen": d.gen})
+    clock[0] += 3600
+    d._check_forming()
+    assert not d.aborted and d.members == ws
