@@ -124,6 +124,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       check (hyperparameter_check.py); a difference fails the job on every
       rank with both ranks' values (ReduceLROnPlateau on a rank-local loss:
       average the metric first).
+    Gradients assigned by hand (param.grad set from torch.autograd.grad or
+      functorch, no backward) are reduced in step(), as Horovod's
+      synchronize() reduces them. step() with neither a backward nor an
+      assigned gradient since the last step/zero_grad() raises GradflowError,
+      on every rank when only some ranks skipped their backward.
     One rank (the process set has one member): plain torch, bit for bit —
       no pool, no wire cast, no CSC, nothing sent (Note [One rank] in optimizer.py).
     process_set: reduce over this registered ProcessSet's members only

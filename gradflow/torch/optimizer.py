@@ -347,6 +347,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if s.auto_synced and not s.fired:  # done when backward returned
             s.synchronized = True
             return
+        if not s.fired and _step.assigned_grads(s):
+            # Note [Gradients assigned by hand]: no backward, but param.grad
+            # set by the user (torch.autograd.grad, functorch, a gradient
+            # computed by hand) since the last synchronize() / zero_grad():
+            # reduced as Horovod's synchronize() does, those gradients and
+            # zeros or the current param.grad for the others (no hook ran,
+            # so the whole step is submitted here). Before, step() raised
+            # "no backward pass produced a gradient" on every rank.
+            try:
+                _step.begin_step(self)
+            except BaseException as e:  # Note [A failed step] (optimizer_step.py)
+                _step.abandon(self, e)
+                raise
+            s.fired, s.synchronized = True, False
         if not s.fired:
             # Note [No backward on one rank]: a rank that skipped backward
             # (e.g. `if torch.isfinite(loss): loss.backward()` on its own
@@ -453,6 +467,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     else:
                         p.grad.requires_grad_(False)
                     p.grad.zero_()
+        _step.remember_grads(s)  # Note [Gradients assigned by hand]
 
     @property
     def wire_overflow(self) -> bool:

@@ -64,6 +64,7 @@ class _State:
         self.out_of: Dict[int, torch.Tensor] = {}  # id -> view of its pool's G (residual in pool)
         self.pool_built = False
         self.fired = False                        # a hook ran since the last synchronize
+        self.left: Dict[int, object] = {}         # id(param) -> weakref of the grad left there
         self.synchronized = False                 # synchronize() ran since the last hook
         self.should_sync = True                   # False inside skip_synchronize()
         self.wire_overflow = False                # some 16-bit wire value overflowed last step

@@ -152,6 +152,7 @@ def synchronize(opt) -> None:
     if s.use_pool and not s.pool_built:
         build_pools(opt)
     s.synchronized = True
+    remember_grads(s)
     s.unapplied = True  # until step(): Note [A skipped step owes its chunks]
     s.rollback_residuals = False
     s.rollback_names.clear()
@@ -302,6 +303,24 @@ def _clear_counts(s) -> None:
     s.fired, s.wire_overflow = False, False
     if s.groups is not None and s.groups.ready:
         s.groups = GroupTracker(s.groups.groups)
+
+
+def remember_grads(s) -> None:
+    """Note [Gradients assigned by hand]: which tensor each param.grad is
+    after this synchronize() or zero_grad() (None: no gradient)."""
+    s.left = {id(p): None if p.grad is None else weakref.ref(p.grad) for p in s.params}
+
+
+def assigned_grads(s) -> List[torch.Tensor]:
+    """Note [Gradients assigned by hand]: the parameters whose param.grad the
+    user replaced since the last synchronize() / zero_grad() without a
+    backward (torch.autograd.grad, functorch, a gradient computed by hand)."""
+    out = []
+    for p in s.params:
+        ref = s.left.get(id(p))
+        if p.grad is not None and (ref is None or ref() is not p.grad):
+            out.append(p)
+    return out
 
 
 def no_gradient_error(s) -> GradflowError:

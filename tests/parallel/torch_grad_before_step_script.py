@@ -2,7 +2,8 @@
 # between backward() and step() without calling synchronize() first, as
 # DDP users write it (Note [Reduced when backward returns] in
 # gradflow/torch/optimizer.py): gradient clipping, PyTorch's plain AMP
-# recipe (scaler.step(opt) unscales first), reading the gradient. Before the
+# recipe (scaler.step(opt) unscales first), reading the gradient; also
+# param.grad assigned by hand with no backward (torch.autograd.grad). Before the
 # fix those ran while the core was still reducing in place, and the ranks'
 # parameters silently drifted apart. Each case on the pool, copy, no-overlap,
 # accumulation and CSC paths: bitwise identical on every rank, and for the
@@ -352,4 +353,35 @@ for step in range(3):
 assert_identical(m.parameters(), "sgd closure")
 assert_close(flat(m.parameters()), flat(ref.parameters()), "sgd closure")
 ok("SGD step(closure)")
+
+# 8. gradients assigned by hand (Note [Gradients assigned by hand]):
+# param.grad set from torch.autograd.grad, no backward; on even steps every
+# rank does so, on odd steps the last rank only (the others run backward:
+# its whole step is submitted in step(), under the same names). Reduced as
+# Horovod's synchronize() reduces them. Before: step() raised "no backward
+# pass produced a gradient".
+for path, kw in [*PATHS.items(), ("groups=2", {"groups": 2})]:
+    if kw.get("backward_passes_per_step"):
+        continue
+    m = mlp()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                                   m.named_parameters(), **kw)
+    for step in range(4):
+        opt.zero_grad()
+        xb, yb = batch(X, Y, step, R, N, PER)
+        loss = F.cross_entropy(m(xb), yb)
+        if step % 2 == 0 or R == N - 1:
+            for p, g in zip(m.parameters(), torch.autograd.grad(loss, list(m.parameters()))):
+                p.grad = g
+        else:
+            loss.backward()
+        opt.step()
+    assert_identical(m.parameters(), f"gradients assigned by hand, {path}")
+    if "csc" not in path:
+        ref = mlp()
+        train(ref, torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9), 4, 0, 1, PER * N)
+        tol = 2e-3 if "fp16" in path else 1e-5
+        assert_close(flat(m.parameters()), flat(ref.parameters()), f"assigned by hand, {path}",
+                     tol)
+    ok(f"gradients assigned by hand, {path}")
 hvd.shutdown()
