@@ -123,7 +123,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       step's allreduces carry a CRC of every step's values since the last
       check (hyperparameter_check.py); a difference fails the job on every
       rank with both ranks' values (ReduceLROnPlateau on a rank-local loss:
-      average the metric first).
+      average the metric first). So does a parameter frozen after wrapping
+      (requires_grad=False) on some ranks only.
     Gradients assigned by hand (param.grad set from torch.autograd.grad or
       functorch, no backward) are reduced in step(), as Horovod's
       synchronize() reduces them. step() with neither a backward nor an

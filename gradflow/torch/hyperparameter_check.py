@@ -28,8 +28,8 @@ on newcomers and old workers alike, and after ``join()``, where ranks that
 ran out of data earlier counted fewer rounds (an epoch per ``join()``, as
 Horovod's examples do); ``broadcast_optimizer_state`` (which makes the
 values equal) restarts the CRC. Only the keys below are
-hashed, and the wrapper's ``backward_passes_per_step`` (shown after group
-0's keys): a key a user keeps in a param group for their own purposes may
+hashed, and the wrapper's ``backward_passes_per_step`` and the parameters
+frozen after wrapping (shown after group 0's keys): a key a user keeps in a param group for their own purposes may
 legitimately differ. Values are compared as they act (1, 1.0 and numpy's
 float64(1.0) alike); a tensor value is compared if it is a CPU scalar, not
 on another device (a capturable optimizer's lr: see _plain). Sparse gradients
@@ -39,7 +39,7 @@ sparse is not checked.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Iterable, List
+from typing import Any, Iterable, List, Sequence
 
 import torch
 
@@ -73,15 +73,27 @@ def _values(param_groups: Iterable[dict]) -> List[List[Any]]:
     return [[(k, _plain(group[k])) for k in KEYS if k in group] for group in param_groups]
 
 
-def _with_passes(values: List[List[Any]], bpps: int) -> List[List[Any]]:
+def _with_passes(values: List[List[Any]], bpps: int,
+                 frozen: Sequence[str] = ()) -> List[List[Any]]:
     """`values` with the wrapper's backward_passes_per_step after group 0's
     keys. It is local too (set_backward_passes_per_step on one rank, or a
     value computed from the rank's own data): with 1 on one rank and 2 on
     another, each reduction averaged one pass with the sum of two and the
     weights stayed alike, so nothing showed until the rank with fewer steps
     finished and the other failed naming no cause (found by the round-4
-    combination audit)."""
+    combination audit).
+
+    Note [Frozen on some ranks]: then the names of the parameters frozen
+    after wrapping (requires_grad=False at this round), if any. A rank
+    that freezes one alone reduces zeros for it and keeps it put (Note
+    [Frozen after wrapping] in optimizer.py) while the others apply the
+    average: the weights drifted apart silently (2 ranks, a Linear's weight
+    frozen on rank 0 at step 2: ranks differ after 4 steps, no error; found
+    by the 2026-11-29 combination audit). Horovod applies the average on
+    every rank there; the check makes the rank-local freeze an error."""
     extra = [("backward_passes_per_step", int(bpps))]
+    if frozen:
+        extra.append(("frozen", tuple(frozen)))
     return [list(values[0]) + extra] + values[1:] if values else [extra]
 
 
@@ -132,7 +144,9 @@ def begin_round(s, param_groups: List[dict]) -> None:
     fold the current values in and choose this round's step tag."""
     if s.solo:
         return
-    values = _with_passes(_values(param_groups), s.bpps)
+    cut = len(s.prefix) + 1
+    frozen = [s.names[i][cut:] for i, p in enumerate(s.params) if not p.requires_grad]
+    values = _with_passes(_values(param_groups), s.bpps, frozen)
     s.hyper_crc = _tag.fold(s.hyper_crc, values)
     s.hyper_rounds += 1
     tag = _tag.tag(s.hyper_crc, values) if _tag.is_check_round(s.hyper_rounds) else ""

@@ -129,7 +129,9 @@ Invariants:
     so no rank can wait for another), but its param.grad is None when the
     inner optimizer steps, so momentum and weight decay leave it where it
     is, as plain torch with zero_grad()'s default. Freeze before wrapping to
-    save its traffic.
+    save its traffic. A freeze on some ranks only fails the job on every
+    rank at the next hyperparameter check, within 16 steps (Note [Frozen on
+    some ranks] in hyperparameter_check.py): that rank's copy would stay put.
   * The wrapper shares param_groups and state with the optimizer it wraps,
     also across load_state_dict() (which torch would give new groups), so an
     LR scheduler made on either drives both.

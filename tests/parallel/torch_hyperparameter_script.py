@@ -12,6 +12,10 @@
 #     with default timeouts every rank raises GradflowError within
 #     CHECK_EVERY rounds of the difference, naming both ranks' values; the
 #     job then ends non-zero (gradflow's fatal exit).
+#   frozen-<path>: the last rank alone freezes a layer after wrapping: every
+#     rank raises at the 16th round, naming it (before: its copy stayed put
+#     while the others moved theirs, silently). "equal" freezes one on every
+#     rank through tagged rounds: nothing raised.
 #   passes-<path>: the last rank alone calls set_backward_passes_per_step(2)
 #     and accumulates 2 passes per step: every rank raises at the 16th
 #     round, naming both values (before, each reduction averaged one pass
@@ -114,6 +118,19 @@ if CASE == "equal":
         last = hvd.join()
         assert last in range(N), last
     ok("join() with uneven step counts, twice, raises nothing")
+
+    # A layer frozen after wrapping on every rank (Note [Frozen after
+    # wrapping]) through tagged rounds, then unfrozen: nothing raised.
+    m, o = wrapped(6, "frozen_all", lr=0.1, momentum=0.9)
+
+    def freeze_all(step):
+        m[0].weight.requires_grad_(not 3 <= step < CHECK_EVERY + 5)
+        train_step(m, o, step)
+
+    at, msg = run(2 * CHECK_EVERY + 2, freeze_all)
+    assert at is None, msg
+    assert_identical(m.parameters(), "frozen on every rank")
+    ok("a layer frozen after wrapping on every rank raises nothing")
     sys.exit(0)
 
 kind, path = CASE.split("-")
@@ -131,6 +148,15 @@ elif kind == "passes":
     at, msg = run(3 * CHECK_EVERY, lambda step: train_step(m, o, step, passes))
     assert at == CHECK_EVERY - 1, (at, msg)
     assert "backward_passes_per_step=1" in msg and "backward_passes_per_step=2" in msg, msg
+elif kind == "frozen":  # Note [Frozen on some ranks] (hyperparameter_check.py)
+    def freeze_one(step):
+        if step == 3 and R == N - 1:
+            m[0].weight.requires_grad_(False)
+        train_step(m, o, step)
+
+    at, msg = run(3 * CHECK_EVERY, freeze_one)
+    assert at == CHECK_EVERY - 1, (at, msg)
+    assert "frozen=('frozen_pool.0.weight',)" in msg, msg
 else:
     def transient(step):
         for g in o.param_groups:  # the 5th step differs on the last rank only
