@@ -57,6 +57,7 @@ from ..process_sets import ProcessSet, global_process_set, member_id, process_se
 from . import loss_scale as _loss_scale
 from . import saved_accumulation as _saved_accumulation
 from .hyperparameter_check import HyperparameterCheck
+from .overwritten import max_overwritten
 
 
 class _DistributedMixin:
@@ -143,16 +144,21 @@ class _DistributedMixin:
         """Reduce `grads` across ranks (every step when backward_passes_per_step
         is 1), then the wrapped optimizer's apply()."""
         grads = list(grads)
-        if (self.backward_passes_per_step == 1 and not self._gradflow_in_loss_scale and
-                not self._gradflow_local_ids and keras.backend.backend() == "torch"):
+        if self._gradflow_in_loss_scale:  # reduced by _gradflow_before_loss_scale already
+            return super().apply(grads, trainable_variables)
+        held = max_overwritten(self, grads, trainable_variables)  # Note [Overwritten variables]
+        if (self.backward_passes_per_step == 1 and not self._gradflow_local_ids and
+                keras.backend.backend() == "torch"):
             # The common eager step: the presence Sum travels with the
             # gradients instead of before them (_reduce_eager_numpy).
             grads = _reduce_eager_numpy(grads, self._gradflow_names(len(grads), trainable_variables),
                                         self, self._gradflow_presence(grads, trainable_variables))
-            return super().apply(grads, trainable_variables)
-        grads = self._gradflow_zeros_where_others_have_gradients(grads, trainable_variables)
-        if self.backward_passes_per_step == 1 and not self._gradflow_in_loss_scale:
-            grads = self._gradflow_reduce_step(grads, trainable_variables)
+        else:
+            grads = self._gradflow_zeros_where_others_have_gradients(grads, trainable_variables)
+            if self.backward_passes_per_step == 1:
+                grads = self._gradflow_reduce_step(grads, trainable_variables)
+        for i, g in held.items():
+            grads[i] = g
         return super().apply(grads, trainable_variables)
 
     def _gradflow_zeros_where_others_have_gradients(self, grads: List[Any],
@@ -200,7 +206,14 @@ class _DistributedMixin:
         check (Note [LossScaleOptimizer], loss_scale.py): the reduced
         gradients (k = 1), or with k > 1 the local ones, made NaN on every
         rank when some rank's are not finite."""
+        held = max_overwritten(self, grads, trainable_variables)  # Note [Overwritten variables]
         grads = self._gradflow_zeros_where_others_have_gradients(grads, trainable_variables)
+        grads = self._gradflow_loss_scale_reduce(grads, trainable_variables)
+        for i, g in held.items():
+            grads[i] = g
+        return grads
+
+    def _gradflow_loss_scale_reduce(self, grads: List[Any], trainable_variables) -> List[Any]:
         if self.backward_passes_per_step == 1:
             return self._gradflow_reduce_step(grads, trainable_variables)
         wire = wire_code(self.compression)
@@ -363,8 +376,8 @@ def _reduce_eager_numpy(grads: List[Any], names: List[str], opt: _DistributedMix
         for i in indices:
             if grads[i] is None and filled[i] is not None:
                 submit(i, filled[i])
-    for i, g, h in handles:
-        out[i] = keras.ops.convert_to_tensor(h.wait(), dtype=g.dtype)
+    for i, g, h in handles:  # (the numpy API gives a 0-d input back as shape [1])
+        out[i] = keras.ops.convert_to_tensor(np.reshape(h.wait(), tuple(g.shape)), dtype=g.dtype)
     return out
 
 

@@ -7,7 +7,9 @@
 # the others waited in, and the job died at GRADFLOW_TIMEOUT. Now every rank
 # skips exactly that batch: parameters bitwise identical, the loss scale
 # halved once everywhere, and the weights equal (fp16 tolerance) a run
-# whose data lacks that batch on every rank. Exits non-zero on failure.
+# whose data lacks that batch on every rank. Also float8 (model.quantize):
+# its scales and amax histories Max-reduced across ranks (Note [Overwritten
+# variables]). Exits non-zero on failure.
 import sys
 
 from _tf_common import keras, tf  # noqa: F401,E402  (before TensorFlow loads)
@@ -87,3 +89,31 @@ else:
     sys.exit("fp16 wire + bpps=2 + LossScaleOptimizer was not refused")
 if R == 0:
     print("ok 16-bit wire + accumulation under a loss scaler refused", flush=True)
+
+
+# float8 (model.quantize("float8")): each layer's scales and amax histories
+# are overwritten with their "gradients" (Note [Overwritten variables],
+# gradflow/keras/overwritten.py), which must be the Max over the ranks: the
+# first layer's history then holds the global batch's max |x| of each update
+# (of each k batches: Keras keeps the maximum). Before 2026-11-29 it held the
+# ranks' mean (k = 1), or each rank its own (k = 2: 1.96 apart).
+keras.mixed_precision.set_global_policy("float32")
+rng = np.random.default_rng(7)
+X8 = (rng.normal(size=(N, 4 * 16, 8)) * (1.0 + np.arange(N))[:, None, None]).astype(np.float32)
+Y8 = rng.normal(size=(N, 4 * 16, 4)).astype(np.float32)
+for bpps in (1, 2):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(4)])
+    model.quantize("float8")
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01),
+                                                     backward_passes_per_step=bpps), loss="mse")
+    model.fit(X8[R], Y8[R], batch_size=16, epochs=1, verbose=0, shuffle=False)
+    state = [np.asarray(keras.ops.convert_to_numpy(v)).tobytes() for v in model.variables]
+    every = gtf.allgather_object(state)
+    assert all(e == every[0] for e in every), f"float8, bpps={bpps}: ranks differ"
+    history = keras.ops.convert_to_numpy(model.layers[0].inputs_amax_history)
+    batch_max = np.abs(X8).reshape(N, 4, -1).max(axis=(0, 2))  # global max |x| per batch
+    want = batch_max.reshape(-1, bpps).max(axis=1)
+    assert sorted(history[history > 0].tolist()) == sorted(want.tolist()), (bpps, history, want)
+    if R == 0:
+        print(f"ok float8 scales Max-reduced, {keras.backend.backend()}, bpps={bpps}", flush=True)

@@ -3,7 +3,8 @@
 # callbacks in model.fit; weights identical on every rank, metrics averaged,
 # and equal to single-process Keras training on the concatenated batches;
 # fine-tuning with CSC (a layer frozen between fits) keeps each gradient's
-# name (the test sets GRADFLOW_SPARSE_CHUNK=16, no CSC warm-up).
+# name (the test sets GRADFLOW_SPARSE_CHUNK=16, no CSC warm-up); a scalar
+# (0-d) weight trains as in plain Keras.
 import hashlib
 import os
 
@@ -116,4 +117,36 @@ for i, (w, r) in enumerate(zip(ft.get_weights(), ref.get_weights())):
     assert np.allclose(w, r, atol=1e-6), ("fine-tuning", i, np.abs(w - r).max())
     rows = gradflow.allgather(np.ascontiguousarray(w.reshape(1, -1)), name=f"finetune.w{i}")
     assert (rows == rows[0]).all(), "fine-tuning: ranks differ"
+
+
+# A scalar (0-d) weight: its reduced gradient came back from the numpy core
+# as shape [1] and the update raised "output with shape [] doesn't match the
+# broadcast shape [1]" (before 2026-11-29). Against plain Keras on the
+# combined batches, with and without accumulation.
+class Scale(keras.layers.Layer):
+    def build(self, shape):
+        self.s = self.add_weight(shape=(), initializer="ones")
+
+    def call(self, x):
+        return x * self.s
+
+
+XS = rng.standard_normal((4, N, 4, 4)).astype(np.float32)  # step, rank
+YS = rng.standard_normal((4, N, 4, 2)).astype(np.float32)
+for k in (1, 2):
+    got = []
+    for dist in (True, False):
+        keras.utils.set_random_seed(1)
+        m = keras.Sequential([keras.Input((4,)), Scale(), keras.layers.Dense(2)])
+        base = keras.optimizers.SGD(0.1, gradient_accumulation_steps=None if dist or k == 1 else k)
+        m.compile(optimizer=gk.DistributedOptimizer(base, backward_passes_per_step=k,
+                                                    average_aggregated_gradients=True)
+                  if dist else base, loss=mse)
+        x, y = (XS[:, R], YS[:, R]) if dist else (XS, YS)
+        m.fit(x.reshape(-1, 4), y.reshape(-1, 2), batch_size=4 if dist else 4 * N, shuffle=False,
+              verbose=0)
+        got.append(m.get_weights())
+    assert got[0][0].shape == (), got[0][0].shape
+    for w, r in zip(*got):
+        assert np.allclose(w, r, atol=1e-6), ("scalar weight", k, np.abs(w - r).max())
 print(f"rank {R}: keras torch backend OK", flush=True)

@@ -100,6 +100,9 @@ def test_torch_and_tensorflow_share_one_runtime():
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 def test_keras_torch_backend():
+    """Keras on the torch backend: fit with the callbacks against plain Keras;
+    fine-tuning with CSC (names by variable index); a 0-d weight (before: a
+    RuntimeError, the reduced gradient came back as shape [1])."""
     env = {**TF_ENV, "KERAS_BACKEND": "torch", "GRADFLOW_SPARSE_CHUNK": "16",
            "GRADFLOW_SPARSE_WARMUP_STEPS": "0"}  # the fine-tuning case's CSC
     out = run_mpi(2, "keras_torch_backend_script.py", env=env, timeout=240)
@@ -176,8 +179,11 @@ def test_keras_mixed_precision_overflow_on_one_rank(backend, ranks):
     inside gradflow's) with an fp16 overflow on the last rank only: every
     rank skips that batch (bitwise identical, one halving of the scale,
     equal to a run without that batch), with and without accumulation;
-    default timeouts (before: a stall until GRADFLOW_TIMEOUT)."""
+    default timeouts (before: a stall until GRADFLOW_TIMEOUT). float8
+    (model.quantize): scales and amax histories Max-reduced, ranks identical
+    (before: the ranks' mean, or with accumulation each rank its own)."""
     out = run_mpi(ranks, "keras_mixed_precision_script.py",
                   env={**TF_ENV, "KERAS_BACKEND": backend}, timeout=300)
     assert out.stdout.count(f"ok mixed_float16 overflow on one rank, {backend},") == 5, out.stdout
     assert "ok 16-bit wire + accumulation under a loss scaler refused" in out.stdout, out.stdout
+    assert out.stdout.count(f"ok float8 scales Max-reduced, {backend},") == 2, out.stdout
