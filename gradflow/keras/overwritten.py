@@ -33,7 +33,7 @@ from ..one_rank import gradients_are_local
 
 def max_overwritten(opt: Any, grads: List[Any], trainable_variables: Any) -> Dict[int, Any]:
     """The Max-allreduced gradients of `opt`'s overwrite_with_gradient
-    variables, by index in `grads`; those entries of `grads` become None
+    variables (a local variable's as it is), by index in `grads`; those entries of `grads` become None
     (the caller's gradient reduction skips them; it puts these back before
     Keras's apply). Empty when there are none (every other model)."""
     if trainable_variables is None:
@@ -47,13 +47,19 @@ def max_overwritten(opt: Any, grads: List[Any], trainable_variables: Any) -> Dic
             if grads[i] is not None and getattr(v, "overwrite_with_gradient", False)]
     if not over:
         return {}
+    # A local layer's (PartialDistributedOptimizer) stay this rank's, as they
+    # are: not Max-reduced, nor divided by the set's size as its gradients.
+    held = {i: grads[i] for i in over if id(variables[i]) in opt._gradflow_local_ids}
+    over = [i for i in over if i not in held]
     base = opt.gradflow_name
     names = [f"{base}.max.{n[len(base) + 1:]}"  # <name>.<j> -> <name>.max.<j>
              for n in opt._gradflow_names(len(grads), variables)]
     xs, names = [grads[i] for i in over], [names[i] for i in over]
-    for i in over:
+    for i in list(over) + list(held):
         grads[i] = None
-    return dict(zip(over, _allreduce_max(xs, names, opt.process_set)))
+    if over:
+        held.update(zip(over, _allreduce_max(xs, names, opt.process_set)))
+    return held
 
 
 def _allreduce_max(xs: List[Any], names: List[str], process_set: Any) -> List[Any]:

@@ -117,3 +117,18 @@ for bpps in (1, 2):
     assert sorted(history[history > 0].tolist()) == sorted(want.tolist()), (bpps, history, want)
     if R == 0:
         print(f"ok float8 scales Max-reduced, {keras.backend.backend()}, bpps={bpps}", flush=True)
+
+# A local layer (PartialDistributedOptimizer) keeps its own float8 state.
+keras.utils.set_random_seed(1)
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(4)])
+model.quantize("float8")
+model.compile(optimizer=hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.01),
+                                                        local_layers=model.layers[0]), loss="mse")
+model.fit(X8[R], Y8[R], batch_size=16, epochs=1, verbose=0, shuffle=False)
+history = keras.ops.convert_to_numpy(model.layers[0].inputs_amax_history)
+mine = np.abs(X8[R]).reshape(4, -1).max(axis=1)
+assert sorted(history[history > 0].tolist()) == sorted(mine.tolist()), (history, mine)
+shared = gtf.allgather_object(keras.ops.convert_to_numpy(model.layers[1].kernel_scale).tobytes())
+assert all(e == shared[0] for e in shared), "float8: a shared layer's scale differs"
+if R == 0:
+    print(f"ok float8 state of a local layer stays local, {keras.backend.backend()}", flush=True)

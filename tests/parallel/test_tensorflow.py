@@ -181,9 +181,11 @@ def test_keras_mixed_precision_overflow_on_one_rank(backend, ranks):
     equal to a run without that batch), with and without accumulation;
     default timeouts (before: a stall until GRADFLOW_TIMEOUT). float8
     (model.quantize): scales and amax histories Max-reduced, ranks identical
-    (before: the ranks' mean, or with accumulation each rank its own)."""
+    (before: the ranks' mean, or with accumulation each rank its own); a
+    PartialDistributedOptimizer's local layer keeps its own."""
     out = run_mpi(ranks, "keras_mixed_precision_script.py",
                   env={**TF_ENV, "KERAS_BACKEND": backend}, timeout=300)
     assert out.stdout.count(f"ok mixed_float16 overflow on one rank, {backend},") == 5, out.stdout
     assert "ok 16-bit wire + accumulation under a loss scaler refused" in out.stdout, out.stdout
     assert out.stdout.count(f"ok float8 scales Max-reduced, {backend},") == 2, out.stdout
+    assert f"ok float8 state of a local layer stays local, {backend}" in out.stdout, out.stdout
