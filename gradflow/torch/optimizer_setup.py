@@ -25,7 +25,7 @@ from . import hyperparameter_check as _hyper_check
 from .compression import split as split_compression
 from .functions import check_same_everywhere
 from .optimizer_groups import GroupTracker, form_groups
-from .optimizer_state import _State, destroy_pools, parameter_names
+from .optimizer_state import _LIVE, _State, destroy_pools, parameter_names
 
 # Per process set (collective names): other sets must not shift the numbers.
 _instances: Dict[int, "itertools.count"] = {}
@@ -117,8 +117,34 @@ def setup_optimizer(wrapper, named_parameters, compression, backward_passes_per_
             opt._gradflow_hook(p)
 
     s.hook = hook
+    _warn_if_shared(s)
     s.hook_handles = [p.register_post_accumulate_grad_hook(hook) for p in s.params]
     wrapper._gradflow_finalizer = weakref.finalize(wrapper, destroy_pools, [])
+
+
+def _warn_if_shared(s) -> None:
+    """Note [Two live wrappers]: a parameter that another live
+    DistributedOptimizer of this runtime already reduces (a second
+    optimizer made for a new training phase while the first is still
+    referenced, e.g. by its LR scheduler): both wrappers' hooks fire, so
+    its gradient is reduced twice every step (twice the traffic; with an
+    op other than Average the old wrapper raised "a backward pass ran
+    after this step's gradients were reduced", naming the old optimizer).
+    Found by the 2026-11-29 combination audit; warned on every rank alike
+    (every rank wraps the same parameters)."""
+    mine = {id(p) for p in s.params}
+    for other in list(_LIVE):
+        if (other is s or other.runtime_gen != s.runtime_gen
+                or not getattr(other, "hook_handles", None)):
+            continue
+        shared = [other.names[i][len(other.prefix) + 1:] for i, p in enumerate(other.params)
+                  if id(p) in mine]
+        if shared:
+            warnings.warn(
+                f"gradflow: {s.prefix} wraps {len(shared)} parameter(s) that {other.prefix}, a "
+                f"DistributedOptimizer still alive, also reduces (first: '{shared[0]}'): both "
+                "reduce their gradients every backward. Drop every reference to the old "
+                "optimizer (and its LR scheduler) before wrapping a new one", stacklevel=3)
 
 
 def _check_parameters(s, op) -> None:

@@ -141,3 +141,23 @@ for kw in ({}, {"use_pool": False}, {"sparse_ratio": 0.5}):
         for p, q in zip(m.parameters(), ref.parameters()):
             assert_close(p.detach(), q.detach(), f"step without backward on one rank, {kw}")
     ok(f"a step without backward on one rank fails on every rank, then trains ({kw})")
+
+# Note [Two live wrappers] (optimizer_setup.py): a second DistributedOptimizer
+# over parameters a live one still reduces warns (both would reduce every
+# gradient); none once the old one is dropped.
+import warnings  # noqa: E402
+
+m = mlp()
+first = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters())
+keeper = torch.optim.lr_scheduler.StepLR(first, 2)  # keeps the first one alive
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    second = hvd.DistributedOptimizer(torch.optim.Adam(m.parameters()), m.named_parameters())
+said = [str(w.message) for w in caught if "still alive" in str(w.message)]
+assert len(said) == 1 and "wraps 4 parameter(s)" in said[0] and "'0.weight'" in said[0], said
+del first, keeper, second
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    third = hvd.DistributedOptimizer(torch.optim.Adam(m.parameters()), m.named_parameters())
+assert not [w for w in caught if "still alive" in str(w.message)], [str(w.message) for w in caught]
+ok("a second DistributedOptimizer over a live one's parameters warns")
