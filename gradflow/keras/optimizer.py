@@ -1,7 +1,8 @@
 # gradflow/keras/optimizer.py — (Partial)DistributedOptimizer for Keras 3: a dynamic
 # subclass of the user's optimizer class that reduces gradients across ranks
 # before the parent's update. Translates gradient lists only (TF backend:
-# gradflow.tensorflow; torch backend: numpy); no communication logic here.
+# gradflow.tensorflow; torch backend: numpy, eager_reduce.py; float8 state:
+# overwritten.py); no communication logic here.
 """`DistributedOptimizer(optimizer, ...)`: wrap any `keras.optimizers.Optimizer`
 so that `model.compile(optimizer=...)` + `model.fit` averages gradients across
 ranks.
@@ -44,18 +45,17 @@ import re
 from typing import Any, Dict, List, Optional
 
 import keras
-import numpy as np
 
 from .. import _native
 from .. import collectives as _c
-from .. import monitor as _monitor
 from ..collectives import Average, ReduceOp, reduce_op
 from ..compression import Compression, wire_code
-from ..missing_gradients import fill_zeros, start_presence_sum, zeros_where_others_have_gradients
+from ..missing_gradients import zeros_where_others_have_gradients
 from ..one_rank import check_sparse_ratio, gradients_are_local
 from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
 from . import loss_scale as _loss_scale
 from . import saved_accumulation as _saved_accumulation
+from .eager_reduce import _divided, _eager, _nan_if_any_rank_not_finite, _reduce_eager_numpy
 from .hyperparameter_check import HyperparameterCheck
 from .overwritten import max_overwritten
 
@@ -291,94 +291,6 @@ class _DistributedMixin:
         raise NotImplementedError(
             f"gradflow.keras.DistributedOptimizer supports the tensorflow and torch Keras "
             f"backends, not {backend!r} (a jitted JAX step cannot call the host core)")
-
-
-def _eager() -> bool:
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf  # the backend: already loaded
-        return tf.executing_eagerly()
-    return True  # torch: Keras steps run eagerly
-
-
-def _divided(grad: Any, n: int) -> Any:
-    if n == 1:
-        return grad  # x / 1 == x: no elementwise pass on one rank
-    if keras.backend.backend() == "tensorflow":
-        from ..tensorflow.gradient_tape import _divide  # handles tf.IndexedSlices too
-        return _divide(grad, n)
-    return grad / n
-
-
-def _nan_if_any_rank_not_finite(grads: List[Any], opt: _DistributedMixin) -> List[Any]:
-    """Sum over the optimizer's process set of "my gradients are not all
-    finite"; if any rank's are not, every rank's gradients become NaN (the
-    loss scaler then skips this batch on every rank)."""
-    present = [g for g in grads if g is not None]
-    if not present:
-        return grads
-    local = keras.ops.logical_not(keras.ops.all(keras.ops.convert_to_tensor(
-        [keras.ops.all(keras.ops.isfinite(g)) for g in present])))
-    flag = keras.ops.reshape(keras.ops.cast(local, "float32"), (1,))
-    name = f"{opt.gradflow_name}.not_finite"
-    if keras.backend.backend() == "tensorflow":
-        from ..tensorflow.gradient_tape import reduce_gradients
-        total = reduce_gradients([flag], [name], _c.Sum, Compression.none, 1.0, False, 1.0,
-                                 opt.process_set)[0]
-    else:
-        if gradients_are_local(opt.process_set, "DistributedOptimizer", traced=False):
-            return grads
-        a = keras.ops.convert_to_numpy(flag)
-        total = _c.allreduce_async(a, _c.Sum, name, 1.0, 1.0, Compression.none, 1.0,
-                                   opt.process_set).wait()
-        total = keras.ops.convert_to_tensor(total)
-    bad = keras.ops.greater(keras.ops.reshape(total, ()), 0.0)
-    return [None if g is None else
-            keras.ops.where(bad, keras.ops.full_like(g, float("nan")), g) for g in grads]
-
-
-def _reduce_eager_numpy(grads: List[Any], names: List[str], opt: _DistributedMixin,
-                        presence: Optional[Any] = None) -> List[Any]:
-    """Eager backends (torch): gradients cross as numpy arrays, one collective
-    each, all submitted before any is waited on so the core fuses them.
-    Over a one-member set they come back as they are (gradflow/one_rank.py).
-
-    `presence` (indices, zeros_for), from `_gradflow_presence`: Note [None on
-    some ranks] without a round trip of its own. The presence Sum is
-    submitted first, this rank's gradients right after it (names need no
-    order in the core), and zeros under the names this rank lacks and
-    another has once the Sum is back; so the Sum shares the gradients'
-    negotiation instead of preceding it (measured: docs/performance.md,
-    "Keras run eagerly: the presence Sum")."""
-    _monitor.count_step()  # one reduction = one update (gradflowrun --monitor)
-    if gradients_are_local(opt.process_set, "DistributedOptimizer", traced=False):
-        return list(grads)
-    tag = opt._gradflow_hyper.begin_eager()  # this round's hyperparameter tag, or ""
-    sum_handle = None
-    if presence is not None:
-        indices, zeros_for = presence
-        sum_handle = start_presence_sum(grads, indices, f"{opt.gradflow_name}.has_gradient",
-                                        opt.process_set)
-    out = list(grads)
-    f = opt.gradient_predivide_factor
-    handles = []
-
-    def submit(i: int, g: Any) -> None:
-        a = np.ascontiguousarray(keras.ops.convert_to_numpy(g))
-        handles.append((i, g, _c.allreduce_async(a, opt.op, names[i], 1.0 / f, f, opt.compression,
-                                                 opt.sparse_ratio, opt.process_set,
-                                                 step_tag=tag)))
-
-    for i, g in enumerate(grads):
-        if g is not None:
-            submit(i, g)
-    if sum_handle is not None:
-        filled = fill_zeros(grads, indices, sum_handle.wait(), zeros_for)
-        for i in indices:
-            if grads[i] is None and filled[i] is not None:
-                submit(i, filled[i])
-    for i, g, h in handles:  # (the numpy API gives a 0-d input back as shape [1])
-        out[i] = keras.ops.convert_to_tensor(np.reshape(h.wait(), tuple(g.shape)), dtype=g.dtype)
-    return out
 
 
 def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[str] = None,
