@@ -26,7 +26,7 @@ import tensorflow as tf
 from tensorflow.python.eager import record as _tape_record
 
 from .. import _runtime
-from ..collectives import Adasum, Average, ReduceOp, Sum, check_adasum_options, reduce_op
+from ..collectives import Adasum, Average, Max, ReduceOp, Sum, check_adasum_options, reduce_op
 from ..compression import Compression, wire_code
 from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
 from ..missing_gradients import zeros_where_others_have_gradients
@@ -306,12 +306,26 @@ class DistributedGradientTape:
         shared = [i for i, is_local in enumerate(local) if not is_local]
         if tf.executing_eagerly() and shared:
             flat = self._zeros_where_others_have_gradients(flat, flat_sources, shared, name)
+        out = list(flat)
+        # Keras float8's scales and amax histories: their "gradient" is the
+        # new value, the Max over the ranks (as the Keras wrapper, Note
+        # [Overwritten variables] in gradflow/keras/overwritten.py; before
+        # 2026-11-29 averaged: an amax of 3.87 where one rank's was 5.42).
+        over = [i for i in shared if flat[i] is not None and
+                getattr(flat_sources[i], "overwrite_with_gradient", False)]
+        if over and not gradients_are_local(self.process_set, "gradient reduction",
+                                            traced=not tf.executing_eagerly()):
+            maxed = grouped_allreduce_raw([flat[i] for i in over],
+                                          [f"{name}.max.{i}" for i in over], Max,
+                                          process_set=self.process_set)
+            for i, m in zip(over, maxed):
+                out[i] = m
+        shared = [i for i in shared if i not in over]
         reduced = reduce_gradients([flat[i] for i in shared],
                                    [f"{name}.{k}" for k in range(len(shared))], self.op,
                                    self.compression, lambda: self.sparse_ratio,
                                    self.sparse_as_dense, self.gradient_predivide_factor,
                                    self.process_set)
-        out = list(flat)
         for i, r in zip(shared, reduced):
             out[i] = r
         if self.scale_local_gradients and len(shared) < len(flat):

@@ -25,7 +25,8 @@ def test_tf_ops_eager_graph_gradients_tape():
 def test_tf_horovod_api(ranks):
     """Horovod 0.28's horovod.tensorflow additions: reducescatter pre/postscale,
     grouped allgather/reducescatter, alltoall, broadcast_, join, objects,
-    broadcast_global_variables, (Partial)DistributedGradientTape."""
+    broadcast_global_variables, (Partial)DistributedGradientTape; Keras
+    float8 through the tape: amax Max-reduced (before: averaged)."""
     out = run_mpi(ranks, "tf_hvd_api_script.py", env=TF_ENV, timeout=300)
     assert out.stdout.count("tf hvd api OK") == ranks, out.stdout
 

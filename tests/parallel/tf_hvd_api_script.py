@@ -3,7 +3,7 @@
 # gradflow.tensorflow — reducescatter with pre/postscale, grouped
 # allgather/reducescatter, alltoall without splits, broadcast_, join, object
 # broadcast/allgather, broadcast_global_variables, (Partial)DistributedGradientTape,
-# rank_op/size_op, DistributedOptimizer
+# rank_op/size_op, DistributedOptimizer, Keras float8 through the tape (amax Max-reduced)
 # — eager and in tf.function, against numpy closed forms, gradients against
 # analytic values, and results compared bitwise across ranks. Exits non-zero on failure.
 import pickle
@@ -336,6 +336,30 @@ def check_bfloat16_scalars():
     assert g.dtype == tf.bfloat16 and float(g) == (N + 1) / 2, g  # mean of 2v + (r + 1) at v = 0
 
 
+def check_tape_float8():
+    """Keras float8 in a tf.function tape step: the amax history's "gradient"
+    (its new value) is the Max over the ranks (before 2026-11-29: their mean,
+    3.87 where one rank's max |x| was 5.42); ranks identical."""
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    model.quantize("float8")
+    opt = keras.optimizers.SGD(0.01)
+    xs = [np.random.default_rng(r).normal(size=(16, 8)).astype(np.float32) * (r + 1)
+          for r in range(N)]
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(model(xs[R], training=True) ** 2)
+        grads = gtf.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+
+    step()
+    newest = float(model.layers[0].inputs_amax_history.numpy()[0])
+    assert newest == max(float(np.abs(x).max()) for x in xs), (newest, [np.abs(x).max() for x in xs])
+    SAME.append(("tape float8", b"".join(v.numpy().tobytes() for v in model.variables)))
+
+
 check_queries()
 check_second_order("eager")
 check_second_order("graph")
@@ -351,6 +375,7 @@ check_tapes("eager")
 check_tapes("graph")
 check_tape_split_and_errors()
 check_join()
+check_tape_float8()
 # Bitwise identity across ranks of everything that must agree.
 everyone = gtf.allgather_object(SAME)
 assert all(o == everyone[0] for o in everyone), "results differ between ranks"
