@@ -124,7 +124,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       check (hyperparameter_check.py); a difference fails the job on every
       rank with both ranks' values (ReduceLROnPlateau on a rank-local loss:
       average the metric first). So does a parameter frozen after wrapping
-      (requires_grad=False) on some ranks only.
+      (requires_grad=False) on some ranks only, and a rank whose step() count
+      differs at the same reduction round (an extra backward pass before a
+      step(), or a step() skipped after its reduction, on some ranks only).
     Gradients assigned by hand (param.grad set from torch.autograd.grad or
       functorch, no backward) are reduced in step(), as Horovod's
       synchronize() reduces them. step() with neither a backward nor an

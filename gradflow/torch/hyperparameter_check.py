@@ -73,8 +73,8 @@ def _values(param_groups: Iterable[dict]) -> List[List[Any]]:
     return [[(k, _plain(group[k])) for k in KEYS if k in group] for group in param_groups]
 
 
-def _with_passes(values: List[List[Any]], bpps: int,
-                 frozen: Sequence[str] = ()) -> List[List[Any]]:
+def _with_passes(values: List[List[Any]], bpps: int, frozen: Sequence[str] = (),
+                 steps: Any = None) -> List[List[Any]]:
     """`values` with the wrapper's backward_passes_per_step after group 0's
     keys. It is local too (set_backward_passes_per_step on one rank, or a
     value computed from the rank's own data): with 1 on one rank and 2 on
@@ -90,10 +90,23 @@ def _with_passes(values: List[List[Any]], bpps: int,
     average: the weights drifted apart silently (2 ranks, a Linear's weight
     frozen on rank 0 at step 2: ranks differ after 4 steps, no error; found
     by the 2026-11-29 combination audit). Horovod applies the average on
-    every rank there; the check makes the rank-local freeze an error."""
+    every rank there; the check makes the rank-local freeze an error.
+
+    Note [Steps per round]: then how many times step() ran since the count
+    restarted. A rank that ran one backward pass more than the others
+    before a step() (bpps=1: that pass starts a new round, Note [Reduced
+    when backward returns]), or skipped a step() after its reduction (a
+    rank-local `if torch.isfinite(loss): opt.step()`), pairs its rounds
+    with the others' rounds of other steps: the rounds still agree, so
+    nothing showed; the weights drifted apart (momentum applied the same
+    gradients at other steps) and the job stalled at its end (2 ranks, one
+    extra pass at step 2: a 60 s stall after step 40; found by the
+    2026-11-29 combination audit)."""
     extra = [("backward_passes_per_step", int(bpps))]
     if frozen:
         extra.append(("frozen", tuple(frozen)))
+    if steps is not None:
+        extra.append(("steps", int(steps)))
     return [list(values[0]) + extra] + values[1:] if values else [extra]
 
 
@@ -119,7 +132,13 @@ def restart_crc(s) -> None:
 
 def _restart_count(s) -> None:
     s.hyper_rounds = 0
+    s.hyper_steps = 0
     restart_crc(s)
+
+
+def count_step(s) -> None:
+    """The wrapper's step() ran (Note [Steps per round])."""
+    s.hyper_steps = getattr(s, "hyper_steps", 0) + 1
 
 
 def reset(s) -> None:
@@ -146,7 +165,8 @@ def begin_round(s, param_groups: List[dict]) -> None:
         return
     cut = len(s.prefix) + 1
     frozen = [s.names[i][cut:] for i, p in enumerate(s.params) if not p.requires_grad]
-    values = _with_passes(_values(param_groups), s.bpps, frozen)
+    values = _with_passes(_values(param_groups), s.bpps, frozen,
+                          getattr(s, "hyper_steps", 0))
     s.hyper_crc = _tag.fold(s.hyper_crc, values)
     s.hyper_rounds += 1
     tag = _tag.tag(s.hyper_crc, values) if _tag.is_check_round(s.hyper_rounds) else ""

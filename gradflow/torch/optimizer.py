@@ -152,6 +152,7 @@ from .._runtime import ALLGATHER, ALLREDUCE, GradflowError
 from .._withdrawal import reaching_core
 from ..collectives import Average
 from ..elastic import worker as _elastic_worker
+from . import hyperparameter_check as _hyper_check
 from . import optimizer_residual as _residual
 from .functions import check_same_everywhere
 from . import optimizer_step as _step
@@ -410,6 +411,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         s.synchronized = s.auto_synced = False
         s.unapplied = False
         _monitor.count_step()  # for gradflowrun --monitor
+        _hyper_check.count_step(s)  # Note [Steps per round]
         return super(self.__class__, self).step(closure)
 
     def _gradflow_closure(self, closure):

@@ -185,7 +185,7 @@ def test_torch_optimizer_hyperparameters_agreeing_raise_nothing(n):
                                     (3, "transient-copy"), (2, "transient-groups"),
                                     (2, "transient-csc"), (2, "passes-pool"),
                                     (3, "passes-copy"), (2, "passes-groups"),
-                                    (3, "frozen-pool")])
+                                    (3, "frozen-pool"), (2, "steps-copy")])
 def test_torch_optimizer_hyperparameters_differing_between_ranks_fail_the_job(n, case):
     # Rank-local learning rates (ReduceLROnPlateau on each rank's own loss, or
     # one step's rate on one rank) fail the job on every rank through the
@@ -193,7 +193,9 @@ def test_torch_optimizer_hyperparameters_differing_between_ranks_fail_the_job(n,
     # passes-*: backward_passes_per_step set on the last rank only (it ran
     # silently before, each reduction averaging 1 pass with the sum of 2)
     # frozen-pool: a layer frozen after wrapping on the last rank only (its
-    # copy stayed put while the others moved theirs, silently)
+    # copy stayed put while the others moved theirs, silently); steps-copy: one
+    # backward pass more on the last rank before a step() (rounds paired
+    # with the others' next step's: weights apart, a stall at the end)
     out = run_mpi(n, "torch_hyperparameter_script.py", case, timeout=180, expect_fail=True,
                   mpi_args=("-disable-auto-cleanup",))
     for r in range(n):

@@ -16,6 +16,10 @@
 #     rank raises at the 16th round, naming it (before: its copy stayed put
 #     while the others moved theirs, silently). "equal" freezes one on every
 #     rank through tagged rounds: nothing raised.
+#   steps-<path>: the last rank runs one backward pass more before a step():
+#     its rounds pair with the others' rounds of the next step; every rank
+#     raises at the 16th round, naming both step counts (before: weights
+#     apart silently, and a stall at the end of training).
 #   passes-<path>: the last rank alone calls set_backward_passes_per_step(2)
 #     and accumulates 2 passes per step: every rank raises at the 16th
 #     round, naming both values (before, each reduction averaged one pass
@@ -157,6 +161,17 @@ elif kind == "frozen":  # Note [Frozen on some ranks] (hyperparameter_check.py)
     at, msg = run(3 * CHECK_EVERY, freeze_one)
     assert at == CHECK_EVERY - 1, (at, msg)
     assert "frozen=('frozen_pool.0.weight',)" in msg, msg
+elif kind == "steps":  # Note [Steps per round]: one extra backward pass on the last rank
+    def extra_pass(step):
+        o.zero_grad()
+        xb, yb = batch(X, Y, step, R, N, PER)
+        for _ in range(2 if (step == 2 and R == N - 1) else 1):
+            F.cross_entropy(m(xb), yb).backward()
+        o.step()
+
+    at, msg = run(3 * CHECK_EVERY, extra_pass)
+    assert at == (CHECK_EVERY - 2 if R == N - 1 else CHECK_EVERY - 1), (at, msg)
+    assert f"steps={CHECK_EVERY - 1}" in msg and f"steps={CHECK_EVERY - 2}" in msg, msg
 else:
     def transient(step):
         for g in o.param_groups:  # the 5th step differs on the last rank only
