@@ -28,9 +28,10 @@ on newcomers and old workers alike, and after ``join()``, where ranks that
 ran out of data earlier counted fewer rounds (an epoch per ``join()``, as
 Horovod's examples do); ``broadcast_optimizer_state`` (which makes the
 values equal) restarts the CRC. Only the keys below are
-hashed, and the wrapper's ``backward_passes_per_step`` and the parameters
-frozen after wrapping (shown after group 0's keys): a key a user keeps in a
-param group for their own purposes may legitimately differ. Values are compared as they act (1, 1.0 and numpy's
+hashed, and the wrapper's ``backward_passes_per_step``, the parameters
+frozen after wrapping and the count of step() calls (shown after group 0's
+keys): a key a user keeps in a param group for their own purposes may
+legitimately differ. Values are compared as they act (1, 1.0 and numpy's
 float64(1.0) alike); a tensor value is compared if it is a CPU scalar, not
 on another device (a capturable optimizer's lr: see _plain). Sparse gradients
 travel by allgather, which carries no tag: a model whose every gradient is
