@@ -37,15 +37,15 @@ def allreduce(value: Any, name: Optional[str] = None, average: Optional[bool] = 
     """Reduce `value` across ranks (default: average; `average` is Horovod's
     deprecated flag, not together with `op`)."""
     if _tf_backend():
-        import tensorflow as tf  # (TF backend: TensorFlow is there)
         from .. import tensorflow as gtf
-        return gtf.allreduce(tf.convert_to_tensor(value), average, compression=compression, op=op,
+        return gtf.allreduce(value, average, compression=compression, op=op,
                              prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                              name=name)
     # average= folds into op once named (Note [Checks after naming]): folded
     # before, a rank passing both raised while the others waited for the name
-    # until GRADFLOW_TIMEOUT. The conversion too; op itself is checked by
-    # _c.allreduce, under the name drawn here.
+    # until GRADFLOW_TIMEOUT. The conversion too (a ragged list on one rank),
+    # here and in the functions below; op itself is checked by _c.allreduce,
+    # under the name drawn here.
     name = _c.auto_name(_c.ALLREDUCE, name)
     with preparing(_c.ALLREDUCE, name):
         host = _host(value)
@@ -56,28 +56,34 @@ def allreduce(value: Any, name: Optional[str] = None, average: Optional[bool] = 
 def allgather(value: Any, name: Optional[str] = None) -> Any:
     """Concatenate every rank's `value` along the first dimension, in rank order."""
     if _tf_backend():
-        import tensorflow as tf  # (TF backend: TensorFlow is there)
         from .. import tensorflow as gtf
-        return gtf.allgather(tf.convert_to_tensor(value), name=name)
-    return _c.allgather(_host(value), name)
+        return gtf.allgather(value, name=name)
+    name = _c.auto_name(_c.ALLGATHER, name)
+    with preparing(_c.ALLGATHER, name):  # the conversion once named, as allreduce's
+        host = _host(value)
+    return _c.allgather(host, name)
 
 
 def broadcast(value: Any, root_rank: int, name: Optional[str] = None) -> Any:
     """Root's `value` on every rank."""
     if _tf_backend():
-        import tensorflow as tf  # (TF backend: TensorFlow is there)
         from .. import tensorflow as gtf
-        return gtf.broadcast(tf.convert_to_tensor(value), root_rank, name=name)
-    return _c.broadcast(_host(value), root_rank, name)
+        return gtf.broadcast(value, root_rank, name=name)
+    name = _c.auto_name(_c.BROADCAST, name)
+    with preparing(_c.BROADCAST, name):
+        host = _host(value)
+    return _c.broadcast(host, root_rank, name)
 
 
 def reducescatter(value: Any, name: Optional[str] = None, op: ReduceOp = Average) -> Any:
     """Reduce `value` across ranks; this rank keeps its block of rows."""
     if _tf_backend():
-        import tensorflow as tf  # (TF backend: TensorFlow is there)
         from .. import tensorflow as gtf
-        return gtf.reducescatter(tf.convert_to_tensor(value), op=op, name=name)
-    return _c.reducescatter(_host(value), op, name)  # (op checked once named)
+        return gtf.reducescatter(value, op=op, name=name)
+    name = _c.auto_name(_c.REDUCESCATTER, name)
+    with preparing(_c.REDUCESCATTER, name):
+        host = _host(value)
+    return _c.reducescatter(host, op, name)  # (op checked once named)
 
 
 def broadcast_global_variables(root_rank: int) -> None:

@@ -36,7 +36,7 @@ one; a withdrawal left for it would fail that name's next, healthy call.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, List, Sequence
 
 import tensorflow as tf
 
@@ -79,3 +79,17 @@ class Checked:
         withdraw_all(self.kind, self.names, self.process_set, self.error, self.group_size)
         raise self.error
 
+
+def converted(values: Sequence[Any], kind: int, names: Sequence[str], process_set: Any = None,
+              group_size: int = 0) -> List[tf.Tensor]:
+    """`tf.convert_to_tensor` of each of `values`, once `names` are drawn
+    (Note [Checks after naming]): eagerly, a value that this rank alone
+    cannot convert (a ragged list, text where the others pass numbers)
+    withdraws the names, so the other ranks raise its error at once instead
+    of waiting for them until GRADFLOW_TIMEOUT. While tracing, the trace
+    fails on this rank (there is no node to defer the error to: the README
+    says a trace that fails on one rank leaves the others waiting)."""
+    if not tf.executing_eagerly():
+        return [tf.convert_to_tensor(v) for v in values]
+    return Checked(lambda: [tf.convert_to_tensor(v) for v in values], kind, names, process_set,
+                   group_size).value

@@ -38,7 +38,7 @@ from ..hyperparameter_tag import combine
 from ..settings_check import native_sparse_ratio
 from ..process_sets import (ProcessSet, global_process_set, process_set_id, process_set_rank,
                             process_set_size)
-from .arguments import Checked
+from .arguments import Checked, converted
 from .crossing import (SparseRatio, TensorLike, _as_tensor, _check_dtype, _check_not_xla, _cross,
                        _resolve_ratio, op_name)
 
@@ -75,8 +75,8 @@ def grouped_allreduce_raw(tensors: Sequence[tf.Tensor], names: Sequence[str], op
     are checked after naming (arguments.Checked)."""
     if not tensors:
         return []
-    tensors = [_as_tensor(t) for t in tensors]
     count = len(tensors)
+    tensors = converted(tensors, ALLREDUCE, names[:count], process_set, count if grouped else 0)
 
     def check() -> ReduceOp:
         for t in tensors:
@@ -185,7 +185,7 @@ def allreduce(tensor: Union[TensorLike, tf.IndexedSlices], average: Optional[boo
 
         return y, grad
 
-    return _allreduce(_as_tensor(tensor))
+    return _allreduce(converted([tensor], ALLREDUCE, [name], process_set)[0])
 
 
 def grouped_allreduce(tensors: Sequence[TensorLike], average: Optional[bool] = None,
@@ -202,7 +202,8 @@ def grouped_allreduce(tensors: Sequence[TensorLike], average: Optional[bool] = N
     job at once on every rank (native Note [Grouped lists]).
     Gradient: grouped allreduce of the gradients."""
     base = op_name("allreduce", name, process_set)  # then the checks (Note [Checks after naming])
-    tensors = [_as_tensor(t) for t in tensors]
+    tensors = converted(tensors, ALLREDUCE, [f"{base}.{i}" for i in range(len(tensors))],
+                        process_set, len(tensors))
     if not tensors:
         return []
 
@@ -249,7 +250,7 @@ def allgather(tensor: TensorLike, name: Optional[str] = None, ignore_name_scope:
     Gradient (as Horovod): this rank's rows of the upstream gradient averaged
     over the members."""
     name = op_name("allgather", name, process_set)
-    x = _as_tensor(tensor)
+    x = converted([tensor], ALLGATHER, [name], process_set)[0]
     return _allgather(x, name, process_set,
                       Checked(lambda: _check_dtype(x, "allgather"), ALLGATHER, [name], process_set))
 
@@ -282,7 +283,7 @@ def broadcast(tensor: TensorLike, root_rank: int, name: Optional[str] = None,
     Gradient (as Horovod): the root gets the upstream gradient averaged over
     the members, other ranks zeros."""
     name = op_name("broadcast", name, process_set)
-    x = _as_tensor(tensor)
+    x = converted([tensor], BROADCAST, [name], process_set)[0]
 
     def check() -> int:
         _check_dtype(x, "broadcast")
@@ -370,7 +371,7 @@ def alltoall(tensor: TensorLike, splits: Optional[Union[Sequence[int], tf.Tensor
     as Horovod.
     Gradient: alltoall of the upstream gradient with the received splits."""
     name = op_name("alltoall", name, process_set)
-    x = _as_tensor(tensor)
+    x = converted([tensor], ALLTOALL, [name], process_set)[0]
 
     def check() -> tf.Tensor:
         _check_dtype(x, "alltoall")

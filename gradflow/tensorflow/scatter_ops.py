@@ -23,8 +23,8 @@ from ..collectives import Average, ReduceOp, Sum, reduce_op
 from ..compression import Compression, wire_code
 from ..process_sets import (ProcessSet, global_process_set, process_set_id, process_set_rank,
                             process_set_size)
-from .arguments import Checked
-from .ops import (TensorLike, _allgather, _as_tensor, _check_dtype, _cross, allreduce,
+from .arguments import Checked, converted
+from .ops import (TensorLike, _allgather, _check_dtype, _cross, allreduce,
                   gathered_shape, op_name, own_rows)
 
 __all__ = ["reducescatter", "grouped_reducescatter", "grouped_allgather"]
@@ -44,11 +44,12 @@ def _scattered_shape(x: tf.Tensor, process_set: Optional[ProcessSet]
     return [rows] + list(x.shape[1:])
 
 
-def _input_list(tensors: Sequence[TensorLike], what: str) -> List[tf.Tensor]:
+def _input_list(tensors: Sequence[TensorLike], what: str) -> List[TensorLike]:
+    """The list itself checked; its values are converted once named (converted())."""
     if isinstance(tensors, (tf.Tensor, tf.Variable)) or not isinstance(tensors, (list, tuple)):
         raise TypeError(f"gradflow: {what} takes a list or tuple of tensors, got "
                         f"{type(tensors).__name__}")
-    return [_as_tensor(t) for t in tensors]
+    return list(tensors)
 
 
 def _check_inputs(xs: Sequence[tf.Tensor], what: str) -> None:
@@ -146,7 +147,7 @@ def reducescatter(tensor: TensorLike, device_dense: str = "", compression: Any =
     of the upstream gradient, times prescale * postscale (and / members for
     Average)."""
     name = op_name("reducescatter", name, process_set)  # then the checks
-    xs = [_as_tensor(tensor)]
+    xs = converted([tensor], REDUCESCATTER, [name], process_set)
     checked = Checked(lambda: _check_scatter(xs, device_dense, compression, op, prescale_factor,
                                              postscale_factor, "reducescatter"),
                       REDUCESCATTER, [name], process_set)
@@ -168,8 +169,9 @@ def grouped_reducescatter(tensors: Sequence[TensorLike], device_dense: str = "",
         _check_scatter(xs, device_dense, compression, op, prescale_factor, postscale_factor,
                        "grouped_reducescatter")  # (nothing named: a bad argument raises here)
         return []
-    base = op_name("reducescatter", None, process_set)  # then the checks
+    base = op_name("reducescatter", None, process_set)  # then the conversion and the checks
     names = [f"{base}.{i}" for i in range(len(xs))]
+    xs = converted(xs, REDUCESCATTER, names, process_set, len(names))
     checked = Checked(lambda: _check_scatter(xs, device_dense, compression, op, prescale_factor,
                                              postscale_factor, "grouped_reducescatter"),
                       REDUCESCATTER, names, process_set, len(names))
@@ -188,8 +190,9 @@ def grouped_allgather(tensors: Sequence[TensorLike], name: Optional[str] = None,
     process_set_id(process_set, "grouped_allgather")  # an unregistered set raises even for []
     if not xs:
         return []
-    base = op_name("allgather", name, process_set)  # then the checks
+    base = op_name("allgather", name, process_set)  # then the conversion and the checks
     names = [f"{base}.{i}" for i in range(len(xs))]
+    xs = converted(xs, ALLGATHER, names, process_set, len(names))
     checked = Checked(lambda: _check_inputs(xs, "grouped_allgather"), ALLGATHER, names,
                       process_set, len(names))
 

@@ -37,6 +37,9 @@ if FRAMEWORK == "tensorflow":
     from gradflow.tensorflow.functions import broadcast_object
 
 
+RAGGED = [[1.0, 2.0], [3.0]]  # no array or tensor can be made of it
+
+
 def data(step, rank, n=6):
     return np.arange(n, dtype=np.float32) * (step + 1) + 10 * rank
 
@@ -234,6 +237,11 @@ def case_bad_argument():
             ("supersedes average", lambda nm: gk.allreduce(
                 x, name=nm, average=True if bad else None, op=gf.Sum)),
             ("must be a bool", lambda nm: gk.allreduce(x, name=nm, average=gf.Sum if bad else False)),
+            # a value only this rank cannot convert: converted once named too
+            ("inhomogeneous", lambda nm: gk.allreduce(RAGGED if bad else x, name=nm, op=gf.Sum)),
+            ("inhomogeneous", lambda nm: gk.allgather(RAGGED if bad else x, name=nm)),
+            ("inhomogeneous", lambda nm: gk.broadcast(RAGGED if bad else x, 0, name=nm)),
+            ("inhomogeneous", lambda nm: gk.reducescatter(RAGGED if bad else x, name=nm, op=gf.Sum)),
         ]
     elif FRAMEWORK == "tensorflow":
         return tf_bad_arguments(bad, x)
@@ -313,6 +321,22 @@ def tf_bad_arguments(bad, x):
                                                  for _ in range(2)])(i + 3)
                     for y in two:
                         check_same_everywhere(y.numpy(), expected_sum(i + 3))
+    # A value only this rank cannot convert to a tensor, eagerly: converted
+    # once named (arguments.converted). (Inside tf.function it fails this
+    # rank's trace: the README says the others then wait.)
+    eager_only = [
+        lambda nm: gtf.allreduce(RAGGED if bad else x, name=nm, op=gtf.Sum),
+        lambda nm: gtf.allgather(RAGGED if bad else x, name=nm),
+        lambda nm: gtf.broadcast(RAGGED if bad else x, 0, name=nm),
+        lambda nm: gtf.reducescatter(RAGGED if bad else x, name=nm, op=gtf.Sum),
+        lambda nm: gtf.grouped_allreduce([x, RAGGED if bad else x], name=nm, op=gtf.Sum),
+        lambda nm: gtf.grouped_allgather([x, RAGGED if bad else x], name=nm),
+        lambda nm: gtf.grouped_reducescatter([x, RAGGED if bad else x], op=gtf.Sum),
+    ]
+    for i, call in enumerate(eager_only):
+        for name in (f"ragged.tf.{i}", None):
+            took = max(took, expect_failure(lambda: call(name), "non-rectangular", strict=True))
+            check_same_everywhere(allreduce_sum(data(i + 1, R)), expected_sum(i + 1))
     # broadcast_object runs in Python in any mode: its root is checked once named
     for name in ("bad.object", None):
         took = max(took, expect_failure(
