@@ -37,8 +37,8 @@ def test_crc_keeps_a_past_difference():
 
 
 def test_tag_only_on_check_rounds_and_join_restarts_the_count():
-    class State:
-        solo, pools, bpps = False, [], 1
+    class State:  # what begin_round reads of the optimizer's _State
+        solo, pools, bpps, prefix, names, params = False, [], 1, "", [], []
     s = State()
     hc.reset(s)
     tags = []
@@ -49,7 +49,8 @@ def test_tag_only_on_check_rounds_and_join_restarts_the_count():
     assert tagged == [hc.CHECK_EVERY, 2 * hc.CHECK_EVERY], tagged
     assert tags[hc.CHECK_EVERY - 1].startswith("hyperparameters #")
     assert "now group 0: lr=0.1, momentum=0.9" in tags[hc.CHECK_EVERY - 1]
-    assert tags[hc.CHECK_EVERY - 1].endswith("backward_passes_per_step=1")  # local too
+    # local values too: the passes per step and the count of step() calls
+    assert tags[hc.CHECK_EVERY - 1].endswith("backward_passes_per_step=1, steps=0")
     for _ in range(5):
         hc.begin_round(s, group())
     hc._after_join()
