@@ -31,6 +31,15 @@ def _host(value: Any) -> np.ndarray:
     return np.asarray(keras.ops.convert_to_numpy(value) if keras.ops.is_tensor(value) else value)
 
 
+def _host_once_named(kind: int, name: Optional[str], value: Any):
+    """The name drawn, then `value` converted under it (Note [Checks after
+    naming]): a value only this rank cannot convert fails the name on every
+    rank."""
+    name = _c.auto_name(kind, name)
+    with preparing(kind, name):
+        return name, _host(value)
+
+
 def allreduce(value: Any, name: Optional[str] = None, average: Optional[bool] = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               op: Optional[ReduceOp] = None, compression: Any = Compression.none) -> Any:
@@ -58,9 +67,7 @@ def allgather(value: Any, name: Optional[str] = None) -> Any:
     if _tf_backend():
         from .. import tensorflow as gtf
         return gtf.allgather(value, name=name)
-    name = _c.auto_name(_c.ALLGATHER, name)
-    with preparing(_c.ALLGATHER, name):  # the conversion once named, as allreduce's
-        host = _host(value)
+    name, host = _host_once_named(_c.ALLGATHER, name, value)
     return _c.allgather(host, name)
 
 
@@ -69,9 +76,7 @@ def broadcast(value: Any, root_rank: int, name: Optional[str] = None) -> Any:
     if _tf_backend():
         from .. import tensorflow as gtf
         return gtf.broadcast(value, root_rank, name=name)
-    name = _c.auto_name(_c.BROADCAST, name)
-    with preparing(_c.BROADCAST, name):
-        host = _host(value)
+    name, host = _host_once_named(_c.BROADCAST, name, value)
     return _c.broadcast(host, root_rank, name)
 
 
@@ -80,9 +85,7 @@ def reducescatter(value: Any, name: Optional[str] = None, op: ReduceOp = Average
     if _tf_backend():
         from .. import tensorflow as gtf
         return gtf.reducescatter(value, op=op, name=name)
-    name = _c.auto_name(_c.REDUCESCATTER, name)
-    with preparing(_c.REDUCESCATTER, name):
-        host = _host(value)
+    name, host = _host_once_named(_c.REDUCESCATTER, name, value)
     return _c.reducescatter(host, op, name)  # (op checked once named)
 
 

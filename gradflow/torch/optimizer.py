@@ -234,11 +234,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     "gradients locally")
             s.auto_synced = False
         if not s.fired:
-            try:
-                _step.begin_step(self)
-            except BaseException as e:  # Note [A failed step] (optimizer_step.py)
-                _step.abandon(self, e)
-                raise
+            _step.begin_step_or_abandon(self)  # Note [A failed step] (optimizer_step.py)
         s.fired, s.synchronized = True, False
         if not s.callback_queued:  # Note [Reduced when backward returns]
             s.callback_queued = True
@@ -358,11 +354,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # zeros or the current param.grad for the others (no hook ran,
             # so the whole step is submitted here). Before, step() raised
             # "no backward pass produced a gradient" on every rank.
-            try:
-                _step.begin_step(self)
-            except BaseException as e:  # Note [A failed step] (optimizer_step.py)
-                _step.abandon(self, e)
-                raise
+            _step.begin_step_or_abandon(self)  # Note [A failed step] (optimizer_step.py)
             s.fired, s.synchronized = True, False
         if not s.fired:
             # Note [No backward on one rank]: a rank that skipped backward

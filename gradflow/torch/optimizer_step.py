@@ -202,6 +202,16 @@ def unit_name(s, i: int) -> str:
     return s.names[i]
 
 
+def begin_step_or_abandon(opt) -> None:
+    """begin_step(); if it raises, the step is abandoned (Note [A failed
+    step]: every rank fails it) before the error goes on."""
+    try:
+        begin_step(opt)
+    except BaseException as e:
+        abandon(opt, e)
+        raise
+
+
 def abandon(opt, exc: BaseException) -> None:
     """This rank's part of the step raised `exc` (Note [A failed step]):
     withdraw what it will not submit, wait for what it did, forget the step.
