@@ -15,7 +15,8 @@ import socket
 import subprocess
 import sys
 import threading
-from typing import BinaryIO, Dict, List, Mapping, Optional
+import time
+from typing import BinaryIO, Dict, List, Mapping, Optional, Tuple
 
 try:
     from . import notice as _notice
@@ -79,11 +80,36 @@ def open_log(dir_fd: int, name: str) -> BinaryIO:
     return os.fdopen(fd, "wb")
 
 
+def exit_line(code: int, stopped: bool = False, notified: bool = False,
+              finished: bool = False, own: bool = False, ended: Optional[float] = None) -> str:
+    """An exit status file's line: code stopped notified finished own ended.
+    ended is the wall-clock time (default: now) at which this wrapper saw
+    the command end: the launcher orders the failures one poll of its
+    status files finds by it (supervise.failure_order)."""
+    flags = " ".join("1" if f else "0" for f in (stopped, notified, finished, own))
+    return f"{code} {flags} {time.time() if ended is None else ended:.6f}\n"
+
+
+def read_exit(path: str) -> Optional[Tuple[List[str], float]]:
+    """An exit status file's fields (code first) and when its rank ended:
+    the time written in it, or for an older line without one, the file's
+    modification time; None if it cannot be read (not there yet)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            mtime = os.fstat(f.fileno()).st_mtime
+            fields = f.read().split()
+        int(fields[0])
+        ended = float(fields[5]) if len(fields) > 5 else mtime
+    except (OSError, ValueError, IndexError):
+        return None
+    return fields, ended
+
+
 def failed_peers(status_dir: Optional[str], rank: str) -> List[str]:
     """How the other ranks that ended by themselves ended, from their exit
     status files (for hydra's SIGUSR1, which names no rank): failures first,
     the ranks that failed without being told of another failure before those
-    that were, then in the order they ended (the files' times), so the rank
+    that were, then in the order they ended (read_exit), so the rank
     that died first is named first, not the lowest rank number."""
     out = []
     if not status_dir:
@@ -96,15 +122,11 @@ def failed_peers(status_dir: Optional[str], rank: str) -> List[str]:
         parts = name.split(".")
         if len(parts) != 3 or parts[0] != "rank" or parts[2] != "exit" or parts[1] == rank:
             continue
-        try:
-            with open(os.path.join(status_dir, name), encoding="utf-8") as f:
-                ended = os.fstat(f.fileno()).st_mtime
-                fields = f.read().split()
-            code, stopped = fields[:2]
-            told = fields[2:3] == ["1"]  # it failed after being told of another failure
-            int(code)
-        except (OSError, ValueError):
+        got = read_exit(os.path.join(status_dir, name))
+        if got is None or len(got[0]) < 2:
             continue
+        (code, stopped, *rest), ended = got
+        told = rest[:1] == ["1"]  # it failed after being told of another failure
         if stopped == "0":
             out.append(((code == "0", told, ended), _notice.describe_exit(parts[1], int(code))))
     # Failures first; a rank that exited with code 0 may not have finalized MPI.
@@ -192,7 +214,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             why = "a symbolic link is in the way" if links or e.errno == errno.ELOOP else e.strerror
             _write_all(2, f"[{rank}]<stderr>: gradflowrun: --output-filename: cannot create "
                           f"{where}/: {why}\n".encode())
-            write_status(status_dir, rank, "exit", "2 0 0\n")
+            write_status(status_dir, rank, "exit", exit_line(2))
             return 2
     write_status(status_dir, rank, "start", f"{os.getpid()} {socket.gethostname()}\n")
 
@@ -224,7 +246,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except OSError as e:
         msg = f"[{rank}]<stderr>: gradflowrun: cannot run {argv[0]!r}: {e.strerror}\n"
         _write_all(2, msg.encode())
-        write_status(status_dir, rank, "exit", "127 0 0\n")
+        write_status(status_dir, rank, "exit", exit_line(127))
         return 127
     finally:
         os.close(notice_r)
@@ -258,6 +280,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for t in pumps:
         t.start()
     rc = child.wait()
+    ended = time.time()  # before the flags are gathered: as close to the end as we get
     # Hydra signals the others as each failed rank exits: from here on that
     # is no news, and a Python handler would be reset to the default (death)
     # while this interpreter shuts down.
@@ -276,8 +299,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     consequence = not own and (notified.is_set() or
                                bool(peer_failure_file and os.path.exists(peer_failure_file)))
     finished = bool(finished_file and os.path.exists(finished_file))  # notice.FINISHED_ENV
-    write_status(status_dir, rank, "exit", f"{code} {1 if stopped else 0} "
-                 f"{1 if consequence else 0} {1 if finished else 0} {1 if own else 0}\n")
+    write_status(status_dir, rank, "exit",
+                 exit_line(code, bool(stopped), consequence, finished, own, ended))
     for t in pumps:  # a grandchild may keep the pipes open: do not wait forever
         t.join(timeout=10.0)
     return code

@@ -17,11 +17,11 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 try:
     from . import notice as _notice
     from .monitor_line import Monitor
-    from .rank_wrapper import NOTICE_FILE
+    from .rank_wrapper import NOTICE_FILE, read_exit
 except ImportError:  # run as a script, as launch.py allows
     import notice as _notice  # type: ignore[no-redef]
     from monitor_line import Monitor  # type: ignore[no-redef]
-    from rank_wrapper import NOTICE_FILE  # type: ignore[no-redef]
+    from rank_wrapper import NOTICE_FILE, read_exit  # type: ignore[no-redef]
 
 # After a rank fails, the others get time to raise their own error before the
 # launcher stops them (hydra's auto-cleanup is off so they can): gradflow
@@ -35,7 +35,10 @@ KILL_GRACE_SECONDS = 5.0  # between the stages of stopping a job (see _Stopper)
 # killed by a signal is usually the cause and its peers the consequence, but
 # a peer can notice first (MPI's shared-memory copy fails within ~0.3 s, while
 # the killed rank's wrapper may not be scheduled yet on a busy machine), so a
-# signal death counts as this much earlier than it was seen.
+# signal death counts as this much earlier than it was seen. Failures one
+# poll finds together are ordered by when their wrappers saw them end (the
+# time in the exit status files: rank_wrapper.exit_line), or, for a rank
+# whose process was seen dead before its wrapper wrote, when that was seen.
 SIGNAL_HEAD_START_SECONDS = 2.0
 # The stop reason when a rank exited with code 0 without starting MPI while
 # others wait in MPI's start-up (notice.MPI_START_ENV; _never_started_mpi),
@@ -85,6 +88,7 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
     received: List[int] = []
     seen_at: Dict[int, float] = {}  # failed rank -> when its failure was first seen
     gone_at: Dict[int, float] = {}  # local rank -> when its process was seen dead
+    gone_wall: Dict[int, float] = {}  # the same, by the wall clock (exit files' clock)
     seen = 0
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -113,13 +117,13 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
             statuses = _read_statuses(status_dir, np)
             for r in range(np):
                 if r not in statuses and r not in gone_at and _child_gone(status_dir, r):
-                    gone_at[r] = now
+                    gone_at[r], gone_wall[r] = now, time.time()
             for r, st in statuses.items():
                 if st.code != 0 and not st.stopped and r not in seen_at:
                     seen_at[r] = gone_at.get(r, now)
             if failed_at is None and seen_at:
                 failed_at = now
-                first = failure_order(seen_at, statuses)[0]
+                first = failure_order(seen_at, statuses, gone_wall)[0]
                 write_notice(status_dir, _notice.describe_exit(first, statuses[first][0]))
             if failed_at and now - failed_at > FAILURE_GRACE_SECONDS:
                 stopper.start(signal.SIGTERM, "failed")
@@ -149,7 +153,7 @@ def run_job(argv: List[str], env: Dict[str, str], np: int, local_ranks: Sequence
         if st.code != 0 and not st.stopped and r not in seen_at:
             seen_at[r] = gone_at.get(r, now)
     return _report(proc.returncode, statuses, np, received, stopper.why,
-                   failure_order(seen_at, statuses))
+                   failure_order(seen_at, statuses, gone_wall))
 
 
 def _stranded(status_dir: str, statuses: Dict[int, "RankExit"], np: int) -> Optional[str]:
@@ -234,17 +238,25 @@ class RankExit(NamedTuple):
     notified: bool = False  # told of a failed peer before it ended
     finished: bool = False  # its program had ended gradflow in order (notice.FINISHED_ENV)
     own: bool = False  # an exception of its own ended it (notice.OWN_FAILURE_ENV)
+    ended: float = 0.0  # wall-clock time its wrapper saw it end (0: unknown)
 
 
-def failure_order(seen_at: Dict[int, float], statuses: Dict[int, Tuple]) -> List[int]:
+def failure_order(seen_at: Dict[int, float], statuses: Dict[int, Tuple],
+                  gone_wall: Optional[Dict[int, float]] = None) -> List[int]:
     """Failed ranks, the one to blame first: ranks that failed before being
     told of a failed peer, by when the failure was seen, a signal death moved
-    SIGNAL_HEAD_START_SECONDS earlier; ties: killed ranks, then lower rank."""
-    def key(r: int) -> Tuple[bool, float, bool, int]:
+    SIGNAL_HEAD_START_SECONDS earlier; ties (one poll saw them): by when they
+    ended, the earliest evidence of it (the exit file's time, or the wall
+    time `gone_wall` says the launcher saw the process dead, if earlier),
+    then killed ranks, then lower rank."""
+    gone_wall = gone_wall or {}
+
+    def key(r: int) -> Tuple[bool, float, float, bool, int]:
         st = RankExit(*statuses[r])
         killed = _killed(st.code)
+        ended = min(st.ended or float("inf"), gone_wall.get(r, float("inf")))
         return (st.notified, seen_at[r] - (SIGNAL_HEAD_START_SECONDS if killed else 0.0),
-                not killed, r)
+                ended, not killed, r)
     return sorted((r for r in seen_at if r in statuses), key=key)
 
 
@@ -275,13 +287,12 @@ def _read_statuses(status_dir: str, np: int) -> Dict[int, RankExit]:
     """rank -> its RankExit, from the wrappers' files."""
     out = {}
     for r in range(np):
-        try:
-            with open(os.path.join(status_dir, f"rank.{r}.exit"), encoding="utf-8") as f:
-                fields = f.read().split()  # code stopped [notified [finished [own]]]
-            out[r] = RankExit(int(fields[0]), fields[1] == "1", fields[2:3] == ["1"],
-                              fields[3:4] == ["1"], fields[4:5] == ["1"])
-        except (OSError, ValueError, IndexError):
+        got = read_exit(os.path.join(status_dir, f"rank.{r}.exit"))
+        if got is None or len(got[0]) < 2:
             continue
+        fields, ended = got  # code stopped [notified [finished [own [ended]]]]
+        out[r] = RankExit(int(fields[0]), fields[1] == "1", fields[2:3] == ["1"],
+                          fields[3:4] == ["1"], fields[4:5] == ["1"], ended)
     return out
 
 

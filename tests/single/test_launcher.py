@@ -605,3 +605,50 @@ def test_failures_seen_only_after_the_launcher_ended_are_still_ordered(tmp_path,
     err = capsys.readouterr().err
     assert ("rank 1 failed first; rank(s) 0, 2 failed after it" in err
             or "rank 1 failed first; rank(s) 2, 0 failed after it" in err), err
+
+
+def test_failures_one_poll_finds_are_ordered_by_when_they_ended(tmp_path, capsys, monkeypatch):
+    """Rank 2 fails (exit 3), then rank 0 (exit 1), neither told of the
+    other, both before the launcher's next poll: rank 0 was named first
+    (one poll's failures tied; lower rank won: 10 of 10 real 3-rank jobs
+    with the two exits 10 ms apart). The wrappers' exit files say when each
+    rank ended; that orders them. No timing here: rank 2's file is written
+    first, so no poll can see rank 0's without it (a poll between the two
+    writes sees rank 2 a poll earlier: the same answer), and the times are
+    written by hand. The grace period is long so that a descheduled shell
+    is not stopped between its writes."""
+    monkeypatch.setattr(S, "FAILURE_GRACE_SECONDS", 600.0)
+    d = str(tmp_path)
+    script = (f"echo '3 0 0 0 0 1000.500000' > {d}/rank.2.exit; "
+              f"echo '1 0 0 0 0 1000.510000' > {d}/rank.0.exit; exit 1")
+    assert S.run_job(["sh", "-c", script], dict(os.environ), 3, [], 30.0, d) == 3
+    err = capsys.readouterr().err
+    assert "rank 2 failed first; rank(s) 0 failed after it" in err, err
+    assert err.index("rank 2 exited with code 3") < err.index("rank 0 exited with code 1"), err
+    # Without a time in the file (an older wrapper's line): its mtime.
+    (tmp_path / "rank.0.exit").write_text("1 0 0\n")
+    (tmp_path / "rank.2.exit").write_text("3 0 0\n")
+    os.utime(tmp_path / "rank.2.exit", (900.0, 900.0))
+    os.utime(tmp_path / "rank.0.exit", (901.0, 901.0))
+    statuses = S._read_statuses(d, 3)
+    assert (statuses[2].ended, statuses[0].ended) == (900.0, 901.0)
+    assert S.failure_order({0: 7.0, 2: 7.0}, statuses) == [2, 0]
+    # A rank whose process the launcher saw dead before its wrapper wrote
+    # (a busy machine ran the wrapper late) counts from when it was seen.
+    assert S.failure_order({0: 7.0, 2: 7.0}, statuses, gone_wall={0: 800.0}) == [0, 2]
+    # Seen by different polls: the poll order stands.
+    assert S.failure_order({0: 6.0, 2: 7.0}, statuses) == [0, 2]
+
+
+def test_the_wrapper_writes_when_its_command_ended(tmp_path):
+    """rank_wrapper's exit file: code stopped notified finished own ended."""
+    import subprocess
+    env = dict(os.environ, PMI_RANK="1", **{W.STATUS_DIR_ENV: str(tmp_path)})
+    before = time.time()
+    r = subprocess.run([sys.executable, W.__file__, "--", "sh", "-c", "exit 3"], env=env)
+    after = time.time()
+    assert r.returncode == 3
+    fields = (tmp_path / "rank.1.exit").read_text().split()
+    assert fields[:5] == ["3", "0", "0", "0", "0"], fields
+    got = S._read_statuses(str(tmp_path), 2)[1]
+    assert got.code == 3 and before <= got.ended <= after, (before, got, after)
