@@ -100,7 +100,7 @@ def test_keras_fit_grows_onto_an_added_host(tmp_path):
     # --elastic-timeout 120: a generation that does not form (once under
     # load the newcomer hung in MPI_Comm_connect past the test's timeout)
     # ends the job within it, saying where (Note [A generation that does
-    # not form], gradflow/runner/elastic_driver.py).
+    # not form], gradflow/runner/elastic_forming.py).
     cmd = [sys.executable, "-m", "gradflow.runner.launch", "--min-np", "2", "--max-np", "3",
            "--start-timeout", "150", "--elastic-timeout", "120",
            "--host-discovery-script", str(script), sys.executable, SCRIPT]

@@ -160,6 +160,7 @@ def test_a_generation_that_does_not_form_ends_the_job(monkeypatch):
     it ends naming where forming stopped, and the workers are killed after
     ABORT_GRACE (driver.run)."""
     import gradflow.runner.elastic_driver as ed
+    from gradflow.runner.elastic_forming import FORM_TIMEOUT_FLOOR
     clock = [1000.0]
     monkeypatch.setattr(ed.time, "monotonic", lambda: clock[0])
     d = driver(min_np=3, elastic_timeout=5)
@@ -168,7 +169,7 @@ def test_a_generation_that_does_not_form_ends_the_job(monkeypatch):
     assert d.forming == ws
     d._on_message(ws[0], {"op": "port", "gen": d.gen, "port": "tag#0$"})
     d._on_message(ws[1], {"op": "joined", "gen": d.gen})
-    clock[0] += ed.FORM_TIMEOUT_FLOOR  # the floor, not --elastic-timeout's 5 s
+    clock[0] += FORM_TIMEOUT_FLOOR  # the floor, not --elastic-timeout's 5 s
     d._check_forming()
     assert not d.aborted
     clock[0] += 1
