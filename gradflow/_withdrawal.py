@@ -118,6 +118,22 @@ def reaching_core(names: Sequence[str], kind: int, process_set: Any = None) -> I
         _reached.reset(token)
 
 
+# Request::group_size of an empty list's withdrawal (native kEmptyGroupList,
+# group_lists.h).
+EMPTY_GROUP_LIST = -1
+
+
+def announce_empty_group(kind: int, base: str, process_set: Any) -> None:
+    """A grouped op named `base` got an empty list on this rank. It submits
+    nothing, so without a word the ranks that passed tensors would wait
+    for their members until GRADFLOW_TIMEOUT: withdraw `<base>.0` with the
+    empty-list marker (native Note [Grouped lists]). If another rank
+    submitted members, the job aborts at once on every rank naming both
+    lengths; if every rank passed an empty list, nothing happens."""
+    withdraw_all(kind, [f"{base}.0"], process_set, ValueError("an empty list"),
+                 EMPTY_GROUP_LIST)
+
+
 def withdraw_all(kind: int, names: Sequence[str], process_set: Any, exc: BaseException,
                  group_size: int = 0) -> None:
     """`withdraw` for each of `names` on `process_set` (as the caller passed it)."""

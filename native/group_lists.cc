@@ -15,6 +15,7 @@ std::string group_lists_mismatch(const std::string& kind, const std::string& nam
   }
   if (other < 0) return "";
   auto list = [](int32_t n) {
+    if (n == kEmptyGroupList) return std::string("an empty list");
     return n > 0 ? "a list of " + std::to_string(n) + " tensors"
                  : std::string("a single tensor (no list)");
   };
@@ -25,6 +26,16 @@ std::string group_lists_mismatch(const std::string& kind, const std::string& nam
       << other << " passed " << list(reqs[other].group_size)
       << "; every rank must pass a list of the same length (seen at '" << name << "')";
   return err.str();
+}
+
+bool all_group_lists_empty(const std::vector<Request>& reqs) {
+  bool any = false;
+  for (const Request& q : reqs) {
+    if (q.name.empty()) continue;  // a joined rank
+    if (q.group_size != kEmptyGroupList) return false;
+    any = true;
+  }
+  return any;
 }
 
 }  // namespace gradflow

@@ -96,6 +96,20 @@ Response validate_requests(const std::string& name, const std::vector<Request>& 
   // Note [Withdrawn names]: a rank that failed before it could submit the
   // name decides it, whatever the others gave (step tags and lists too:
   // its request carries neither).
+  // Note [Grouped lists]: an empty list on some ranks withdraws `<base>.0`
+  // with a marker; the lists' lengths decide before any withdrawal's reason.
+  bool empty_list = false;
+  for (const Request& q : reqs)
+    if (!q.name.empty() && q.group_size == kEmptyGroupList) empty_list = true;
+  if (empty_list) {
+    if (all_group_lists_empty(reqs)) {
+      resp.error = "gradflow: every rank passed an empty list (nobody waits for this)";
+      return resp;
+    }
+    *abort_job = group_lists_mismatch(op_kind_name(first->kind), name, reqs);
+    resp.error = "gradflow: " + *abort_job;
+    return resp;
+  }
   std::string why = withdrawn_reasons(reqs);
   if (!why.empty()) {
     resp.error = "gradflow: " + std::string(op_kind_name(first->kind)) + " '" + name +

@@ -42,6 +42,7 @@ import tensorflow as tf
 from .. import _dtypes
 from .._runtime import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCESCATTER, GradflowError,
                         auto_name)
+from .._withdrawal import announce_empty_group
 from ..process_sets import process_set_id
 
 TensorLike = Union[tf.Tensor, tf.Variable, np.ndarray]
@@ -69,6 +70,21 @@ def op_name(kind: str, name: Optional[str], process_set=None) -> str:
     graph = tf.compat.v1.get_default_graph()
     counter = _graph_counters.setdefault(graph, {}).setdefault(ps, itertools.count())
     return f"{kind}.tf.{next(counter)}" if ps == 0 else f"{kind}.tf.set{ps}.{next(counter)}"
+
+
+def empty_group(kind: str, base: str, process_set=None) -> list:
+    """A grouped op named `base` got an empty list on this rank: returns []
+    after telling the other ranks (_withdrawal.announce_empty_group; native
+    Note [Grouped lists]), eagerly at once, inside tf.function from a node
+    that runs with the graph (the others submit their members per run)."""
+    code = _KIND_CODES[kind]
+    if tf.executing_eagerly():
+        announce_empty_group(code, base, process_set)
+    else:
+        _check_not_xla(f"grouped {kind}")
+        tf.numpy_function(lambda: announce_empty_group(code, base, process_set) or [], [], [],
+                          stateful=True, name="gradflow_empty_list")
+    return []
 
 
 def _check_not_xla(what: str) -> None:

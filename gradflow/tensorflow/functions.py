@@ -42,11 +42,9 @@ def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int,
     assigns the broadcast values into the variables). Eagerly it returns None;
     inside tf.function, the group of assignments."""
     del inplace  # both of Horovod's paths end with the same variable values
-    variables = list(variables)
-    if not variables:
-        process_set_id(process_set, "broadcast_variables")  # an unregistered set still raises
-        return None
-    values = broadcast_(variables, root_rank, name=name, process_set=process_set)
+    # An empty list too: broadcast_ tells the ranks whose lists are not empty
+    # (native Note [Grouped lists]) rather than leave them waiting.
+    values = broadcast_(list(variables), root_rank, name=name, process_set=process_set)
     return None if tf.executing_eagerly() else tf.group(*values)
 
 

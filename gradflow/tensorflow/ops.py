@@ -40,7 +40,7 @@ from ..process_sets import (ProcessSet, global_process_set, process_set_id, proc
                             process_set_size)
 from .arguments import Checked, converted
 from .crossing import (SparseRatio, TensorLike, _as_tensor, _check_dtype, _check_not_xla, _cross,
-                       _resolve_ratio, op_name)
+                       _resolve_ratio, empty_group, op_name)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
@@ -205,7 +205,7 @@ def grouped_allreduce(tensors: Sequence[TensorLike], average: Optional[bool] = N
     tensors = converted(tensors, ALLREDUCE, [f"{base}.{i}" for i in range(len(tensors))],
                         process_set, len(tensors))
     if not tensors:
-        return []
+        return empty_group("allreduce", base, process_set)
 
     @tf.custom_gradient
     def _grouped(*xs):
@@ -333,10 +333,10 @@ def broadcast_(variables: Union[tf.Variable, Sequence[tf.Variable]], root_rank: 
             raise TypeError(f"gradflow: broadcast_ assigns in place and needs tf.Variable (or "
                             f"Keras 3 Variable) objects, got {type(v).__name__}; use broadcast() "
                             f"for tensors")
-    if not variables:
-        process_set_id(process_set, "broadcast_")  # an unregistered set still raises
-        return []
+    process_set_id(process_set, "broadcast_")  # an unregistered set raises, even for []
     base = op_name("broadcast", name, process_set)
+    if not variables:
+        return empty_group("broadcast", base, process_set)
     values = [tf.convert_to_tensor(v) for v in variables]
     names = [f"{base}.{i}" for i in range(len(values))]
 

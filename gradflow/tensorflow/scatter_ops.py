@@ -24,6 +24,7 @@ from ..compression import Compression, wire_code
 from ..process_sets import (ProcessSet, global_process_set, process_set_id, process_set_rank,
                             process_set_size)
 from .arguments import Checked, converted
+from .crossing import empty_group
 from .ops import (TensorLike, _allgather, _check_dtype, _cross, allreduce,
                   gathered_shape, op_name, own_rows)
 
@@ -167,8 +168,9 @@ def grouped_reducescatter(tensors: Sequence[TensorLike], device_dense: str = "",
     process_set_id(process_set, "grouped_reducescatter")  # an unregistered set raises even for []
     if not xs:
         _check_scatter(xs, device_dense, compression, op, prescale_factor, postscale_factor,
-                       "grouped_reducescatter")  # (nothing named: a bad argument raises here)
-        return []
+                       "grouped_reducescatter")  # (before naming: a bad argument raises here)
+        return empty_group("reducescatter", op_name("reducescatter", None, process_set),
+                           process_set)
     base = op_name("reducescatter", None, process_set)  # then the conversion and the checks
     names = [f"{base}.{i}" for i in range(len(xs))]
     xs = converted(xs, REDUCESCATTER, names, process_set, len(names))
@@ -188,9 +190,9 @@ def grouped_allgather(tensors: Sequence[TensorLike], name: Optional[str] = None,
     gradient averaged over the members."""
     xs = _input_list(tensors, "grouped_allgather")
     process_set_id(process_set, "grouped_allgather")  # an unregistered set raises even for []
-    if not xs:
-        return []
     base = op_name("allgather", name, process_set)  # then the conversion and the checks
+    if not xs:
+        return empty_group("allgather", base, process_set)
     names = [f"{base}.{i}" for i in range(len(xs))]
     xs = converted(xs, ALLGATHER, names, process_set, len(names))
     checked = Checked(lambda: _check_inputs(xs, "grouped_allgather"), ALLGATHER, names,

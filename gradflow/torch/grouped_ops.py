@@ -15,7 +15,7 @@ import torch
 
 from .._handles import Handle, wait_all
 from .._runtime import ALLREDUCE, auto_name, submitting_group
-from .._withdrawal import withdraw_all
+from .._withdrawal import announce_empty_group, withdraw_all
 from .aliasing import check_no_aliasing
 from .compression import Compression
 from .ops import allreduce_async, allreduce_async_
@@ -45,9 +45,12 @@ def start_group(kind: int, name: Optional[str], process_set: Optional[ProcessSet
     `<base>.<i>` names, submitted together (_runtime.submitting_group: all or
     nothing on this rank; each member carries the list's length, so ranks
     whose lists differ in length abort the job at once, native Note
-    [Grouped lists])."""
+    [Grouped lists]; an empty list sends a marker for the same check)."""
     base = auto_name(kind, name, process_set)
     tensors = list(tensors)
+    if not tensors:  # nothing to submit: tell the others (Note [Grouped lists])
+        announce_empty_group(kind, base, process_set)
+        return GroupHandle([])
     names = [f"{base}.{i}" for i in range(len(tensors))]
     with submitting_group(len(tensors), names, kind, process_set):
         return GroupHandle([start_one(t, n) for t, n in zip(tensors, names)])

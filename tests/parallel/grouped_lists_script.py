@@ -9,9 +9,14 @@
 #   argv[1]: torch | tf
 #   argv[2]: allreduce | allreduce_async | allgather | reducescatter |
 #            traced (tf.function) | broadcast_ (tf variables)
-#   argv[3]: last-longer | first-longer | one-vs-four | list-vs-single
-# Before the bad call, two good grouped calls under the same names check the
-# values against numpy (so the bad call also meets cached names).
+#   argv[3]: last-longer | first-longer | one-vs-four | list-vs-single |
+#            empty-on-one (rank 1 passes an empty list: it submits nothing,
+#            so before, the others waited GRADFLOW_TIMEOUT; now a marker
+#            aborts the job and rank 1 raises at its next collective)
+# Before the bad call, every rank passes an empty list twice (nothing
+# happens, the names stay in step), then two good grouped calls under the
+# same names check the values against numpy (so the bad call also meets
+# cached names, and the good ones queue behind the empty lists' markers).
 import sys
 import time
 
@@ -34,7 +39,8 @@ R, N = hvd.rank(), hvd.size()
 LENGTHS = {"last-longer": [2 + (r == N - 1) for r in range(N)],
            "first-longer": [3 if r == 0 else 2 for r in range(N)],
            "one-vs-four": [1 if r == 1 else 4 for r in range(N)],
-           "list-vs-single": [0 if r == N - 1 else 2 for r in range(N)]}[LAYOUT]
+           "list-vs-single": [None if r == N - 1 else 2 for r in range(N)],
+           "empty-on-one": [0 if r == 1 else 2 for r in range(N)]}[LAYOUT]
 
 
 def arrays(k: int, rows: int):
@@ -48,10 +54,10 @@ def wrap(xs):
 
 
 def run(k: int):
-    """The grouped op on k tensors (k == 0: the single-tensor op on one)."""
+    """The grouped op on k tensors (None: the single-tensor op on one)."""
     rows = {"allgather": R + 1, "reducescatter": N}.get(OP, 2)
-    xs = wrap(arrays(max(k, 1), rows))
-    if k == 0:  # list-vs-single: a plain allreduce under the first member's name
+    xs = wrap(arrays(1 if k is None else k, rows))
+    if k is None:  # list-vs-single: a plain allreduce under the first member's name
         assert OP == "allreduce", "list-vs-single is an allreduce layout"
         return [hvd.allreduce(xs[0], op=hvd.Sum, name="grp.0")]
     if OP in ("allreduce", "traced"):
@@ -84,6 +90,8 @@ def expected(k: int):
     return [t[R:R + 1] for t in total] if OP == "reducescatter" else total
 
 
+for _ in range(2):
+    assert list(run(0)) == [], "an empty list on every rank returns []"
 if OP != "reducescatter" or FRAMEWORK == "torch":  # TF's grouped_reducescatter takes no name
     for _ in range(2):
         for got, want in zip(run(2), expected(2)):
@@ -92,6 +100,8 @@ if OP != "reducescatter" or FRAMEWORK == "torch":  # TF's grouped_reducescatter 
 t0 = time.monotonic()
 try:
     run(LENGTHS[R])
+    if LENGTHS[R] == 0:  # nothing submitted: the abort reaches this rank's next call
+        gf.allreduce(np.ones(2, np.float32), name="after")
 except Exception as e:  # GradflowError; a tf error inside a tf.function
     msg = str(e)
 else:
@@ -99,7 +109,7 @@ else:
 took = time.monotonic() - t0
 assert "every rank must pass a list of the same length" in msg, msg
 for n in set(LENGTHS):
-    want = f"a list of {n} tensors" if n else "a single tensor (no list)"
+    want = {None: "a single tensor (no list)", 0: "an empty list"}.get(n, f"a list of {n} tensors")
     assert want in msg, (want, msg)
 assert took < 15, f"rank {R}: the error came after {took:.1f} s"
 try:

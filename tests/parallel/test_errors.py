@@ -105,13 +105,22 @@ def test_step_tags_of_two_checks_name_the_first_that_differs(variant):
     (3, "tf", "allgather", "one-vs-four"),
     (2, "tf", "reducescatter", "last-longer"),
     (3, "tf", "broadcast_", "first-longer"),
+    (2, "torch", "allreduce", "empty-on-one"),
+    (3, "torch", "allgather", "empty-on-one"),
+    (4, "torch", "reducescatter", "empty-on-one"),
+    (3, "tf", "allreduce", "empty-on-one"),
+    (2, "tf", "traced", "empty-on-one"),
+    (3, "tf", "broadcast_", "empty-on-one"),
 ])
 def test_grouped_lists_of_different_lengths_abort_at_once(n, framework, op, layout):
     """A grouped op whose list is longer on some ranks (native Note [Grouped
     lists]); default GRADFLOW_TIMEOUT: every rank raises within seconds with
     both lengths, after two good calls under the same names (values checked
     against numpy), and the runtime then refuses the next collective. Before,
-    the common tensors were reduced and the extra ones waited 60 s."""
+    the common tensors were reduced and the extra ones waited 60 s; an empty
+    list on one rank (empty-on-one) submitted nothing and the others waited
+    60 s. Every layout first passes an empty list on every rank (nothing
+    happens)."""
     pytest.importorskip("tensorflow" if framework == "tf" else "torch")
     out = run_mpi(n, "grouped_lists_script.py", framework, op, layout, timeout=150,
                   expect_fail=True, mpi_args=("-disable-auto-cleanup",))
