@@ -13,7 +13,8 @@ changes:
   --max-np); once one is ready, the running workers are told the hosts
   changed (HostsUpdatedInterrupt at their next commit) and the next
   generation includes it; it receives the state by broadcast (State.sync);
-* hosts disappear: their workers are dismissed at the next reset;
+* hosts disappear (two discovery answers in a row leave them out:
+  elastic_hosts.py): their workers are dismissed at the next reset;
 * fewer than --min-np workers can be had for --elastic-timeout seconds, or
   more than --reset-limit resets: the job ends with a message naming what
   was lost.

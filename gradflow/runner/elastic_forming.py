@@ -72,6 +72,11 @@ class GenerationForming:
         # with none (a stall, then a crash: a host removed while another
         # was added).
         sync = any(w.gen < 0 or w.wants_sync for w in members)
+        if self.gen >= 0 and all(w.gen < 0 for w in members):
+            # Every worker that held the trained state is gone (died, or
+            # dismissed with its host): the job goes on, but from the start.
+            self.note(f"no worker of generation {self.gen} is left: generation {self.gen + 1} "
+                      "starts from the program's initial state (the progress so far is lost)")
         self.gen += 1
         self.forming, self.forming_since, self.joined = members, time.monotonic(), set()
         for r, w in enumerate(members):

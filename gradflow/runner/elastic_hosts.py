@@ -2,6 +2,12 @@
 Horovod's --host-discovery-script (run every second; prints `host:slots`
 lines, or `host` with --slots-per-host), minus blacklisted hosts.
 
+A host the script stops listing is dropped only when the next run (a
+second later) does not list it either: one answer caught mid-rewrite of
+the file the script prints (read empty, or cut short), or one glitch of a
+cluster's API, would otherwise dismiss the workers there, and with them,
+if they were all, the training state (Note [A host removal is confirmed]).
+
 A host where a worker failed is blacklisted: for ever without
 --blacklist-cooldown-range, else for a cooldown that starts at LOW seconds
 and doubles with each further failure there, capped at HIGH (a host that
@@ -54,13 +60,16 @@ class HostManager:
         self.static, self.script = static, discovery_script
         self.slots_per_host, self.cooldown = slots_per_host, cooldown_range
         self.known: Dict[str, int] = dict(static or {})
+        self.unconfirmed: Dict[str, int] = {}  # known hosts the last run did not list
         self.failures: Dict[str, int] = {}
         self.blacklisted_until: Dict[str, float] = {}
         self.last_error = ""
 
     def discover(self) -> Dict[str, int]:
         """Run the discovery script (if any) and return host -> slots as it
-        says now. A failing or hanging script keeps the last answer."""
+        says now, except that a host it stopped listing stays until a second
+        run in a row leaves it out. A failing or hanging script keeps the
+        last answer."""
         if self.script is None:
             return dict(self.known)
         try:
@@ -68,7 +77,18 @@ class HostManager:
                                timeout=DISCOVERY_TIMEOUT)
             if r.returncode != 0:
                 raise ValueError(f"exited with code {r.returncode}: {r.stderr.strip()[:200]}")
-            self.known = parse_discovery_output(r.stdout, self.slots_per_host)
+            found = parse_discovery_output(r.stdout, self.slots_per_host)
+            # Note [A host removal is confirmed]: a host missing for the
+            # first time keeps its last slot count for one more run (removals
+            # take DISCOVERY_INTERVAL longer). Before, one empty read of a
+            # host file rewritten in place (test_elastic's grow(), a suspect
+            # of its flake; reproduced by holding the file empty) dismissed
+            # the only worker, all of the state, and a fresh one trained
+            # from the start: the job "succeeded" having lost its progress.
+            missing = {h: n for h, n in self.known.items() if h not in found}
+            self.known = dict(found)
+            self.known.update({h: n for h, n in missing.items() if h not in self.unconfirmed})
+            self.unconfirmed = missing
             self.last_error = ""
         except (ValueError, subprocess.TimeoutExpired, OSError) as e:
             self.last_error = f"host discovery script {self.script!r} failed: {e}"

@@ -136,6 +136,16 @@ def host_discovery(tmp_path: Path, hosts: str) -> Tuple[Path, Path]:
     return host_file, script
 
 
+def write_hosts(host_file: Path, hosts: str) -> None:
+    """Replace the host file's content at once (a new file renamed over it):
+    rewritten in place, the discovery script could read it empty or cut
+    short and the driver would remove hosts (a suspect of a flake of
+    test_elastic's grow(); the driver now waits for a second answer)."""
+    tmp = host_file.with_name(host_file.name + ".tmp")
+    tmp.write_text(hosts)
+    os.replace(tmp, host_file)
+
+
 def change_hosts_after_first_step(job: subprocess.Popen, log_dir: Path, host_file: Path,
                                   hosts: str, wait_s: float) -> None:
     """Waits until a worker of `job` has logged a step (a '"step"' event in a
@@ -146,4 +156,4 @@ def change_hosts_after_first_step(job: subprocess.Popen, log_dir: Path, host_fil
         if any('"step"' in f.read_text() for f in log_dir.iterdir()):
             break
         time.sleep(0.2)
-    host_file.write_text(hosts)
+    write_hosts(host_file, hosts)

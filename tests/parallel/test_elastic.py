@@ -21,7 +21,7 @@ import time
 import pytest
 
 from _launch import (ROOT, host_discovery, in_place_build, rank_env, run_cwd, run_mpi,
-                     skip_unless_hydra)
+                     skip_unless_hydra, write_hosts)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "elastic_torch_script.py")
@@ -46,10 +46,12 @@ def gradflowrun(args, log_dir, timeout=240, **env_extra):
 
 
 def events(log_dir):
+    """Every worker's events by time; a last line still being written (no
+    newline yet: the tests read while the job runs) is left out."""
     out = []
     for path in glob.glob(os.path.join(str(log_dir), "worker-*.jsonl")):
         with open(path) as f:
-            out += [json.loads(line) for line in f if line.strip()]
+            out += [json.loads(line) for line in f if line.endswith("\n") and line.strip()]
     return sorted(out, key=lambda e: e["t"])
 
 
@@ -175,7 +177,7 @@ def grow(tmp_path, start, **env_extra):
         deadline = time.time() + 120
         while not any(e["event"] == "step" for e in events(logs)) and time.time() < deadline:
             time.sleep(0.2)
-        hosts.write_text(f"localhost:{n}\n")
+        write_hosts(hosts, f"localhost:{n}\n")
         out, _ = p.communicate(timeout=240)
     finally:
         if p.poll() is None:
@@ -381,7 +383,7 @@ def test_removed_host_is_dismissed_and_the_rest_go_on(tmp_path):
         deadline = time.time() + 120
         while not any(e["event"] == "step" for e in events(logs)) and time.time() < deadline:
             time.sleep(0.2)
-        hosts.write_text("localhost:2\n")
+        write_hosts(hosts, "localhost:2\n")
         out, _ = p.communicate(timeout=240)
     finally:
         if p.poll() is None:

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from _launch import host_discovery, rank_env, run_cwd, skip_unless_hydra
+from _launch import host_discovery, rank_env, run_cwd, skip_unless_hydra, write_hosts
 from test_elastic import check_identical, check_sample_coverage, command, events, results
 
 pytestmark = skip_unless_hydra("elastic mode starts each worker with MPICH's mpiexec")
@@ -55,7 +55,7 @@ def run_job(tmp_path, hosts_at_start, hosts_later, max_np, **env_extra):
         deadline = time.time() + 120
         while not any(e["event"] == "step" for e in events(logs)) and time.time() < deadline:
             time.sleep(0.2)
-        hosts.write_text(hosts_later)
+        write_hosts(hosts, hosts_later)
         p.wait(timeout=300)
         reader.join(timeout=10)
     finally:

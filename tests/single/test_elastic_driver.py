@@ -190,3 +190,26 @@ def test_a_generation_that_does_not_form_ends_the_job(monkeypatch):
     clock[0] += 3600
     d._check_forming()
     assert not d.aborted and d.members == ws
+
+
+def test_a_generation_of_newcomers_only_says_the_progress_is_lost(capsys):
+    """Every worker of generation 0 is gone (here dismissed with its host) and
+    a newcomer forms generation 1 alone: it starts from the program's initial
+    state. The job used to go on silently (and "succeed") from scratch."""
+    d = driver(min_np=1)
+    old = worker(d, 0, gen=0, rank=0)
+    d.gen, d.members = 0, [old]
+    old.dismiss = True
+    d._on_exit(old, 0)
+    worker(d, 1, state="ready")
+    d._try_form()
+    assert d.gen == 1
+    assert ("no worker of generation 0 is left: generation 1 starts from the program's initial "
+            "state (the progress so far is lost)") in capsys.readouterr().err
+    # A survivor in the new generation: no such note.
+    d = driver(min_np=2)
+    s0 = worker(d, 0, state="ready", gen=0, rank=0)
+    d.gen, d.members = 0, [s0]
+    worker(d, 1, state="ready")
+    d._try_form()
+    assert d.gen == 1 and "is left" not in capsys.readouterr().err

@@ -78,6 +78,27 @@ def test_failing_discovery_script_keeps_the_last_answer(tmp_path):
     assert "failed" in m.last_error
 
 
+def test_a_host_removal_takes_two_answers_in_a_row(tmp_path):
+    """Note [A host removal is confirmed]: one answer without a host (the
+    script read its file mid-rewrite: empty, or short of a line) keeps it;
+    the next answer without it drops it. Additions count at once."""
+    out = tmp_path / "hosts"
+    m = HostManager(discovery_script=f"cat {out}")
+    out.write_text("a:2\nb:1\n")
+    assert m.discover() == {"a": 2, "b": 1}
+    for torn in ("", "a:2\n"):
+        out.write_text(torn)
+        assert m.discover() == {"a": 2, "b": 1}, torn  # the driver dismissed b's (all) workers
+        out.write_text("a:2\nb:1\n")
+        assert m.discover() == {"a": 2, "b": 1}
+    out.write_text("a:2\nc:4\n")
+    assert m.discover() == {"a": 2, "c": 4, "b": 1}  # c at once; b not yet
+    assert m.discover() == {"a": 2, "c": 4}  # b left twice in a row: removed
+    out.write_text("b:1\n")
+    assert m.discover() == {"b": 1, "a": 2, "c": 4}  # back at once; a, c pending
+    assert m.discover() == {"b": 1}
+
+
 def test_blacklist_cooldown_doubles_up_to_high():
     m = HostManager(static={"a": 1, "b": 1}, cooldown_range=parse_cooldown([2, 5]))
     assert m.blacklist("a", now=0) == 2
