@@ -49,6 +49,7 @@ from .process_sets import ProcessSet, add_process_set, global_process_set, remov
 from ._handles import Handle
 from . import _runtime as _runtime_module
 from .runner import notice as _notice
+from .runner.run_func import run  # Horovod's horovod.run: a function on N new ranks
 
 # Under gradflowrun: when the launcher reports a dead peer, pending and later
 # waits fail at once with its message instead of after GRADFLOW_TIMEOUT.
@@ -57,7 +58,7 @@ _notice.watch(_runtime_module.on_peer_failure_notice)
 __version__ = "0.1.0"
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
+    "run", "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
     "cross_size", "mpi_comm", "stats", "reset_stats", "timeline_mark", "allreduce", "allreduce_async", "allgather",
     "allgather_async", "broadcast", "broadcast_async", "reducescatter", "reducescatter_async",
     "alltoall", "alltoall_async", "barrier", "join", "synchronize", "poll", "ReduceOp", "Sum",

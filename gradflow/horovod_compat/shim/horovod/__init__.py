@@ -14,3 +14,7 @@ __version__ = HOROVOD_API_VERSION
 from gradflow import __version__ as __gradflow_version__  # noqa: E402
 
 install_finder()
+
+# horovod.run (Horovod's programmatic launcher, e.g. the --num-proc branch of
+# its pytorch_mnist.py example): gradflow.runner.run, same arguments.
+from gradflow.runner.run_func import run  # noqa: E402,F401

@@ -1,0 +1,41 @@
+"""gradflow.runner.run, Horovod's horovod.run: a Python function run on N
+new ranks, their return values back in rank order (run_func_script.py is
+the driver; each case launches its own jobs). Values against numpy and
+plain torch, ranks bitwise alike, at 2 and 3 ranks; a rank that raises, and
+the refused arguments, with default settings."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from _launch import ROOT, rank_env, run_cwd
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHIM = os.path.join(ROOT, "gradflow", "horovod_compat", "shim")
+
+
+def drive(case, env=None, timeout=240):
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "run_func_script.py"), case],
+                          env=env or rank_env(), cwd=run_cwd(), capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc.stdout
+
+
+def test_values_errors_and_refusals():
+    out = drive("numpy")
+    for line in ("values 2 OK", "values 3 OK", "raises OK", "lambda OK", "refusals OK"):
+        assert line in out, out
+
+
+def test_torch_training_equals_plain_torch():
+    pytest.importorskip("torch")
+    out = drive("torch")
+    assert "torch 2 OK" in out and "torch 3 OK" in out, out
+
+
+def test_horovod_run_in_compatibility_mode():
+    env = rank_env()
+    env["PYTHONPATH"] = SHIM + os.pathsep + env.get("PYTHONPATH", "")
+    assert "compat OK" in drive("compat", env)
