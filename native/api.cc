@@ -137,6 +137,20 @@ bool Runtime::failed_fatally() {
   return false;
 }
 
+void Runtime::give_up_blocked_calls() {
+  if (loop_) loop_->give_up_if_blocked(false);
+  if (sets_)
+    for (auto& e : sets_->set_engines()) e->give_up_blocked_calls();
+}
+
+bool Runtime::abandoned() {
+  if (loop_ && loop_->abandoned()) return true;
+  if (sets_)
+    for (auto& e : sets_->set_engines())
+      if (e->abandoned()) return true;
+  return false;
+}
+
 void Runtime::check_config_matches_everywhere() {
   gradflow::check_config_matches_everywhere(*comm_, cfg_, config_error_);
 }
@@ -329,7 +343,13 @@ bool Runtime::poll(int64_t handle) { return queue_.poll(handle); }
 
 std::optional<HandleResult> Runtime::wait(int64_t handle,
                                           const std::function<bool()>& interrupted) {
-  std::optional<HandleResult> r = queue_.wait(handle, interrupted);
+  // Every kInterruptCheck: a loop thread stuck GRADFLOW_TIMEOUT inside an
+  // MPI call without deadline fails this engine (Note [Blocking MPI calls]).
+  BackgroundLoop* loop = loop_.get();
+  std::optional<HandleResult> r = queue_.wait(handle, [&] {
+    if (loop) loop->give_up_if_blocked(true);
+    return interrupted && interrupted();
+  });
   if (r && !r->error.empty()) r->error = in_set(r->error, true);
   return r;
 }

@@ -105,6 +105,13 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   void abort(const std::string& message);
   // The global engine's answer covers its set engines.
   bool failed_fatally();
+  // A peer is known dead (interrupt_waits): an engine whose loop thread is
+  // inside an MPI call without deadline fails now instead of never (Note
+  // [Blocking MPI calls], mpi_comm.h). Covers the set engines.
+  void give_up_blocked_calls();
+  // Some engine's loop thread was given up: it may still run inside MPI, so
+  // this object must never be destroyed (the shutdown binding keeps it).
+  bool abandoned();
   // False in a fork() child: the loop thread and the MPI state belong to the
   // parent, so the child must not use (or destroy) this runtime.
   bool owned_by_this_process() const;

@@ -33,7 +33,42 @@ void BackgroundLoop::start() { thread_ = std::thread([this] { run(); }); }
 void BackgroundLoop::shutdown() {
   shutdown_requested_ = true;
   queue_.notify();
-  if (thread_.joinable()) thread_.join();
+  if (!thread_.joinable()) return;
+  {
+    // A loop thread inside an MPI call without deadline waits for a dead
+    // peer for ever: given up (by the notice, a waiter, or here once it is
+    // overdue), it is left behind (Note [Blocking MPI calls], mpi_comm.h).
+    std::unique_lock<std::mutex> lock(exit_mu_);
+    while (!exited_ && !abandoned_) {
+      if (exit_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return exited_; })) break;
+      lock.unlock();
+      give_up_if_blocked(true);
+      lock.lock();
+    }
+    if (!exited_) {
+      thread_.detach();
+      return;
+    }
+  }
+  thread_.join();
+}
+
+bool BackgroundLoop::give_up_if_blocked(bool overdue_only) {
+  if (abandoned_) return false;
+  const std::string why = comm_.abandon_blocking_call(overdue_only);
+  if (why.empty()) return false;
+  // The loop thread touches nothing from now on (it parks if MPI returns),
+  // so its state is this thread's: fail what it held, as run() would.
+  abandoned_ = true;
+  fatal_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failure_.empty()) failure_ = why;
+  }
+  GF_LOG(kError, comm_.rank(), why);
+  queue_.fail_in_flight(why);
+  if (on_fatal_) on_fatal_(why);
+  return true;
 }
 
 void BackgroundLoop::abort(const std::string& message) {
@@ -111,6 +146,9 @@ void BackgroundLoop::run() {
   } else {
     executor_.release_windows();
   }
+  std::lock_guard<std::mutex> lock(exit_mu_);
+  exited_ = true;
+  exit_cv_.notify_all();
 }
 
 bool BackgroundLoop::cycle() {

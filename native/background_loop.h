@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <vector>
 #include <map>
@@ -103,6 +104,14 @@ class BackgroundLoop {
   // True if the loop died of a communication failure (timeout, MPI error,
   // another rank's abort): MPI may be unusable, so MPI_Finalize could hang.
   bool failed_fatally() const { return fatal_; }
+  // From another thread (gradflowrun's notice, a waiter, shutdown()): if the
+  // loop thread is inside an MPI call without deadline (and, with
+  // `overdue_only`, has been for GRADFLOW_TIMEOUT), give it up: the engine
+  // fails fatally here and now, every handle with it, and the thread is left
+  // behind (Note [Blocking MPI calls], mpi_comm.h). True if it did.
+  bool give_up_if_blocked(bool overdue_only);
+  // The loop thread was given up (it never ends; the runtime must outlive it).
+  bool abandoned() const { return abandoned_; }
 
  private:
   void run();
@@ -137,6 +146,11 @@ class BackgroundLoop {
   std::map<std::string, TensorEntry> pending_;  // this rank's submitted, not yet run
   std::atomic<bool> shutdown_requested_{false};
   std::atomic<bool> fatal_{false};
+  std::atomic<bool> abandoned_{false};
+  // Set as run()'s last act, so shutdown() can wait for it or give it up.
+  std::mutex exit_mu_;
+  std::condition_variable exit_cv_;
+  bool exited_ = false;  // guarded by exit_mu_
   mutable std::mutex mu_;
   std::string shutdown_reason_;  // guarded by mu_
   std::string abort_message_;

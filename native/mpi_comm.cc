@@ -118,7 +118,7 @@ void RequestList::clear() {
 
 
 MpiComm::MpiComm(uintptr_t comm_handle, double timeout_seconds)
-    : impl_(new Impl), timeout_s_(timeout_seconds) {
+    : impl_(new Impl), timeout_s_(timeout_seconds), blocking_(new BlockingCallState) {
   GF_CHECK(timeout_seconds > 0, "gradflow: timeout must be positive, got " << timeout_seconds);
   MPI_Comm parent = comm_handle == 0 ? MPI_COMM_WORLD : comm_from_handle<MPI_Comm>(comm_handle);
   int parent_size = 0, parent_rank = 0;
@@ -310,6 +310,24 @@ void MpiComm::wait_all(RequestList& reqs, const char* what, WaitStyle style) {
   }
   L.clear();
 }
+
+std::string MpiComm::abandon_blocking_call(bool overdue_only) {
+  BlockingCallState& b = *blocking_;
+  if (b.phase.load() != 1) return "";
+  const char* what = b.what.load();
+  const auto since = std::chrono::steady_clock::time_point(
+      std::chrono::steady_clock::duration(b.since.load()));
+  if (overdue_only && std::chrono::steady_clock::now() - since <
+                          std::chrono::duration<double>(timeout_s_))
+    return "";
+  int inside = 1;
+  if (!b.phase.compare_exchange_strong(inside, 2)) return "";  // it returned meanwhile
+  mark_broken();
+  // Overdue: "timed out after ..."; after interrupt_waits(): its reason.
+  return timeout_message(timeout_s_, what ? what : "an MPI call", "the other ranks");
+}
+
+bool MpiComm::abandoned() const { return blocking_->phase.load() == 2; }
 
 std::unique_ptr<RmaWindow> MpiComm::create_window(size_t bytes, bool prefer_shared) {
   // Window creation is a blocking collective; a deadline barrier first makes

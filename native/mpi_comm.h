@@ -134,6 +134,28 @@ class MpiComm {
   // ---- RMA ----
   std::unique_ptr<RmaWindow> create_window(size_t bytes, bool prefer_shared);
 
+  // Note [Blocking MPI calls]
+  // Creating a window (MPI_Win_allocate[_shared]) and freeing one
+  // (MPI_Win_free) are collective calls with no deadline. A deadline barrier
+  // comes first, but a peer killed after it and before its part of the call
+  // left the other ranks' loop threads inside MPI for ever, where no poll can
+  // see gradflowrun's notice or GRADFLOW_TIMEOUT: their waiters hung until
+  // gradflowrun's grace period killed them (Open MPI CI,
+  // test_sigkill_stops_the_job_within_seconds[3-1-mid-two-sync]; MPICH, a
+  // kill 20 ms after the submit: 3 runs in 4). So such a call is marked
+  // (BlockingCall, mpi_internal.h) and another thread may give it up: with
+  // the news of a dead peer (interrupt_waits, gradflowrun's notice) or once
+  // it has lasted GRADFLOW_TIMEOUT (`overdue_only`). Giving up marks the
+  // communicator broken and returns the error text (TransportError's words,
+  // naming the call); "" when no such call is running, or it is not overdue.
+  // The thread stays where it is: if MPI ever returns, it parks for good
+  // without touching anything (the runtime has failed; buffers its caller
+  // passed may be gone). Its engine then fails every handle from the giving
+  // thread and shutdown() leaves the thread behind (BackgroundLoop::abandon).
+  std::string abandon_blocking_call(bool overdue_only);
+  bool abandoned() const;
+  struct BlockingCallState;  // mpi_internal.h
+
   // Library version string of the linked MPI.
   static std::string library_version();
   // The MPI whose mpi.h this build was compiled with, e.g. "MPICH 5.0.2" or
@@ -150,6 +172,10 @@ class MpiComm {
   bool homogeneous_ = true;
   double timeout_s_ = 60.0;
   std::atomic<bool> broken_{false};
+  friend class BlockingCall;
+  // Shared with a running BlockingCall, which may outlive this object (a
+  // thread left inside MPI after the runtime was released).
+  std::shared_ptr<BlockingCallState> blocking_;
 };
 
 // Tags used by gradflow's own traffic on its private communicator.

@@ -135,6 +135,52 @@ class ControlCopy {
   uint8_t* copy_;
 };
 
+// Note [Blocking MPI calls] (mpi_comm.h). phase: 0 idle, 1 inside the call,
+// 2 given up (by another thread; for good). `since` in steady-clock ticks.
+struct MpiComm::BlockingCallState {
+  std::atomic<int> phase{0};
+  std::atomic<const char*> what{nullptr};
+  std::atomic<int64_t> since{0};
+};
+
+// Marks the scope of an MPI call without a deadline, on the thread that
+// makes it. If another thread gave the call up meanwhile, the destructor
+// never returns: the thread sleeps for good (Note [Blocking MPI calls]), so
+// it is safe in destructors (MPI_Win_free) and needs no throw.
+class BlockingCall {
+ public:
+  BlockingCall(MpiComm& comm, const char* what) : state_(comm.blocking_) {
+    state_->what.store(what);
+    state_->since.store(std::chrono::steady_clock::now().time_since_epoch().count());
+    state_->phase.store(1);
+    // A dead peer's news that came just before: interrupt_waits() sets the
+    // flag and then looks for a call to give up, this marks the call and
+    // then reads the flag (both seq_cst), so one of the two sees the other.
+    // Then the call must not be made (stopped() says so).
+    if (!g_waits_interrupted.load()) return;
+    int inside = 1;
+    if (!state_->phase.compare_exchange_strong(inside, 0)) park();  // given up already
+    stopped_ = true;
+  }
+  // The call must not be made: a peer is known dead (interrupt_waits).
+  bool stopped() const { return stopped_; }
+  ~BlockingCall() {
+    if (stopped_) return;
+    int inside = 1;
+    if (state_->phase.compare_exchange_strong(inside, 0)) return;
+    park();
+  }
+  BlockingCall(const BlockingCall&) = delete;
+  BlockingCall& operator=(const BlockingCall&) = delete;
+
+ private:
+  [[noreturn]] static void park() {
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+  std::shared_ptr<MpiComm::BlockingCallState> state_;
+  bool stopped_ = false;
+};
+
 // What MpiComm hides from its header: the MPI communicator itself.
 struct MpiComm::Impl {
   MPI_Comm comm = MPI_COMM_NULL;

@@ -142,7 +142,11 @@ PYBIND11_MODULE(_native, m) {
             return false;
           }
           rt->shutdown();  // waiters holding a reference wake with an error
-          return rt->failed_fatally();
+          const bool failed = rt->failed_fatally();
+          // A loop thread left inside MPI (Note [Blocking MPI calls]) may
+          // still reference the runtime: it is kept for good.
+          if (rt->abandoned()) new std::shared_ptr<Runtime>(std::move(rt));
+          return failed;
         },
         "Stop the background loop and release the runtime (destroyed once no call uses it). "
         "True if it had failed fatally by then (its last cycle may be where a dead peer shows): "
@@ -260,7 +264,13 @@ PYBIND11_MODULE(_native, m) {
         },
         "Tell every rank that this rank is failing (their collectives raise `msg`).");
 
-  m.def("interrupt_waits", [](const std::string& why) { interrupt_waits(why); },
+  m.def("interrupt_waits",
+        [](const std::string& why) {
+          interrupt_waits(why);
+          // Waits inside MPI calls without deadline see no flag: given up
+          // here (Note [Blocking MPI calls], mpi_comm.h).
+          if (auto rt = current_or_null()) rt->give_up_blocked_calls();
+        },
         "Make every pending and later wait of this process fail at once with `why` (a peer "
         "is known dead, e.g. gradflowrun saw it killed); the runtime then fails fatally.");
 

@@ -31,8 +31,20 @@ class MpiWindow : public RmaWindow {
     MPI_Info_create(&info);
     if (shared) MPI_Info_set(info, "alloc_shared_noncontig", "true");
     MPI_Aint n = static_cast<MPI_Aint>(bytes);
-    int rc = shared ? MPI_Win_allocate_shared(n, 1, info, comm, &base_, &win_)
-                    : MPI_Win_allocate(n, 1, info, comm, &base_, &win_);
+    int rc;
+    {
+      // No deadline inside: Note [Blocking MPI calls] (mpi_comm.h).
+      const char* call = shared ? "MPI_Win_allocate_shared (two-sync window creation)"
+                                : "MPI_Win_allocate (two-sync window creation)";
+      BlockingCall blocking(owner, call);
+      if (blocking.stopped()) {
+        MPI_Info_free(&info);
+        owner.mark_broken();
+        throw TransportError(timeout_message(owner.timeout_seconds(), call, "the other ranks"));
+      }
+      rc = shared ? MPI_Win_allocate_shared(n, 1, info, comm, &base_, &win_)
+                  : MPI_Win_allocate(n, 1, info, comm, &base_, &win_);
+    }
     MPI_Info_free(&info);
     mpi_check(rc, what, "create_window");
     MPI_Win_set_errhandler(win_, MPI_ERRORS_RETURN);
@@ -52,7 +64,8 @@ class MpiWindow : public RmaWindow {
     // rank; after a communication failure the window is leaked instead.
     if (mpi_finalized() || owner_.broken()) return;
     MPI_Win_unlock_all(win_);
-    MPI_Win_free(&win_);
+    BlockingCall blocking(owner_, "MPI_Win_free (two-sync window release)");
+    if (!blocking.stopped()) MPI_Win_free(&win_);  // else leaked: a peer is dead
   }
   void* local_base() override { return base_; }
   size_t bytes() const override { return bytes_; }

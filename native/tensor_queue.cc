@@ -233,6 +233,27 @@ std::vector<TensorEntry> TensorQueue::close(const std::string& reason) {
   return out;
 }
 
+void TensorQueue::fail_in_flight(const std::string& reason) {
+  close(reason);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int64_t h : in_flight_handles_) {
+      const bool released = released_.erase(h) > 0;
+      if (released) reaped_.push_back(h);
+      if ((!released || waiters_.count(h)) && !finished_.count(h)) {
+        HandleResult r;
+        r.error = reason;
+        finished_[h] = std::make_shared<HandleResult>(std::move(r));
+      }
+    }
+    in_flight_handles_.clear();
+    in_flight_names_.clear();
+    withdrawn_names_.clear();
+    completions_.fetch_add(1, std::memory_order_release);
+  }
+  done_cv_.notify_all();
+}
+
 bool TensorQueue::closed() const {
   std::lock_guard<std::mutex> lock(mu_);
   return closed_;

@@ -134,6 +134,11 @@ class TensorQueue {
   // After a fatal error or shutdown: every queued and future submit fails
   // with `reason`; returns the entries still queued so the caller can fail them.
   std::vector<TensorEntry> close(const std::string& reason);
+  // close(), and from a thread other than the loop's, whose own thread was
+  // given up inside MPI (Note [Blocking MPI calls], mpi_comm.h) and will
+  // complete nothing: every in-flight handle now fails with `reason`.
+  // Released handles are reaped: nothing touches their buffers any more.
+  void fail_in_flight(const std::string& reason);
   bool closed() const;
   std::string close_reason() const;
   // Wakes the background loop early (used by shutdown).

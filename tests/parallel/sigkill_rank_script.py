@@ -7,7 +7,10 @@ between two collectives (measured: 23 of 24 runs; a busy machine may delay
 the victim's wake-up past the collective), "idle" while the others wait for it in negotiation (only
 GRADFLOW_TIMEOUT or gradflowrun's failure notice ends that wait), "busy"
 while the others compute outside gradflow (gradflowrun's grace period stops
-them). argv[3] is the reduction, "sum" (default) or "adasum". Prints "rank
+them), "alloc<D>" (two-sync: the victim submits the first allreduce on
+the second window and dies D s later, so that its death may land inside the
+window's creation, an MPI call without deadline on the survivors: Note
+[Blocking MPI calls] in native/mpi_comm.h). argv[3] is the reduction, "sum" (default) or "adasum". Prints "rank
 V: SIGKILL at <epoch>" and "rank R raised at <epoch> after T s ...": the
 test checks the times and exit codes."""
 import os
@@ -27,7 +30,8 @@ BIG = 16 << 20  # float32 elements: 64 MiB
 
 gf.init()
 R = gf.rank()
-x = np.ones(BIG if MODE in ("mid", "inside") else 4, np.float32)
+ALLOC_DELAY = float(MODE[5:]) if MODE.startswith("alloc") else None
+x = np.ones(BIG if MODE in ("mid", "inside") or ALLOC_DELAY is not None else 4, np.float32)
 gf.allreduce(x, op=OP, name="warmup")  # everyone is up (and the big path is warm)
 gf.barrier()
 
@@ -75,6 +79,9 @@ try:
         if R == VICTIM and MODE == "inside":
             time.sleep(0.2)
         h = gf.allreduce_async(x, op=OP, name=f"op.{i}")
+        if R == VICTIM and ALLOC_DELAY is not None:  # op.0: the second window's first use
+            time.sleep(ALLOC_DELAY)
+            die()
         if R == VICTIM and MODE == "inside":
             time.sleep(quarter_allreduce)  # its loop thread is in the exchanges
             die()

@@ -135,6 +135,32 @@ def check_sigkill(r, ended, n, victim, mode):
     assert r.returncode == 137, report
 
 
+# A death inside the creation of a two-sync window (MPI_Win_allocate_shared:
+# no deadline, after create_window's deadline barrier) left the survivors'
+# loop threads inside MPI, their waits unfailed until gradflowrun's grace
+# period killed them (the Open MPI CI flake of [3-1-mid-two-sync]; MPICH: 3
+# runs in 4 with a kill 20 ms after the submit). Now gradflowrun's notice
+# gives that call up (Note [Blocking MPI calls], native/mpi_comm.h). The
+# delay that lands inside depends on the machine: each run is checked in
+# full and the next delay tried until one survivor names the call.
+ALLOC_KILL_DELAYS = (0.025, 0.02, 0.03, 0.015, 0.035, 0.01)
+
+
+def test_sigkill_inside_window_creation():
+    seen = []
+    for delay in ALLOC_KILL_DELAYS:
+        r, ended = sigkill_run(3, 1, f"alloc{delay}", "two-sync")
+        check_sigkill(r, ended, 3, 1, "mid")
+        inside = re.findall(r"^\[\d\]<stdout>: rank \d raised .* in allreduce op\.0: gradflow: "
+                            r"stopped waiting for the other ranks in (MPI_Win_allocate\w*) "
+                            r"\(two-sync window creation\): gradflowrun reports that rank 1 was "
+                            r"killed by SIGKILL$", r.stdout, re.M)
+        if inside:
+            return
+        seen.append(f"{delay} s: " + "; ".join(re.findall(r"raised .*", r.stdout)))
+    pytest.fail("no death inside the window's creation:\n" + "\n".join(seen))
+
+
 @pytest.mark.parametrize("exit_code", [3, 0, "end"])
 def test_rank_exiting_early_stops_the_job_within_seconds(exit_code):
     """"end": rank 1's program ends in order (sys.exit(0)) while the others
