@@ -52,16 +52,22 @@ def fold(crc: int, values: Values) -> int:
     return zlib.crc32(repr(values).encode("utf-8"), crc)
 
 
-def describe(values: Values) -> str:
-    """'group 0: lr=0.1, momentum=0.9; group 1: ...', cut to a bounded length."""
-    text = "; ".join(f"group {g}: " + ", ".join(f"{k}={v!r}" for k, v in items)
-                     for g, items in enumerate(values))
+def describe(values: Values, head: Sequence[Tuple[str, Any]] = (),
+             head_name: str = "") -> str:
+    """'group 0: lr=0.1, momentum=0.9; group 1: ...', cut to a bounded length.
+    `head` (values outside the param groups, e.g. torch's GradScaler) comes
+    first as '<head_name>: k=v, ...; ', so the cut never hides it."""
+    parts = [f"{head_name}: " + ", ".join(f"{k}={v!r}" for k, v in head)] if head else []
+    parts += [f"group {g}: " + ", ".join(f"{k}={v!r}" for k, v in items)
+              for g, items in enumerate(values)]
+    text = "; ".join(parts)
     return text if len(text) <= _DESCRIBE_CHARS else text[:_DESCRIBE_CHARS - 3] + "..."
 
 
-def tag(crc: int, values: Values) -> str:
+def tag(crc: int, values: Values, head: Sequence[Tuple[str, Any]] = (),
+        head_name: str = "") -> str:
     """The step tag of a check round."""
-    return f"hyperparameters #{crc:08x} now {describe(values)}"
+    return f"hyperparameters #{crc:08x} now {describe(values, head, head_name)}"
 
 
 def is_check_round(rounds: int) -> bool:

@@ -36,6 +36,26 @@ float64(1.0) alike); a tensor value is compared if it is a CPU scalar, not
 on another device (a capturable optimizer's lr: see _plain). Sparse gradients
 travel by allgather, which carries no tag: a model whose every gradient is
 sparse is not checked.
+
+Note [Loss scales agree]
+------------------------
+An AMP GradScaler's state is rank-local too: a scaler resumed from a
+checkpoint on rank 0 only (init scales 2^16 and 2^10, 2 ranks) scaled
+that rank's gradients differently, every rank unscaled the same average by
+its own scale, and the weights differed after the first step, silently
+(max difference 6.1 after 40 steps, with and without grad_scaler=;
+README's former known limit). The round's fold therefore includes the
+scaler's scale, growth tracker and growth settings (`scaler_values`),
+read in begin_round: at the first gradient of the round, so the scale the
+round's gradients carry (update() ran after the last step). The scale
+moves legitimately on overflow, alike on every rank: unscale_ finds infs
+in the *reduced* gradients, which are bitwise equal everywhere, so
+found_inf and update() agree and equal scales stay equal; a rank whose
+scale moved otherwise (a second, local optimizer stepped by the same
+scaler) fails the check like any other difference. The scaler is the one
+given as grad_scaler= (Lightning's AMP plugin passes its own), else the
+one first seen calling step() (`note_caller`: GradScaler.step calls the
+optimizer's step() itself), from the round after that step on.
 """
 from __future__ import annotations
 
@@ -66,6 +86,45 @@ def _other(v: Any) -> Any:
 
 def _plain(v: Any) -> Any:
     return _tag.plain(v, _other)
+
+
+def scaler_values(scaler) -> List[Any]:
+    """Note [Loss scales agree]: what of `scaler` every rank must share.
+    Duck-typed (grad_scaler= needs only get_scale()). On CUDA each read is
+    a device sync, as grad_scaler='s CSC use already was."""
+    if scaler is None:
+        return []
+    if not getattr(scaler, "is_enabled", lambda: True)():
+        return [("enabled", False)]
+    values = [("scale", _plain(scaler.get_scale()))]
+    for key, getter, kind in (("growth_tracker", "_get_growth_tracker", int),
+                              ("growth_factor", "get_growth_factor", _plain),
+                              ("backoff_factor", "get_backoff_factor", _plain),
+                              ("growth_interval", "get_growth_interval", int)):
+        read = getattr(scaler, getter, None)
+        if callable(read):
+            values.append((key, kind(read())))
+    return values
+
+
+def note_caller(s, frame) -> None:
+    """Called by the wrapper's step() with its caller's frame: a GradScaler
+    stepping this optimizer (scaler.step(opt), without grad_scaler=) is
+    checked from the next round on, on every rank alike (every rank's
+    scaler skips or steps the same steps: Note [Loss scales agree])."""
+    if s.scaler is not None or getattr(s, "seen_scaler", None) is not None:
+        return
+    amp = getattr(torch, "amp", None)
+    kind = getattr(amp, "GradScaler", None)
+    for _ in range(3):  # GradScaler.step -> _maybe_opt_step -> (step wrappers: a scheduler's)
+        if frame is None or kind is None:
+            return
+        if frame.f_code.co_name in ("_maybe_opt_step", "step"):  # f_locals builds a dict: not every frame
+            me = frame.f_locals.get("self")
+            if isinstance(me, kind):
+                s.seen_scaler = me
+                return
+        frame = frame.f_back
 
 
 def _values(param_groups: Iterable[dict]) -> List[List[Any]]:
@@ -134,6 +193,9 @@ def restart_crc(s) -> None:
 def _restart_count(s) -> None:
     s.hyper_rounds = 0
     s.hyper_steps = 0
+    # Found again at the next step() on every rank alike: a newcomer or a
+    # rank that joined before any step() has not seen it (Note [Loss scales agree]).
+    s.seen_scaler = None
     restart_crc(s)
 
 
@@ -169,8 +231,12 @@ def begin_round(s, param_groups: List[dict]) -> None:
     values = _with_passes(_values(param_groups), s.bpps, frozen,
                           getattr(s, "hyper_steps", 0))
     s.hyper_crc = _tag.fold(s.hyper_crc, values)
+    scaler = scaler_values(getattr(s, "scaler", None) or getattr(s, "seen_scaler", None))
+    if scaler:  # Note [Loss scales agree]
+        s.hyper_crc = _tag.fold(s.hyper_crc, [scaler])
     s.hyper_rounds += 1
-    tag = _tag.tag(s.hyper_crc, values) if _tag.is_check_round(s.hyper_rounds) else ""
+    tag = _tag.tag(s.hyper_crc, values, scaler, "grad_scaler") \
+        if _tag.is_check_round(s.hyper_rounds) else ""
     if tag or s.step_tag:  # pools built since the last tagged round start untagged
         for pool in s.pools:
             _native.pool_set_step_tag(pool.id, tag)

@@ -142,6 +142,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 
 import torch
@@ -404,6 +405,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         s.unapplied = False
         _monitor.count_step()  # for gradflowrun --monitor
         _hyper_check.count_step(s)  # Note [Steps per round]
+        _hyper_check.note_caller(s, sys._getframe(1))  # Note [Loss scales agree]
         return super(self.__class__, self).step(closure)
 
     def _gradflow_closure(self, closure):

@@ -91,6 +91,7 @@ class _State:
         self.hook = None                          # the post-accumulate-grad hook (weakly bound)
         self.hyper_rounds = 0                     # reduction rounds counted by hyperparameter_check
         self.hyper_crc = 0                        # running CRC of the hyperparameters
+        self.seen_scaler = None                   # GradScaler stepping us (Note [Loss scales agree])
         self.step_tag = ""                        # this round's step tag (Note [Step tags]) or ""
 
 

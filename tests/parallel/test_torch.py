@@ -178,14 +178,15 @@ def test_torch_optimizer_hyperparameters_agreeing_raise_nothing(n):
     # gradflow/torch/hyperparameter_check.py: equal rates (schedules on every
     # path, averaged metrics, own keys, join(), a late broadcast) pass
     out = run_mpi(n, "torch_hyperparameter_script.py", "equal", timeout=240)
-    assert len(_oks(out, n)) == 6, out.stdout
+    assert len(_oks(out, n)) == 7, out.stdout
 
 
 @pytest.mark.parametrize("n,case", [(2, "plateau-pool"), (3, "plateau-pool"),
                                     (3, "transient-copy"), (2, "transient-groups"),
                                     (2, "transient-csc"), (2, "passes-pool"),
                                     (3, "passes-copy"), (2, "passes-groups"),
-                                    (3, "frozen-pool"), (2, "steps-copy")])
+                                    (3, "frozen-pool"), (2, "steps-copy"),
+                                    (2, "amp-pool"), (3, "ampseen-copy")])
 def test_torch_optimizer_hyperparameters_differing_between_ranks_fail_the_job(n, case):
     # Rank-local learning rates (ReduceLROnPlateau on each rank's own loss, or
     # one step's rate on one rank) fail the job on every rank through the
@@ -195,7 +196,9 @@ def test_torch_optimizer_hyperparameters_differing_between_ranks_fail_the_job(n,
     # frozen-pool: a layer frozen after wrapping on the last rank only (its
     # copy stayed put while the others moved theirs, silently); steps-copy: one
     # backward pass more on the last rank before a step() (rounds paired
-    # with the others' next step's: weights apart, a stall at the end)
+    # with the others' next step's: weights apart, a stall at the end);
+    # amp-pool / ampseen-copy: a GradScaler resumed with another scale on the
+    # last rank, given as grad_scaler= or not (weights apart silently before)
     out = run_mpi(n, "torch_hyperparameter_script.py", case, timeout=180, expect_fail=True,
                   mpi_args=("-disable-auto-cleanup",))
     for r in range(n):

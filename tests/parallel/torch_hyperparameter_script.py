@@ -5,8 +5,9 @@
 #     CSC and backward_passes_per_step=2 paths (a StepLR schedule moving the
 #     rate), nor with a metric averaged before ReduceLROnPlateau, a
 #     param-group key of the user's own that differs, join() with uneven
-#     step counts, or rates that differed before broadcast_optimizer_state;
-#     the weights end bitwise identical.
+#     step counts, rates that differed before broadcast_optimizer_state,
+#     or AMP GradScalers whose scales move alike; the weights end bitwise
+#     identical.
 #   plateau-<path> / transient-<path>: ReduceLROnPlateau stepped on each
 #     rank's own loss, or one step with another rate on the last rank only:
 #     with default timeouts every rank raises GradflowError within
@@ -20,6 +21,12 @@
 #     its rounds pair with the others' rounds of the next step; every rank
 #     raises at the 16th round, naming both step counts (before: weights
 #     apart silently, and a stall at the end of training).
+#   amp-<path> / ampseen-<path>: the last rank's GradScaler resumed with
+#     another scale (2^10, the others 2^16), given as grad_scaler= (amp) or
+#     not (ampseen: found stepping the optimizer): every rank raises at the
+#     16th round naming both scales (before: weights apart after the first
+#     step, silently). "equal" runs scalers that agree through growth and an
+#     overflow on one rank: nothing raised.
 #   passes-<path>: the last rank alone calls set_backward_passes_per_step(2)
 #     and accumulates 2 passes per step: every rank raises at the 16th
 #     round, naming both values (before, each reduction averaged one pass
@@ -43,12 +50,12 @@ PATHS = {"pool": {}, "copy": {"use_pool": False}, "groups": {"groups": 2},
          "csc": {"sparse_ratio": 0.5}, "bpps2": {"backward_passes_per_step": 2}}
 
 
-def wrapped(seed: int, name: str, path: str = "pool", **sgd):
+def wrapped(seed: int, name: str, path: str = "pool", grad_scaler=None, **sgd):
     m = mlp(seed=seed)
     o = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), **sgd),
                                  named_parameters=[(f"{name}.{n}", p)
                                                    for n, p in m.named_parameters()],
-                                 **PATHS[path])
+                                 grad_scaler=grad_scaler, **PATHS[path])
     return m, o
 
 
@@ -135,12 +142,56 @@ if CASE == "equal":
     assert at is None, msg
     assert_identical(m.parameters(), "frozen on every rank")
     ok("a layer frozen after wrapping on every rank raises nothing")
+
+    # AMP (Note [Loss scales agree]): scalers that agree raise nothing, given
+    # as grad_scaler= or only stepping the optimizer, while the scale grows
+    # (growth_interval=3) and backs off on an overflow seen on the last
+    # rank only (its loss is inf at step 7: the reduced gradient is inf on
+    # every rank, so every scaler skips that step and halves alike).
+    for given in (True, False):
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=3)
+        m, o = wrapped(7, f"amp_{given}", grad_scaler=scaler if given else None,
+                       lr=0.1, momentum=0.9)
+        scales = []
+
+        def amp_step(step):
+            o.zero_grad()
+            xb, yb = batch(X, Y, step, R, N, PER)
+            loss = F.cross_entropy(m(xb), yb) * (float("inf") if step == 7 and R == N - 1 else 1)
+            scaler.scale(loss).backward()
+            scaler.step(o)
+            scaler.update()
+            scales.append(scaler.get_scale())
+
+        at, msg = run(2 * CHECK_EVERY + 2, amp_step)
+        assert at is None, (given, msg)
+        assert scales[6:8] == [4096.0, 2048.0] and scales[-1] > 2.0 ** 12, scales  # grew, backed off
+        assert o._gradflow.seen_scaler is (None if given else scaler)
+        assert_identical(m.parameters(), f"AMP, grad_scaler given: {given}")
+    ok("GradScalers whose scales move alike raise nothing, given or not")
     sys.exit(0)
 
 kind, path = CASE.split("-")
-m, o = wrapped(2, f"{kind}_{path}", path, lr=0.1, momentum=0.9)
+# amp / ampseen: the last rank's GradScaler resumed with another scale
+# (2^10, the others 2^16), given as grad_scaler= or only stepping the optimizer
+scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** (10 if R == N - 1 else 16))
+m, o = wrapped(2, f"{kind}_{path}", path, grad_scaler=scaler if kind == "amp" else None,
+               lr=0.1, momentum=0.9)
 t0 = time.monotonic()
-if kind == "plateau":
+if kind.startswith("amp"):  # Note [Loss scales agree] (hyperparameter_check.py)
+    def amp_step(step):
+        o.zero_grad()
+        xb, yb = batch(X, Y, step, R, N, PER)
+        scaler.scale(F.cross_entropy(m(xb), yb)).backward()
+        scaler.step(o)
+        scaler.update()
+
+    at, msg = run(3 * CHECK_EVERY, amp_step)
+    assert at == CHECK_EVERY - 1, (at, msg)
+    assert msg.count("now grad_scaler: scale=65536.0, growth_tracker=15,") + \
+        msg.count("now grad_scaler: scale=1024.0, growth_tracker=15,") == 2, msg
+    assert msg.count("; group 0: lr=0.1,") == 2, msg
+elif kind == "plateau":
     sched = torch.optim.lr_scheduler.ReduceLROnPlateau(o, patience=0, factor=0.5)
     at, msg = run(4 * CHECK_EVERY,
                   lambda step: sched.step(train_step(m, o, step) * (1 + R * (step % 2))))
@@ -183,7 +234,7 @@ else:
 took = time.monotonic() - t0
 assert "the ranks' optimizer hyperparameters differ: rank 0 submitted allreduce" in msg, msg
 assert f"but rank {N - 1} as part of {{hyperparameters #" in msg or kind == "plateau", msg
-assert msg.count("now group 0: lr=") == 2, msg
+assert msg.count("now group 0: lr=") == 2 or kind.startswith("amp"), msg
 assert took < 60, f"the error came after {took:.1f} s"
 sys.stdout.write(f"{kind} on the {path} path raised on rank {R} of {N}\n")  # one write
 sys.stdout.flush()

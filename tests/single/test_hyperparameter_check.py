@@ -1,6 +1,8 @@
 # test_hyperparameter_check.py — the torch hyperparameter check's folding
 # (gradflow/torch/hyperparameter_check.py), without ranks: which values count
 # as equal, which keys are compared, and the tag of a check round.
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -65,3 +67,55 @@ def test_description_is_bounded():
 def test_key_order_does_not_matter():
     g = group(eps=1e-8, alpha=0.99)
     assert hc.fold(0, [dict(reversed(list(g[0].items())))]) == hc.fold(0, g)
+
+
+class _FakeState:  # what begin_round and note_caller read of the optimizer's _State
+    solo, pools, bpps, prefix, names, params, scaler = False, [], 1, "", [], [], None
+
+
+def _check_tag(scaler=None, seen=None):
+    s = _FakeState()
+    hc.reset(s)
+    s.scaler = scaler
+    for _ in range(hc.CHECK_EVERY):
+        s.seen_scaler = seen  # reset() clears it; the wrapper's step() finds it
+        hc.begin_round(s, group())
+    return s.hyper_crc, s.step_tag
+
+
+def test_grad_scaler_state_is_checked_and_shown_first():
+    # Note [Loss scales agree]: the scale (and growth state) of grad_scaler=,
+    # or of the GradScaler found stepping the optimizer, is folded and shown
+    # before the param groups (the 240-character cut never hides it)
+    crc, tag = _check_tag()
+    assert "grad_scaler" not in tag
+    a = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    b = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    crc_a, tag_a = _check_tag(scaler=a)
+    assert "now grad_scaler: scale=65536.0, growth_tracker=0, growth_factor=2.0, " \
+           "backoff_factor=0.5, growth_interval=2000; group 0: lr=0.1" in tag_a, tag_a
+    assert len({crc, crc_a, _check_tag(scaler=b)[0]}) == 3
+    assert _check_tag(seen=a) == (crc_a, tag_a)
+    assert "grad_scaler: enabled=False;" in _check_tag(
+        scaler=torch.amp.GradScaler("cpu", enabled=False))[1]
+
+
+def test_a_grad_scaler_stepping_the_optimizer_is_found():
+    s = _FakeState()
+    hc.reset(s)
+    scaler = torch.amp.GradScaler("cpu")
+
+    class Opt(torch.optim.SGD):
+        def step(self, closure=None):
+            hc.note_caller(s, sys._getframe(1))
+            return super().step(closure)
+
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = Opt([p], lr=0.1)
+    opt.step()  # not through a scaler: nothing found
+    assert s.seen_scaler is None
+    scaler.scale(p.sum()).backward()
+    scaler.step(opt)
+    assert s.seen_scaler is scaler
+    hc._after_join()  # found again after join() on every rank alike
+    assert s.seen_scaler is None
