@@ -274,6 +274,16 @@ def barrier(process_set: Optional[ProcessSet] = None) -> None:
 # must agree across ranks start again there (the torch hyperparameter check's).
 after_join: List[Callable[[], None]] = []
 
+# Note [Join reports]: what a rank learned while others had joined reaches
+# them with join() itself, at no extra traffic: each report's value() (an
+# int >= 0) rides after the auto-name counts, and the core returns the
+# maximum over ranks (as for the counts; a shorter list counts as zeros).
+# check(maximum), after the after_join callbacks, may raise on every rank;
+# note() is added to a failed join()'s error on this rank (a peer that ended
+# while this rank was joined). The torch optimizer's sparse gradients use it
+# (Note [Sparse gradients and join], gradflow/torch/sparse_join.py).
+join_reports: List[Any] = []
+
 
 def join() -> int:
     """Declare this rank done: until every rank has joined it contributes
@@ -288,10 +298,22 @@ def join() -> int:
 
     autotune.stop_for_join()  # the search needs every rank stepping
     name = auto_name(JOIN, None)
-    r = submit(JOIN, name, 0, 0, _dtypes.UINT8, [0], (), splits=auto_name_counts()).wait()
-    advance_auto_names(r["recv_splits"])
+    counts, reports = auto_name_counts(), list(join_reports)
+    try:
+        r = submit(JOIN, name, 0, 0, _dtypes.UINT8, [0], (),
+                   splits=counts + [int(rep.value()) for rep in reports]).wait()
+    except GradflowError as e:  # Note [Join reports]
+        notes = "".join(rep.note() for rep in reports)
+        if notes:
+            raise GradflowError(f"{e}{notes}") from e
+        raise
+    got = [int(v) for v in r["recv_splits"]]
+    advance_auto_names(got[:len(counts)])
     for callback in after_join:
         callback()
+    got += [0] * (len(counts) + len(reports) - len(got))
+    for rep, maximum in zip(reports, got[len(counts):]):
+        rep.check(maximum)
     return int(r["shape"][0])
 
 

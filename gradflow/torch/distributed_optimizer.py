@@ -96,7 +96,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       gradients carry: the residual is then kept in unscaled units (the
       reduced gradient still comes back scaled, for scaler.unscale_). Without
       it the residual holds gradients at the loss scale of the step that
-      produced them. Ignored without CSC.
+      produced them. Without CSC only the hyperparameter check (below) reads it.
     use_pool: lazy allreduce over a contiguous gradient pool (zero copy).
     bucket_mb: pool bucket size in MiB (None: GRADFLOW_POOL_BUCKET_BYTES, 8 MiB);
       the variable's limits apply: at least 4096 bytes (0.00390625 MiB).
@@ -114,6 +114,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       contributing an empty one, and any other parameter is reduced dense
       (an embedding no rank used in the first step included: its sparse
       gradients are densified, so SparseAdam would then see dense ones).
+      Allgathers cannot run while a rank has joined: with join(), pass
+      sparse_as_dense=True (else the ranks still training fail those steps,
+      and the next join() raises on every rank: sparse_join.py).
     op=Adasum: each gradient is Adasum-combined, then the wrapped step runs
       (Horovod Adasum-combines the wrapped step's deltas instead: the same for
       plain SGD, not for momentum/Adam; docs/horovod_compat.md). Copy path
@@ -126,7 +129,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       average the metric first). So does a parameter frozen after wrapping
       (requires_grad=False) on some ranks only, and a rank whose step() count
       differs at the same reduction round (an extra backward pass before a
-      step(), or a step() skipped after its reduction, on some ranks only).
+      step(), or a step() skipped after its reduction, on some ranks only),
+      and so does an AMP GradScaler whose scale (or growth state) differs
+      between ranks (one resumed from a checkpoint on rank 0 only): the one
+      given as grad_scaler=, else the one found calling step()
+      (scaler.step(opt)), from the step after.
     Gradients assigned by hand (param.grad set from torch.autograd.grad or
       functorch, no backward) are reduced in step(), as Horovod's
       synchronize() reduces them. step() with neither a backward nor an

@@ -125,7 +125,18 @@ class SparseHandle:
         return self.indices.poll() and self.values.poll()
 
     def wait(self) -> torch.Tensor:
-        idx, val = self.indices.wait(), self.values.wait()
+        # Both are waited even when the first fails (a refusal while a rank
+        # has joined fails both): the values allgather left in flight made
+        # the next step's submission of its name fail ("submitted twice").
+        try:
+            idx = self.indices.wait()
+        except BaseException:
+            try:
+                self.values.wait()
+            except BaseException:  # noqa: BLE001 - the indices' error says it first
+                pass
+            raise
+        val = self.values.wait()
         if self.op == Average:
             val = val / self.members
         out = torch.sparse_coo_tensor(idx.t(), val, self.like.shape, dtype=self.like.dtype,

@@ -55,6 +55,7 @@ from .._runtime import ALLGATHER, ALLREDUCE, GradflowError
 from .._withdrawal import withdraw
 from . import hyperparameter_check as _hyper_check
 from . import optimizer_residual as _residual
+from . import sparse_join as _sparse_join
 from .optimizer_autotune import after_synchronize as _autotune_step
 from .optimizer_groups import GroupTracker, flush_groups
 from .optimizer_state import (agree_layout, build_pools, clear_padding, destroy_pools,
@@ -145,6 +146,7 @@ def synchronize(opt) -> None:
         if not p.requires_grad:
             p.grad = None
     if errors:
+        _sparse_join.REPORT.record(s, errors)  # Note [Sparse gradients and join]
         _forget_step(opt, succeeded)
         raise errors[0]
     _clear_counts(s)

@@ -77,6 +77,9 @@ def test_join_with_distributed_optimizer(n):
     pytest.importorskip("torch")
     out = run_mpi(n, "join_torch_script.py", timeout=150)
     assert f"join optimizer OK on {n} ranks" in out.stdout
+    # sparse gradients: every rank's join() names the cause (Note [Sparse
+    # gradients and join]); before, the joined rank's returned silently
+    assert out.stdout.count("join with sparse gradients OK") == n, out.stdout
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

@@ -72,3 +72,39 @@ def test_torch_imported_only_under_gradflow_torch():
     assert not offenders, offenders
 
 
+
+
+def test_sparse_join_report(monkeypatch):
+    # Note [Sparse gradients and join] (gradflow/torch/sparse_join.py): a step
+    # refused because a rank had joined is reported with the next join() (the
+    # value rides on it), every rank raises when it returns, and a failed
+    # join() on a rank whose optimizer allgathers sparse gradients says why
+    from gradflow import collectives
+    from gradflow._runtime import GradflowError
+    from gradflow.torch import optimizer_state, sparse_join
+
+    class S:  # what the report reads of an optimizer's _State
+        sparse_as_dense, solo, prefix = False, False, "DistributedOptimizer7"
+        names, sparse = ["DistributedOptimizer7.emb.weight", "DistributedOptimizer7.b"], {0: 1}
+
+    rep = sparse_join._Report()
+    assert sparse_join.REPORT in collectives.join_reports
+    rep.record(S(), [GradflowError("gradflow: allgather 'x' failed: boom")])
+    assert rep.value() == 0
+    rep.check(0)  # nothing reported anywhere
+    monkeypatch.setattr(sparse_join, "rank", lambda: 4)  # this rank, without a runtime
+    rep.record(S(), [GradflowError("allgather 'DistributedOptimizer7.emb.weight.indices' "
+                                   "cannot run while rank 1 has called join() (only "
+                                   "allreduce can; ...")])
+    assert rep.value() == 5  # 1 + this rank
+    with pytest.raises(GradflowError, match="rank 2 among them.*sparse_as_dense=True"):
+        rep.check(3)
+    assert rep.value() == 0  # reset at every join()
+    s = S()
+    optimizer_state._LIVE.add(s)
+    try:
+        assert "DistributedOptimizer7 ('emb.weight',) allgathers sparse gradients" in rep.note()
+        s.sparse_as_dense = True
+        assert "DistributedOptimizer7" not in rep.note()
+    finally:
+        optimizer_state._LIVE.discard(s)
