@@ -72,7 +72,7 @@ class _Report:
         if not names:
             return ""
         return (" (this rank's " + ", ".join(names) + " allgathers sparse gradients, which "
-                "cannot run while a rank has joined: a step the other ranks ran after this "
+                "cannot run while a rank has joined: any step the other ranks ran after this "
                 "rank joined failed there; pass sparse_as_dense=True to DistributedOptimizer "
                 "to use join() with sparse gradients)")
 
