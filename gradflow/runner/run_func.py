@@ -7,12 +7,24 @@
 
 How it works: the function and its arguments are pickled (with cloudpickle
 when installed, so lambdas, closures and functions of ``__main__`` travel
-by value, as under Horovod) into a fresh temporary directory; gradflowrun
-starts ``python -m gradflow.runner.run_task <dir>`` on every rank; each
-rank unpickles and calls the function and writes its return value (or its
-traceback) into the directory; the driver waits for the job and returns
-the values in rank order. The job's output goes to this process's
-``sys.stdout`` / ``sys.stderr`` line by line (so a notebook shows it).
+by value, as under Horovod) into a fresh temporary directory, beside this
+process's ``sys.path`` (the ranks add its entries they lack, so a module
+next to the driver script imports there too, whatever the working
+directory); gradflowrun starts ``python -m gradflow.runner.run_task <dir>``
+on every rank; each rank unpickles and calls the function and writes its
+return value (or its traceback) into the directory; the driver waits for
+the job and returns the values in rank order. A function that ends with
+``sys.exit(0)`` / ``sys.exit()`` returns None (Horovod: ``""``).
+
+Output: when ``sys.stdout`` / ``sys.stderr`` are this process's own
+streams, gradflowrun writes to them directly (exactly as on the command
+line: a terminal keeps animated progress bars); when they were replaced (a
+notebook, a StringIO) the job's output is copied into them, carriage
+returns kept.
+
+Called inside a rank of a running job (an MPI rank's variables set), it
+raises RuntimeError: a job inside a job is almost always a script with a
+``horovod.run`` branch launched under gradflowrun by mistake.
 
 Limits, said plainly: the ranks must run on this machine (the directory is
 local; ``hosts``/``hostfile`` may name only this machine's aliases), and
@@ -22,6 +34,7 @@ anything starts. Gloo does not exist in gradflow (``use_gloo=True`` raises).
 """
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import shutil
@@ -34,9 +47,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
 
 from . import hosts as _hosts
 
-PAYLOAD_FILE = "payload.pkl"  # (func, args, kwargs), pickled
+PAYLOAD_FILE = "payload.pkl"  # (driver's sys.path, pickled (func, args, kwargs)), pickled
 RESULT_FILE = "result.{rank}.pkl"  # one rank's return value, pickled
 ERROR_FILE = "error.{rank}.txt"  # one rank's traceback
+UNPICKLABLE_FILE = "unpicklable.{rank}.txt"  # why one rank's return value cannot be pickled
+# Set on a rank by MPI launchers (rank_wrapper.RANK_ENV_VARS less SLURM_PROCID,
+# which any srun step has, driver or not) and by gradflowrun itself.
+RANK_MARKERS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "GRADFLOWRUN_STATUS_DIR")
 
 
 def _pickler() -> Any:
@@ -61,8 +78,32 @@ def _local_only(hosts: Optional[str], hostfile: Optional[str]) -> None:
                          f"gradflowrun with a script there")
 
 
-def _forward(stream: TextIO, to: Callable[[], TextIO]) -> None:
-    for line in stream:
+def _not_in_a_rank() -> None:
+    """RuntimeError when this process is a rank of a running job."""
+    marker = next((m for m in RANK_MARKERS if m in os.environ), None)
+    if marker is not None:
+        raise RuntimeError(
+            f"gradflow.runner.run was called inside a rank of a running job ({marker} is set): "
+            f"it starts a job of its own, so call it from a plain Python process (python "
+            f"script.py, a notebook), not from a script run by gradflowrun / mpiexec / "
+            f"horovod.run; under gradflowrun, run the function directly instead")
+
+
+def _own_stream(stream: TextIO, original: Optional[TextIO]) -> Optional[int]:
+    """The file descriptor gradflowrun may write to directly, or None when the
+    stream was replaced (notebook, StringIO) and its output must be copied."""
+    if stream is not original or stream is None:
+        return None
+    try:
+        stream.flush()  # what this process printed comes first
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _forward(stream: Any, to: Callable[[], TextIO]) -> None:
+    # newline="": a progress bar's "\r" stays "\r" (a notebook redraws the line)
+    for line in io.TextIOWrapper(stream, encoding="utf-8", errors="replace", newline=""):
         out = to()
         out.write(line)
         out.flush()
@@ -101,6 +142,13 @@ def _results(workdir: str, num_proc: int, returncode: int) -> List[Any]:
         also = f" (ranks {others} raised too)" if others else ""
         raise RuntimeError(f"gradflow.runner.run: the function raised on rank {first}{also}; "
                            f"its traceback:\n{errors[first][1]}")
+    for rank in range(num_proc):
+        path = os.path.join(workdir, UNPICKLABLE_FILE.format(rank=rank))
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                raise RuntimeError(f"gradflow.runner.run: rank {rank}'s function returned a value "
+                                   f"that cannot be pickled, so it cannot be sent back: "
+                                   f"{f.read()}")
     if returncode != 0:
         raise RuntimeError(f"gradflow.runner.run: the job failed with exit code {returncode} "
                            f"(no rank's function raised; gradflowrun's output above says which "
@@ -110,14 +158,14 @@ def _results(workdir: str, num_proc: int, returncode: int) -> List[Any]:
         path = os.path.join(workdir, RESULT_FILE.format(rank=rank))
         if not os.path.exists(path):
             raise RuntimeError(f"gradflow.runner.run: the job succeeded but rank {rank} left no "
-                               f"result (did the function end its process, e.g. sys.exit(0)?)")
+                               f"result (did the function end its process, e.g. os._exit()?)")
         with open(path, "rb") as f:
             values.append(pickle.load(f))
     return values
 
 
 def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict[str, Any]] = None,
-        num_proc: Optional[int] = None, min_num_proc: Optional[int] = None,
+        num_proc: int = 1, min_num_proc: Optional[int] = None,
         max_num_proc: Optional[int] = None, slots: Optional[int] = None,
         reset_limit: Optional[int] = None, cooldown_range: Optional[Sequence[int]] = None,
         hosts: Optional[str] = None, hostfile: Optional[str] = None,
@@ -140,12 +188,11 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dic
     ``["--sparse-ratio", "0.01"]``). ``disable_cache`` changes nothing
     (gradflowrun caches no checks). Ranks run on this machine only, and
     elastic arguments are refused (``ValueError``): see the module docstring."""
-    if np is not None:
+    if np is not None:  # as Horovod: np counts unless num_proc was changed from 1
         warnings.warn("np is deprecated, use num_proc instead", DeprecationWarning, stacklevel=2)
-        num_proc = np if num_proc is None else num_proc
+        num_proc = np if num_proc == 1 else num_proc
     min_num_proc = min_np if min_num_proc is None else min_num_proc
     max_num_proc = max_np if max_num_proc is None else max_num_proc
-    num_proc = 1 if num_proc is None else num_proc
     if not callable(func):
         raise TypeError(f"gradflow.runner.run: func must be callable, got {type(func).__name__}")
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
@@ -160,6 +207,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dic
         raise ValueError("gradflow.runner.run: gradflow runs over MPI only (use_gloo=True)")
     del disable_cache, use_mpi  # MPI is the only controller; nothing is cached
     _local_only(hosts, hostfile)
+    _not_in_a_rank()
     workdir = tempfile.mkdtemp(prefix="gradflow-run-")
     try:
         try:
@@ -168,16 +216,17 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dic
             raise ValueError(f"gradflow.runner.run: cannot pickle the function or its arguments "
                              f"({type(e).__name__}: {e})") from e
         with open(os.path.join(workdir, PAYLOAD_FILE), "wb") as f:
-            f.write(payload)
+            pickle.dump(([p for p in sys.path if isinstance(p, str)], payload), f)
         argv = _command(workdir, num_proc, hosts, hostfile, start_timeout, mpi_args,
                         output_filename, verbose, network_interface, ssh_port,
                         ssh_identity_file, executable, extra_args)
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                errors="replace", bufsize=1)
-        pumps = [threading.Thread(target=_forward, args=(proc.stdout, lambda: sys.stdout),
-                                  daemon=True),
-                 threading.Thread(target=_forward, args=(proc.stderr, lambda: sys.stderr),
-                                  daemon=True)]
+        out_fd = _own_stream(sys.stdout, sys.__stdout__)
+        err_fd = _own_stream(sys.stderr, sys.__stderr__)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE if out_fd is None else out_fd,
+                                stderr=subprocess.PIPE if err_fd is None else err_fd)
+        pumps = [threading.Thread(target=_forward, args=(pipe, to), daemon=True)
+                 for pipe, to in ((proc.stdout, lambda: sys.stdout),
+                                  (proc.stderr, lambda: sys.stderr)) if pipe is not None]
         for t in pumps:
             t.start()
         try:

@@ -10,13 +10,22 @@ import sys
 import traceback
 
 from .rank_wrapper import detect_rank
-from .run_func import ERROR_FILE, PAYLOAD_FILE, RESULT_FILE, _pickler
+from .run_func import ERROR_FILE, PAYLOAD_FILE, RESULT_FILE, UNPICKLABLE_FILE, _pickler
 
 
 def _write(path: str, data: bytes) -> None:
     with open(path + ".tmp", "wb") as f:  # atomic: the driver never reads half a file
         f.write(data)
     os.replace(path + ".tmp", path)
+
+
+def _call(func, args, kwargs):
+    try:
+        return func(*args, **kwargs)
+    except SystemExit as e:
+        if e.code:  # sys.exit(3), sys.exit("message"): a failure, as in a script
+            raise
+        return None  # sys.exit(0) / sys.exit(): the function finished (Horovod: "run finished.")
 
 
 def main(workdir: str) -> int:
@@ -28,13 +37,22 @@ def main(workdir: str) -> int:
         return 1
     try:
         with open(payload, "rb") as f:
-            func, args, kwargs = pickle.load(f)  # (cloudpickle's output loads with pickle)
-        value = func(*args, **kwargs)
-        data = _pickler().dumps(value)
+            driver_path, pickled = pickle.load(f)
+        # What the driver imports by name (a module beside its script), the
+        # rank must import too: add the driver's sys.path entries it lacks, last.
+        sys.path.extend(p for p in driver_path if p not in sys.path)
+        func, args, kwargs = pickle.loads(pickled)  # (cloudpickle's output loads with pickle)
+        value = _call(func, args, kwargs)
     except BaseException:
         _write(os.path.join(workdir, ERROR_FILE.format(rank=rank)),
                traceback.format_exc().encode("utf-8", "replace"))
         raise  # gradflowrun names this rank and tells the others
+    try:
+        data = _pickler().dumps(value)
+    except Exception as e:  # the job itself succeeded: say so, and what could not travel
+        _write(os.path.join(workdir, UNPICKLABLE_FILE.format(rank=rank)),
+               f"{type(value).__name__} ({type(e).__name__}: {e})".encode("utf-8", "replace"))
+        return 1
     _write(os.path.join(workdir, RESULT_FILE.format(rank=rank)), data)
     return 0
 

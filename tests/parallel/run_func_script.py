@@ -2,19 +2,30 @@
 # gradflow.runner.run (Horovod's horovod.run) from Python, which launches
 # jobs of its own, and checks every rank's return value against numpy /
 # plain torch. argv[1]: numpy | torch | compat (horovod.run through the
-# compatibility shim, which must be on PYTHONPATH). Prints "<case> OK" per case.
+# compatibility shim, which must be on PYTHONPATH) | sleep (Ctrl-C: a job that
+# never ends, the test interrupts it). Prints "<case> OK" per case.
+import argparse
+import io
+import os
 import sys
 import warnings
+
+import _launch  # beside this script: imported by the ranks through the driver's sys.path
 
 import numpy as np
 
 CASE = sys.argv[1]
 
 
+SCALE = 2.0  # a module global of __main__, read by habits() on the ranks
+
+
 def summed(scale, offset=0.0):
-    """Each rank's allreduce of arange(5) * (rank + 1) * scale, plus offset."""
+    """Each rank's allreduce of arange(5) * (rank + 1) * scale, plus offset
+    (scale: a number, or an argparse Namespace with .scale, as the examples pass)."""
     import gradflow as gf
     gf.init()
+    scale = getattr(scale, "scale", scale)
     out = gf.allreduce(np.arange(5, dtype=np.float32) * (gf.rank() + 1) * scale, op=gf.Sum)
     rank = gf.rank()
     gf.shutdown()
@@ -27,6 +38,42 @@ def raises_on_rank_1():
     if gf.rank() == 1:
         raise KeyError("boom on rank 1")
     gf.allreduce(np.ones(2, np.float32), name="never")
+
+
+def habits():
+    """What users' functions do: print (a progress bar's carriage return
+    too), read __main__'s globals, a module found through the driver's
+    sys.path and GRADFLOW_* settings; rank 0 ends with sys.exit()."""
+    import gradflow as gf
+    gf.init()
+    print(f"bar {gf.rank()} 1/2\rbar {gf.rank()} 2/2", flush=True)
+    seen = (SCALE, os.path.basename(_launch.HERE), os.environ.get("GRADFLOW_CYCLE_TIME"),
+            os.environ.get("GRADFLOW_FUSION_THRESHOLD"))
+    rank = gf.rank()
+    gf.shutdown()
+    if rank == 0:
+        sys.exit()
+    return seen
+
+
+def unpicklable_on_rank_1():
+    import threading
+    import gradflow as gf
+    gf.init()
+    return threading.Lock() if gf.rank() == 1 else 0
+
+
+def nested():
+    from gradflow.runner import run
+    return run(summed, args=(1.0,), num_proc=2)
+
+
+def sleeper():
+    import time
+    import gradflow as gf
+    gf.init()
+    print(f"sleeping {os.getpid()}", flush=True)
+    time.sleep(120)
 
 
 def train_torch(steps):
@@ -69,8 +116,9 @@ def reference_torch(steps, n):
 
 if CASE == "numpy":
     from gradflow.runner import run
-    for n in (2, 3):
-        got = run(summed, args=(2.0,), kwargs={"offset": 1.0}, num_proc=n)
+    for n in (2, 3):  # the examples' habits: argparse args, hosts, verbose=2
+        got = run(summed, args=(argparse.Namespace(scale=2.0),), kwargs={"offset": 1.0},
+                  num_proc=n, hosts=f"localhost:{n}", verbose=2)
         want = np.arange(5, dtype=np.float32) * 2.0 * sum(range(1, n + 1)) + 1.0
         assert [r for r, _ in got] == list(range(n)), got  # index = rank
         for _, v in got:
@@ -88,9 +136,34 @@ if CASE == "numpy":
     base = 40
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert run(lambda: base + 2, np=2) == [42, 42]  # a closure: cloudpickle by value
+        # a closure (cloudpickle by value); np counts when num_proc is 1, as in Horovod
+        assert run(lambda: base + 2, num_proc=1, np=2) == [42, 42]
     assert any(issubclass(w.category, DeprecationWarning) for w in caught), caught
     print("lambda OK", flush=True)
+    os.environ["GRADFLOW_CYCLE_TIME"] = "7"  # the driver's settings reach the ranks
+    real, sys.stdout = sys.stdout, io.StringIO()  # a notebook's replaced stdout
+    try:
+        got = run(habits, num_proc=2, extra_args=["--fusion-threshold-mb", "2"])
+        shown = sys.stdout.getvalue()
+    finally:
+        sys.stdout = real
+    assert got == [None, (2.0, "parallel", "7", str(2 << 20))], got
+    assert "[1]<stdout>: bar 1 1/2\r" in shown and "[1]<stdout>: bar 1 2/2\n" in shown, shown
+    print("habits OK", flush=True)
+    try:
+        run(unpicklable_on_rank_1, num_proc=2)
+    except RuntimeError as e:
+        assert "rank 1's function returned a value that cannot be pickled" in str(e), str(e)
+        assert "lock" in str(e), str(e)
+    else:
+        raise AssertionError("no error for a return value that cannot be pickled")
+    try:
+        run(nested, num_proc=2)
+    except RuntimeError as e:
+        assert "raised on rank" in str(e) and "inside a rank of a running job" in str(e), str(e)
+    else:
+        raise AssertionError("no error for run() inside a rank")
+    print("unpicklable nested OK", flush=True)
     import threading
     for kwargs, text in (({"num_proc": 0}, "positive int"),
                          ({"num_proc": 2, "hosts": "localhost:1,nosuchhost-gf:1"},
@@ -115,6 +188,9 @@ elif CASE == "torch":
                 assert p.tobytes() == q.tobytes(), "ranks differ"
                 np.testing.assert_allclose(p, w, rtol=1e-5, atol=1e-6)
         print(f"torch {n} OK", flush=True)
+elif CASE == "sleep":
+    from gradflow.runner import run
+    run(sleeper, num_proc=2)
 elif CASE == "compat":
     import horovod  # the compatibility shim (PYTHONPATH)
     assert horovod.__version__ == "0.28.1", horovod.__version__

@@ -2,10 +2,15 @@
 new ranks, their return values back in rank order (run_func_script.py is
 the driver; each case launches its own jobs). Values against numpy and
 plain torch, ranks bitwise alike, at 2 and 3 ranks; a rank that raises, and
-the refused arguments, with default settings."""
+the refused arguments, with default settings; users' habits (argparse
+args, hosts, verbose=2, __main__ globals, sys.exit(), a replaced stdout,
+GRADFLOW_* settings, extra_args), a value that cannot be pickled, run()
+inside a rank, Ctrl-C."""
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -25,7 +30,8 @@ def drive(case, env=None, timeout=240):
 
 def test_values_errors_and_refusals():
     out = drive("numpy")
-    for line in ("values 2 OK", "values 3 OK", "raises OK", "lambda OK", "refusals OK"):
+    for line in ("values 2 OK", "values 3 OK", "raises OK", "lambda OK", "habits OK",
+                 "unpicklable nested OK", "refusals OK"):
         assert line in out, out
 
 
@@ -39,3 +45,30 @@ def test_horovod_run_in_compatibility_mode():
     env = rank_env()
     env["PYTHONPATH"] = SHIM + os.pathsep + env.get("PYTHONPATH", "")
     assert "compat OK" in drive("compat", env)
+
+
+def test_ctrl_c_in_the_driver_ends_the_ranks():
+    """A notebook's interrupt reaches the driver only: the job must end,
+    its ranks with it, and KeyboardInterrupt comes back."""
+    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "run_func_script.py"), "sleep"],
+                            env=rank_env(), cwd=run_cwd(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        pids = []
+        deadline = time.monotonic() + 120
+        while len(pids) < 2 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()[-3000:]
+            if "sleeping" in line:
+                pids.append(int(line.split()[-1]))
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-3000:]
+    for pid in pids:  # the ranks are gone (a zombie's /proc entry says Z)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                assert f.read().split()[2] == "Z", f"rank pid {pid} still runs"
+        except FileNotFoundError:
+            pass
