@@ -151,8 +151,8 @@ def _results(workdir: str, num_proc: int, returncode: int) -> List[Any]:
                                    f"{f.read()}")
     if returncode != 0:
         raise RuntimeError(f"gradflow.runner.run: the job failed with exit code {returncode} "
-                           f"(no rank's function raised; gradflowrun's output above says which "
-                           f"rank ended and why)")
+                           f"and no rank's function raised: gradflowrun's output above says why "
+                           f"(a rank that ended, or an argument it refused)")
     values = []
     for rank in range(num_proc):
         path = os.path.join(workdir, RESULT_FILE.format(rank=rank))
