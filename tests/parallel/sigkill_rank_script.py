@@ -10,7 +10,9 @@ while the others compute outside gradflow (gradflowrun's grace period stops
 them), "alloc<D>" (two-sync: the victim submits the first allreduce on
 the second window and dies D s later, so that its death may land inside the
 window's creation, an MPI call without deadline on the survivors: Note
-[Blocking MPI calls] in native/mpi_comm.h). argv[3] is the reduction, "sum" (default) or "adasum". Prints "rank
+[Blocking MPI calls] in native/mpi_comm.h); "alloc-exit<D>" the same with
+os._exit(3) in place of SIGKILL (plain mpiexec: hydra kills every rank after
+a signal death, even with -disable-auto-cleanup). argv[3] is the reduction, "sum" (default) or "adasum". Prints "rank
 V: SIGKILL at <epoch>" and "rank R raised at <epoch> after T s ...": the
 test checks the times and exit codes."""
 import os
@@ -30,13 +32,17 @@ BIG = 16 << 20  # float32 elements: 64 MiB
 
 gf.init()
 R = gf.rank()
-ALLOC_DELAY = float(MODE[5:]) if MODE.startswith("alloc") else None
+EXIT_3 = MODE.startswith("alloc-exit")
+ALLOC_DELAY = float(MODE[10 if EXIT_3 else 5:]) if MODE.startswith("alloc") else None
 x = np.ones(BIG if MODE in ("mid", "inside") or ALLOC_DELAY is not None else 4, np.float32)
 gf.allreduce(x, op=OP, name="warmup")  # everyone is up (and the big path is warm)
 gf.barrier()
 
 
 def die() -> None:
+    if EXIT_3:
+        print(f"rank {R}: exit 3 at {time.time():.3f}", flush=True)
+        os._exit(3)
     print(f"rank {R}: SIGKILL at {time.time():.3f}", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 

@@ -139,26 +139,63 @@ def check_sigkill(r, ended, n, victim, mode):
 # no deadline, after create_window's deadline barrier) left the survivors'
 # loop threads inside MPI, their waits unfailed until gradflowrun's grace
 # period killed them (the Open MPI CI flake of [3-1-mid-two-sync]; MPICH: 3
-# runs in 4 with a kill 20 ms after the submit). Now gradflowrun's notice
-# gives that call up (Note [Blocking MPI calls], native/mpi_comm.h). The
-# delay that lands inside depends on the machine: each run is checked in
-# full and the next delay tried until one survivor names the call.
-ALLOC_KILL_DELAYS = (0.025, 0.02, 0.03, 0.015, 0.035, 0.01)
+# runs in 4 with a kill 20 ms after the submit) or, without gradflowrun, for
+# good. Now gradflowrun's notice, or a waiter at GRADFLOW_TIMEOUT, gives
+# that call up (Note [Blocking MPI calls], native/mpi_comm.h). The delay
+# (victim's submit to death) that lands inside depends on the machine
+# (MPICH here: 20-35 ms, Open MPI 30-50 ms), so it is searched: each run is
+# checked in full, and a death the survivors met before the call (in
+# negotiation or create_window's barrier) makes the next delay longer, one
+# met after it shorter, until a survivor names the call.
+def window_creation_runs(run_once, called):
+    """run_once(delay) -> survivors' stdout (checked by the caller); stops
+    when `called` is in it; fails after 8 runs."""
+    lo, hi, delay, seen = 0.0, None, 0.025, []
+    for _ in range(8):
+        out = run_once(delay)
+        if called in out:
+            return
+        said = "; ".join(re.findall(r"raised .*", out))
+        seen.append(f"{delay * 1e3:.1f} ms: {said}")
+        if "in negotiation" in said or "in create_window" in said:
+            lo = delay  # died before the call
+        else:
+            hi = delay
+        delay = (lo + hi) / 2 if hi is not None else delay * 2
+    pytest.fail("no death inside the window's creation:\n" + "\n".join(seen))
 
 
 def test_sigkill_inside_window_creation():
-    seen = []
-    for delay in ALLOC_KILL_DELAYS:
-        r, ended = sigkill_run(3, 1, f"alloc{delay}", "two-sync")
+    def run_once(delay):
+        r, ended = sigkill_run(3, 1, f"alloc{delay:.4f}", "two-sync")
         check_sigkill(r, ended, 3, 1, "mid")
-        inside = re.findall(r"^\[\d\]<stdout>: rank \d raised .* in allreduce op\.0: gradflow: "
-                            r"stopped waiting for the other ranks in (MPI_Win_allocate\w*) "
-                            r"\(two-sync window creation\): gradflowrun reports that rank 1 was "
-                            r"killed by SIGKILL$", r.stdout, re.M)
-        if inside:
-            return
-        seen.append(f"{delay} s: " + "; ".join(re.findall(r"raised .*", r.stdout)))
-    pytest.fail("no death inside the window's creation:\n" + "\n".join(seen))
+        return r.stdout
+
+    window_creation_runs(run_once, "in allreduce op.0: gradflow: stopped waiting for the other "
+                                   "ranks in MPI_Win_allocate_shared (two-sync window creation): "
+                                   "gradflowrun reports that rank 1 was killed by SIGKILL\n")
+
+
+def test_exit_inside_window_creation_without_gradflowrun():
+    """Plain mpiexec, nothing tells the survivors: a waiter gives the call
+    up at GRADFLOW_TIMEOUT (3 s) and they exit 1. os._exit(3): hydra kills
+    every rank after a signal death, even with -disable-auto-cleanup."""
+    if launcher() == "openmpi":
+        pytest.skip("hydra's -disable-auto-cleanup (gradflowrun's openmpi launcher: above)")
+
+    def run_once(delay):
+        out = run_mpi(3, "sigkill_rank_script.py", "1", f"alloc-exit{delay:.4f}", timeout=90,
+                      env={"GRADFLOW_TIMEOUT": "3", "GRADFLOW_ALLREDUCE_ALGO": "two-sync"},
+                      expect_fail=True, mpi_args=("-disable-auto-cleanup",))
+        for rank in (0, 2):
+            assert re.search(rf"^rank {rank} raised .* in allreduce op\.0: gradflow: ",
+                             out.stdout, re.M), out.stdout + out.stderr
+        assert out.stderr.count("exiting with code 1 without MPI_Finalize") == 2, out.stderr
+        return out.stdout
+
+    window_creation_runs(run_once, "in allreduce op.0: gradflow: timed out after 3 s in "
+                                   "MPI_Win_allocate_shared (two-sync window creation) waiting "
+                                   "for the other ranks")
 
 
 @pytest.mark.parametrize("exit_code", [3, 0, "end"])
