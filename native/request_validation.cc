@@ -93,9 +93,6 @@ Response validate_requests(const std::string& name, const std::vector<Request>& 
   resp.postscale = first->postscale;
   resp.sparse_ratio = first->sparse_ratio;
   resp.in_pool = first->in_pool;
-  // Note [Withdrawn names]: a rank that failed before it could submit the
-  // name decides it, whatever the others gave (step tags and lists too:
-  // its request carries neither).
   // Note [Grouped lists]: an empty list on some ranks withdraws `<base>.0`
   // with a marker; the lists' lengths decide before any withdrawal's reason.
   bool empty_list = false;
@@ -110,6 +107,9 @@ Response validate_requests(const std::string& name, const std::vector<Request>& 
     resp.error = "gradflow: " + *abort_job;
     return resp;
   }
+  // Note [Withdrawn names]: a rank that failed before it could submit the
+  // name decides it, whatever the others gave (step tags and lists too:
+  // its request carries neither).
   std::string why = withdrawn_reasons(reqs);
   if (!why.empty()) {
     resp.error = "gradflow: " + std::string(op_kind_name(first->kind)) + " '" + name +
