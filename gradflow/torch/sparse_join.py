@@ -34,8 +34,10 @@ _REFUSAL = "has called join() (only allreduce can"
 
 
 def _allgathered(s) -> List[str]:
-    """The wrapper's parameters whose gradients travel by allgather."""
-    if s.sparse_as_dense or s.solo:
+    """The wrapper's parameters whose gradients travel by allgather. A state
+    whose construction raised half-way (e.g. a second wrapping refused) is
+    still in _LIVE until collected, without its settings: none."""
+    if getattr(s, "sparse_as_dense", True) or getattr(s, "solo", False) or not s.sparse:
         return []
     cut = len(s.prefix) + 1
     return [s.names[i][cut:] for i in sorted(s.sparse)]
