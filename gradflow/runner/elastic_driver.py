@@ -13,8 +13,9 @@ changes:
   --max-np); once one is ready, the running workers are told the hosts
   changed (HostsUpdatedInterrupt at their next commit) and the next
   generation includes it; it receives the state by broadcast (State.sync);
-* hosts disappear (two discovery answers in a row leave them out:
-  elastic_hosts.py): their workers are dismissed at the next reset;
+* hosts disappear or lose slots (two discovery answers in a row say so:
+  elastic_hosts.py): the workers beyond their slots are dismissed at the
+  next reset;
 * fewer than --min-np workers can be had for --elastic-timeout seconds, or
   more than --reset-limit resets: the job ends with a message naming what
   was lost.
@@ -332,7 +333,19 @@ class ElasticDriver(GenerationForming):
     def _on_hosts(self, known: Dict[str, int]) -> None:
         if self.hosts.last_error:
             self.note(self.hosts.last_error)
-        removed = [w for w in self._alive() if w.host not in known and not w.dismiss]
+        # A host gone, or with fewer slots than it has workers (confirmed by
+        # two answers: Note [A host removal is confirmed]): dismiss the
+        # workers beyond its slots, as Horovod does, newcomers first, then
+        # the highest ranks (rank 0 holds the state). Before 2026-11-29 a
+        # lowered slot count dismissed no one.
+        by_host: Dict[str, List[Worker]] = {}
+        for w in self._alive():
+            if not w.dismiss:
+                by_host.setdefault(w.host, []).append(w)
+        removed: List[Worker] = []
+        for host, ws in by_host.items():
+            ws.sort(key=lambda w: (w in self.members, -w.rank, -int(w.id)))
+            removed += ws[:max(0, len(ws) - known.get(host, 0))]
         for w in removed:
             w.dismiss = True
             if w.state == "ready":

@@ -2,11 +2,11 @@
 Horovod's --host-discovery-script (run every second; prints `host:slots`
 lines, or `host` with --slots-per-host), minus blacklisted hosts.
 
-A host the script stops listing is dropped only when the next run (a
-second later) does not list it either: one answer caught mid-rewrite of
-the file the script prints (read empty, or cut short), or one glitch of a
-cluster's API, would otherwise dismiss the workers there, and with them,
-if they were all, the training state (Note [A host removal is confirmed]).
+What one answer takes away (a host it stops listing, slots it lowers)
+counts only when the next run (a second later) says so too; what it adds
+counts at once, unless its output does not end with a newline (it may be
+cut inside its last line, `host-10` read as `host-1`): then also only
+when the next run agrees (Note [A host removal is confirmed]).
 
 A host where a worker failed is blacklisted: for ever without
 --blacklist-cooldown-range, else for a cooldown that starts at LOW seconds
@@ -60,15 +60,15 @@ class HostManager:
         self.static, self.script = static, discovery_script
         self.slots_per_host, self.cooldown = slots_per_host, cooldown_range
         self.known: Dict[str, int] = dict(static or {})
-        self.unconfirmed: Dict[str, int] = {}  # known hosts the last run did not list
+        self.last_answer: Optional[Dict[str, int]] = None  # the last run's own answer
         self.failures: Dict[str, int] = {}
         self.blacklisted_until: Dict[str, float] = {}
         self.last_error = ""
 
     def discover(self) -> Dict[str, int]:
-        """Run the discovery script (if any) and return host -> slots as it
-        says now, except that a host it stopped listing stays until a second
-        run in a row leaves it out. A failing or hanging script keeps the
+        """Run the discovery script (if any) and return host -> slots as
+        it says now, except for changes a cut answer could fake, which wait
+        for the next run (confirm()). A failing or hanging script keeps the
         last answer."""
         if self.script is None:
             return dict(self.known)
@@ -78,17 +78,9 @@ class HostManager:
             if r.returncode != 0:
                 raise ValueError(f"exited with code {r.returncode}: {r.stderr.strip()[:200]}")
             found = parse_discovery_output(r.stdout, self.slots_per_host)
-            # Note [A host removal is confirmed]: a host missing for the
-            # first time keeps its last slot count for one more run (removals
-            # take DISCOVERY_INTERVAL longer). Before, one empty read of a
-            # host file rewritten in place (test_elastic's grow(), a suspect
-            # of its flake; reproduced by holding the file empty) dismissed
-            # the only worker, all of the state, and a fresh one trained
-            # from the start: the job "succeeded" having lost its progress.
-            missing = {h: n for h, n in self.known.items() if h not in found}
-            self.known = dict(found)
-            self.known.update({h: n for h, n in missing.items() if h not in self.unconfirmed})
-            self.unconfirmed = missing
+            whole = r.stdout == "" or r.stdout.endswith("\n")
+            self.known = confirm(self.known, found, self.last_answer, whole)
+            self.last_answer = found
             self.last_error = ""
         except (ValueError, subprocess.TimeoutExpired, OSError) as e:
             self.last_error = f"host discovery script {self.script!r} failed: {e}"
@@ -114,6 +106,49 @@ class HostManager:
     def is_blacklisted(self, host: str, now: Optional[float] = None) -> bool:
         now = time.monotonic() if now is None else now
         return self.blacklisted_until.get(host, 0) > now
+
+
+# Note [A host removal is confirmed]: the discovery script often `cat`s a
+# host file that another program rewrites in place; a run that reads it
+# mid-rewrite gets it cut short: empty, short of lines, or cut inside a line
+# (`localhost:12` read as `localhost:1`; `host-10:2` as `host-10:` (an
+# error, the last answer stays) or, with --slots-per-host, as `host-1`, a
+# host never meant). A cut can only take away, except in its last line,
+# which then lacks its newline. So:
+# * what an answer takes away (a host missing, fewer slots) counts only
+#   when the next answer (DISCOVERY_INTERVAL later) takes it away too (the
+#   smaller loss of the two); removals and slot reductions wait 1 s;
+# * what it adds (a new host, more slots) counts at once (growth is not
+#   delayed), unless the output does not end with a newline: then only
+#   what the next answer shows too (a script that never prints a final
+#   newline grows 1 s later).
+# Before dc5d3ab (2026-11-29) a removal counted at once: one empty read of a host
+# file rewritten in place (test_elastic's grow(), a suspect of its flake;
+# reproduced by holding the file empty) dismissed the only worker, all of
+# the state, and a fresh one trained from the start: the job "succeeded"
+# having lost its progress. After it, the other changes still counted at
+# once: `localhost:12` read as `localhost:1` lowered the slots (which now
+# dismisses the workers beyond them, as Horovod does: elastic_driver.py
+# _on_hosts), and `host-10` read as `host-1` started a worker on host-1,
+# whose failure blacklisted it for the rest of the job.
+def confirm(known: Dict[str, int], found: Dict[str, int],
+            previous: Optional[Dict[str, int]], whole: bool) -> Dict[str, int]:
+    """The hosts to use after an answer `found` (`whole`: its output ended
+    with a newline), given those in use (`known`) and the answer before it
+    (`previous`, None for the first one: taken as it is)."""
+    out: Dict[str, int] = {}
+    for h in list(known) + [h for h in found if h not in known]:
+        k, c = known.get(h, 0), found.get(h, 0)
+        p = c if previous is None else previous.get(h, 0)
+        if c < k:
+            n = min(k, max(c, p))      # taken away: as far as both answers agree
+        elif c > k and not whole:
+            n = max(k, min(c, p))      # added by a maybe-cut answer: what both show
+        else:
+            n = c
+        if n > 0:
+            out[h] = n
+    return out
 
 
 def parse_cooldown(values: Optional[Sequence[float]]) -> Optional[Tuple[float, float]]:

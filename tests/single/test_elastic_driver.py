@@ -213,3 +213,33 @@ def test_a_generation_of_newcomers_only_says_the_progress_is_lost(capsys):
     worker(d, 1, state="ready")
     d._try_form()
     assert d.gen == 1 and "is left" not in capsys.readouterr().err
+
+
+def test_fewer_slots_dismiss_the_workers_beyond_them(tmp_path):
+    """Horovod drops the workers beyond a host's slots when the discovery
+    script lowers them; gradflowrun dismissed none (2026-11-29). Newcomers
+    go first, then the highest ranks (rank 0 holds the state); the members
+    are told (hosts_updated, removed). A cut answer (`localhost:3` read as
+    `localhost:1`, then `host-10` as `host-1`) dismisses and starts no one."""
+    out = tmp_path / "hosts"
+    out.write_text("localhost:4\n")
+    d = driver(max_np=5)  # room for a worker on host-1
+    d.hosts = HostManager(discovery_script=f"cat {out}", slots_per_host=1)
+    d.hosts.discover()
+    launched = []
+    d._launch = lambda host, slot: launched.append(host)
+    del d._fill_slots  # the real one, with _launch recorded
+    ws = [worker(d, i, gen=0, rank=i) for i in range(3)]
+    new = worker(d, 3, state="ready")
+    d.gen, d.members = 0, ws
+    for text in ("localhost:1", "localhost:4\nhost-1"):
+        out.write_text(text)
+        d._on_hosts(d.hosts.discover())
+        assert not any(w.dismiss for w in d.workers.values()) and launched == [], text
+    out.write_text("localhost:2\n")
+    for _ in range(2):
+        d._on_hosts(d.hosts.discover())
+    assert sorted(w.id for w in d.workers.values() if w.dismiss) == ["2", "3"]
+    assert new.sent == [{"op": "exit"}]  # it was ready: it leaves now
+    assert ws[0].sent == [{"op": "hosts_updated", "gen": 0, "removed": True}]
+    assert launched == []

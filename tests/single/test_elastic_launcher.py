@@ -6,7 +6,8 @@ import math
 import pytest
 
 from gradflow.runner import launch
-from gradflow.runner.elastic_hosts import HostManager, parse_cooldown, parse_discovery_output
+from gradflow.runner.elastic_hosts import (HostManager, confirm, parse_cooldown,
+                                          parse_discovery_output)
 from gradflow.runner.elastic_launch import check_elastic, is_elastic
 
 
@@ -97,6 +98,42 @@ def test_a_host_removal_takes_two_answers_in_a_row(tmp_path):
     out.write_text("b:1\n")
     assert m.discover() == {"b": 1, "a": 2, "c": 4}  # back at once; a, c pending
     assert m.discover() == {"b": 1}
+
+
+def test_an_answer_cut_inside_a_line_changes_nothing(tmp_path):
+    """Note [A host removal is confirmed]: the script's host file read while
+    it is rewritten, cut inside a line: `localhost:12` as `localhost:1` (a
+    slot reduction, which dismisses workers) and, with --slots-per-host,
+    `host-10` as `host-1` (a host never meant). Both counted at once before
+    2026-11-29; now a loss waits for the next answer, and a gain from an
+    output without its final newline too. Whole answers still grow at once."""
+    out = tmp_path / "hosts"
+    m = HostManager(discovery_script=f"cat {out}")
+    out.write_text("localhost:12\n")
+    assert m.discover() == {"localhost": 12}
+    out.write_text("localhost:1")
+    assert m.discover() == {"localhost": 12}  # was {"localhost": 1}
+    out.write_text("localhost:12\n")
+    assert m.discover() == {"localhost": 12}
+    m = HostManager(discovery_script=f"cat {out}", slots_per_host=2)
+    out.write_text("host-2\nhost-10\n")
+    assert m.discover() == {"host-2": 2, "host-10": 2}
+    out.write_text("host-2\nhost-1")
+    assert m.discover() == {"host-2": 2, "host-10": 2}  # was {"host-2": 2, "host-1": 2}
+    out.write_text("host-2\nhost-10\n")
+    assert m.discover() == {"host-2": 2, "host-10": 2}
+    out.write_text("host-2:1\nhost-10\n")  # a real reduction: two answers in a row
+    assert m.discover() == {"host-2": 2, "host-10": 2}
+    assert m.discover() == {"host-2": 1, "host-10": 2}
+    out.write_text("host-2:3\nhost-10\nhost-11\n")  # growth: at once
+    assert m.discover() == {"host-2": 3, "host-10": 2, "host-11": 2}
+    out.write_text("host-2:3\nhost-10\nhost-11\nhost-12")  # no final newline: a run later
+    assert m.discover() == {"host-2": 3, "host-10": 2, "host-11": 2}
+    assert m.discover() == {"host-2": 3, "host-10": 2, "host-11": 2, "host-12": 2}
+    # Two answers that disagree: the smaller loss, the smaller gain.
+    assert confirm({"a": 12}, {"a": 1}, {"a": 4}, True) == {"a": 4}
+    assert confirm({"a": 1}, {"a": 9}, {"a": 3}, False) == {"a": 3}
+    assert confirm({}, {"a": 9}, None, False) == {"a": 9}  # the first answer is taken as it is
 
 
 def test_blacklist_cooldown_doubles_up_to_high():
