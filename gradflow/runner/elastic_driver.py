@@ -127,6 +127,8 @@ class ElasticDriver(GenerationForming):
         self.lost: List[str] = []            # what failed, for the final message
         self.aborted: Optional[str] = None
         self.below_min_since: Optional[float] = None
+        self.short_since: Optional[float] = None   # Note [A removal below --min-np waits]
+        self.discovery_error = ""            # the discovery script's error last said
         self.server = socket.create_server(("0.0.0.0", 0))
         port = self.server.getsockname()[1]
         self.address = f"{advertise or '127.0.0.1'}:{port}"
@@ -331,8 +333,13 @@ class ElasticDriver(GenerationForming):
                 m.send({"op": "failure", "gen": self.gen, "message": message})
 
     def _on_hosts(self, known: Dict[str, int]) -> None:
-        if self.hosts.last_error:
-            self.note(self.hosts.last_error)
+        # A failing script is said once (and again if its error changes), and
+        # when it works again: it runs every second, and its note used to
+        # fill gradflowrun's output once a second for as long as it failed.
+        error = self.hosts.last_error
+        if error != self.discovery_error:
+            self.note(error or f"host discovery script {self.hosts.script!r} works again")
+            self.discovery_error = error
         # A host gone, or with fewer slots than it has workers (confirmed by
         # two answers: Note [A host removal is confirmed]): dismiss the
         # workers beyond its slots, as Horovod does, newcomers first, then
@@ -346,6 +353,10 @@ class ElasticDriver(GenerationForming):
         for host, ws in by_host.items():
             ws.sort(key=lambda w: (w in self.members, -w.rank, -int(w.id)))
             removed += ws[:max(0, len(ws) - known.get(host, 0))]
+        if not removed:
+            self.short_since = None
+        elif not self._removal_leaves_enough(removed):
+            return
         for w in removed:
             w.dismiss = True
             if w.state == "ready":
@@ -354,6 +365,32 @@ class ElasticDriver(GenerationForming):
             for m in self.members:
                 m.send({"op": "hosts_updated", "gen": self.gen, "removed": True})
         self._fill_slots()
+
+    def _removal_leaves_enough(self, removed: List[Worker]) -> bool:
+        """Note [A removal below --min-np waits]: whether dismissing `removed`
+        leaves at least --min-np workers. If not, they go on training (the
+        script may list its hosts again: an empty answer twice, a cluster
+        API down for a while) and the job ends only once the script has
+        listed too few slots for --elastic-timeout, as Horovod waits that
+        long for --min-np slots. Before 2026-11-29 a script that printed
+        nothing for 2 s dismissed every worker: the state was lost and the
+        job ended, `every worker failed`."""
+        left = len([w for w in self._alive() if not w.dismiss and w not in removed])
+        if left >= self.min_np:
+            self.short_since = None
+            return True
+        now = time.monotonic()
+        if self.short_since is None:
+            self.short_since = now
+            self.note(f"the host discovery script lists too few slots: dismissing the workers "
+                      f"beyond them ({', '.join(w.label() for w in removed)}) would leave {left}, "
+                      f"fewer than --min-np {self.min_np}; they go on until it lists enough or "
+                      f"--elastic-timeout ({self.timeout:g} s) passes")
+        elif now - self.short_since > self.timeout:
+            self._abort(f"the host discovery script listed too few slots for {self.timeout:g} s "
+                        f"(--elastic-timeout): without {', '.join(w.label() for w in removed)}, "
+                        f"{left} worker(s), fewer than --min-np {self.min_np}" + self._lost_text())
+        return False
 
     # ------------------------------------------------------------ main loop
     def run(self) -> int:

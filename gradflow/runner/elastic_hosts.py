@@ -16,6 +16,8 @@ keeps failing stays out longer), as Horovod's cooldown does.
 from __future__ import annotations
 
 import math
+import os
+import signal
 import subprocess
 import time
 from typing import Dict, Optional, Sequence, Tuple
@@ -49,6 +51,27 @@ def parse_discovery_output(text: str, slots_per_host: Optional[int]) -> Dict[str
     return found
 
 
+def run_script(script: str, timeout: float) -> Tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `script` run by the shell; ValueError
+    once it runs past `timeout`, after killing its whole process group:
+    subprocess.run's timeout kills only the shell, and what the shell was
+    waiting for (`sleep 30` in `echo a:1; sleep 30`, a hung API call) went on
+    running, one orphan per hung run, every DISCOVERY_TIMEOUT +
+    DISCOVERY_INTERVAL seconds for as long as the script hangs (2026-11-29)."""
+    proc = subprocess.Popen(script, shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.communicate()
+        raise ValueError(f"still running after {timeout:g} s (killed)") from None
+    return proc.returncode, out, err
+
+
 class HostManager:
     """The hosts the job may use now, with blacklisting."""
 
@@ -73,16 +96,15 @@ class HostManager:
         if self.script is None:
             return dict(self.known)
         try:
-            r = subprocess.run(self.script, shell=True, capture_output=True, text=True,
-                               timeout=DISCOVERY_TIMEOUT)
-            if r.returncode != 0:
-                raise ValueError(f"exited with code {r.returncode}: {r.stderr.strip()[:200]}")
-            found = parse_discovery_output(r.stdout, self.slots_per_host)
-            whole = r.stdout == "" or r.stdout.endswith("\n")
+            code, out, err = run_script(self.script, DISCOVERY_TIMEOUT)
+            if code != 0:
+                raise ValueError(f"exited with code {code}: {err.strip()[:200]}")
+            found = parse_discovery_output(out, self.slots_per_host)
+            whole = out == "" or out.endswith("\n")
             self.known = confirm(self.known, found, self.last_answer, whole)
             self.last_answer = found
             self.last_error = ""
-        except (ValueError, subprocess.TimeoutExpired, OSError) as e:
+        except (ValueError, OSError) as e:
             self.last_error = f"host discovery script {self.script!r} failed: {e}"
         return dict(self.known)
 

@@ -135,12 +135,31 @@ class _Handler:
         raise NotImplementedError
 
 
+def _drop_grads(params: Any) -> None:
+    """Gradients are not part of the state: after a rollback they are those
+    of the interrupted step (local, or partly reduced), computed with the
+    weights just undone. Left in place, a loop that zeroes them after
+    step() (or accumulates over backward_passes_per_step passes) added them
+    to the first step after the rollback, silently (2026-11-29; Horovod
+    leaves them too)."""
+    for p in params:
+        p.grad = None
+
+
 class _ModelHandler(_Handler):
+    def restore(self) -> None:
+        super().restore()
+        _drop_grads(self.value.parameters())
+
     def sync(self) -> None:
         broadcast_parameters(self.value.state_dict(), root_rank=0)
 
 
 class _OptimizerHandler(_Handler):
+    def restore(self) -> None:
+        super().restore()
+        _drop_grads(p for group in self.value.param_groups for p in group["params"])
+
     def sync(self) -> None:
         # All ranks, as the model (not an optimizer's own process set: the
         # state of the whole job is rank 0's; process sets end at a reset).

@@ -243,3 +243,47 @@ def test_fewer_slots_dismiss_the_workers_beyond_them(tmp_path):
     assert new.sent == [{"op": "exit"}]  # it was ready: it leaves now
     assert ws[0].sent == [{"op": "hosts_updated", "gen": 0, "removed": True}]
     assert launched == []
+
+
+def test_a_discovery_script_that_lists_too_few_slots_waits_for_it(tmp_path, monkeypatch, capsys):
+    """Note [A removal below --min-np waits]: the script prints nothing (or
+    fails) for a while. Its error is said once, not every second, and when
+    it works again. Nothing is dismissed while that would leave fewer than
+    --min-np workers: it used to dismiss every worker after 2 s (the state
+    lost, `every worker failed`); past --elastic-timeout the job ends."""
+    import gradflow.runner.elastic_driver as ed
+    clock = [1000.0]
+    monkeypatch.setattr(ed.time, "monotonic", lambda: clock[0])
+    out = tmp_path / "hosts"
+    out.write_text("localhost:2\n")
+    d = driver(min_np=1, elastic_timeout=5)
+    d.hosts = HostManager(discovery_script=f"cat {out}")
+    d.hosts.discover()
+    ws = [worker(d, i, gen=0, rank=i) for i in range(2)]
+    d.gen, d.members = 0, ws
+    out.unlink()
+    for _ in range(3):
+        d._on_hosts(d.hosts.discover())
+    err = capsys.readouterr().err
+    assert err.count("failed") == 1, err
+    out.write_text("")
+    for _ in range(3):
+        clock[0] += 1
+        d._on_hosts(d.hosts.discover())
+    err = capsys.readouterr().err
+    assert err.count("works again") == 1, err
+    assert "lists too few slots" in err and "fewer than --min-np 1" in err, err
+    assert not any(w.dismiss or w.sent for w in ws) and not d.aborted
+    out.write_text("localhost:2\n")  # it lists them again: the wait is over
+    d._on_hosts(d.hosts.discover())
+    assert d.short_since is None
+    out.write_text("localhost:1\n")  # a slot fewer still leaves --min-np: dismissed
+    for _ in range(2):
+        d._on_hosts(d.hosts.discover())
+    assert [w.dismiss for w in ws] == [False, True]
+    out.write_text("")
+    for _ in range(8):  # confirmed on the 2nd answer; more than 5 s after that
+        clock[0] += 1
+        d._on_hosts(d.hosts.discover())
+    assert d.aborted and "listed too few slots for 5 s (--elastic-timeout)" in d.aborted, d.aborted
+    assert ws[0].sent[-1]["op"] == "abort"

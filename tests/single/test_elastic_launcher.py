@@ -136,6 +136,36 @@ def test_an_answer_cut_inside_a_line_changes_nothing(tmp_path):
     assert confirm({}, {"a": 9}, None, False) == {"a": 9}  # the first answer is taken as it is
 
 
+def test_a_hanging_discovery_script_is_killed_whole(tmp_path, monkeypatch):
+    """A script still running after DISCOVERY_TIMEOUT: the last answer
+    stays, and what the shell was waiting for is killed with it (only the
+    shell was before 2026-11-29: one orphan left per hung run)."""
+    import os
+    import time
+    from gradflow.runner import elastic_hosts
+    monkeypatch.setattr(elastic_hosts, "DISCOVERY_TIMEOUT", 1.0)
+    pidfile, out = tmp_path / "pid", tmp_path / "hosts"
+    out.write_text("a:2\n")
+    m = HostManager(discovery_script=f"cat {out}")
+    assert m.discover() == {"a": 2}
+    m.script = f"sh -c 'echo $$ > {pidfile}; exec sleep 60'; cat {out}"
+    assert m.discover() == {"a": 2}
+    pid = int(pidfile.read_text())
+    deadline = time.time() + 10
+    while time.time() < deadline:  # gone, or a zombie until init reaps it
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] == "Z":
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        raise AssertionError(f"the script's sleep (pid {pid}) outlived its timeout")
+    assert "still running after 1 s (killed)" in m.last_error, m.last_error
+
+
 def test_blacklist_cooldown_doubles_up_to_high():
     m = HostManager(static={"a": 1, "b": 1}, cooldown_range=parse_cooldown([2, 5]))
     assert m.blacklist("a", now=0) == 2

@@ -73,3 +73,34 @@ def test_without_a_driver_the_interrupt_decides(monkeypatch):
 
     assert run_mod.run_fn(train, lambda: None)(state) == "done"
     assert state.calls == ["sync", "on_reset", "on_reset", "sync"]
+
+
+def test_a_rollback_drops_the_interrupted_steps_gradients():
+    """TorchState.restore() after a lost peer: the gradients left by the
+    interrupted step (computed with the weights just undone) are dropped. A
+    loop that zeroes them after step() (Horovod's accumulation examples) used
+    to add them to the first step after the rollback, silently."""
+    torch = pytest.importorskip("torch")
+    from gradflow.torch import elastic
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    extra = torch.nn.Parameter(torch.ones(2))  # in the optimizer only
+    opt = torch.optim.SGD(list(model.parameters()) + [extra], lr=0.1)
+    state = elastic.TorchState(model, opt, epoch=0)
+    x = torch.randn(4, 3)
+
+    def backward():
+        (model(x).sum() * extra.sum()).backward()
+
+    backward()
+    clean = [p.grad.clone() for p in model.parameters()]
+    opt.zero_grad()
+    state.commit()
+    backward()  # the interrupted step: its gradients, then a lost peer
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    state.restore()
+    assert all(p.grad is None for p in list(model.parameters()) + [extra])
+    backward()  # the first step after the rollback sees only its own gradients
+    assert all(torch.equal(p.grad, c) for p, c in zip(model.parameters(), clean))
