@@ -87,8 +87,10 @@ def converted(values: Sequence[Any], kind: int, names: Sequence[str], process_se
     cannot convert (a ragged list, text where the others pass numbers)
     withdraws the names, so the other ranks raise its error at once instead
     of waiting for them until GRADFLOW_TIMEOUT. While tracing, the trace
-    fails on this rank (there is no node to defer the error to: the README
-    says a trace that fails on one rank leaves the others waiting)."""
+    fails on this rank (there is no node to defer the error to): uncaught,
+    gradflow's excepthook aborts the others' run within seconds; caught
+    while the program goes on, they wait until GRADFLOW_TIMEOUT (Note [A
+    trace that fails on one rank], docs/tensorflow.md)."""
     if not tf.executing_eagerly():
         return [tf.convert_to_tensor(v) for v in values]
     return Checked(lambda: [tf.convert_to_tensor(v) for v in values], kind, names, process_set,

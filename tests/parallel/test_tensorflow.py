@@ -160,6 +160,21 @@ def test_tf_tape_gradient_none_on_some_ranks(case, ranks):
         out.stdout + out.stderr[-3000:]
 
 
+def test_tf_function_whose_trace_fails_on_one_rank():
+    """A tf.function whose trace raises on rank 1 only (3 ranks; Note [A
+    trace that fails on one rank], docs/tensorflow.md): uncaught, the others'
+    run fails quoting rank 1's exception (excepthook abort, not the
+    GRADFLOW_TIMEOUT stall); caught, with rank 1 going on to another
+    collective, every rank gets the stall error at GRADFLOW_TIMEOUT (4 s
+    here) and the runtime stays usable."""
+    out = run_mpi(3, "tf_unconnected_script.py", "trace", env={**TF_ENV, "GRADFLOW_TIMEOUT": "4"},
+                  timeout=240, expect_fail=True)
+    # Every rank gets the stall error; the two ranks whose trace succeeded the abort.
+    for what, ranks in (("caught: stall error OK", 3), ("uncaught: abort OK", 2)):
+        assert out.stdout.count(f"trace failed on one rank, {what}") == ranks, \
+            out.stdout + out.stderr[-3000:]
+
+
 @pytest.mark.parametrize("backend,ranks", [("tensorflow", 2), ("tensorflow", 3), ("torch", 3)])
 def test_keras_branch_on_some_ranks_and_unbuilt_model(backend, ranks):
     """A layer used on some ranks only (run eagerly), with and without

@@ -9,6 +9,7 @@
 # job on every rank within seconds, default timeouts, with the step tags of
 # both ranks (native Note [Step tags]; before: a stall until GRADFLOW_TIMEOUT);
 # it then prints a line and the process exits non-zero (the runtime is dead).
+# "trace": a tf.function whose trace raises on rank 1 only (trace_fails_on_one_rank).
 import sys
 import time
 
@@ -85,6 +86,58 @@ def keras_fit():
     x = np.ones((8, 4), np.float32)
     model.fit(x, np.zeros((8, 3), np.float32), batch_size=4, epochs=1, verbose=0)
 
+
+def trace_fails_on_one_rank():
+    """Rank 1's trace of a tf.function raises (Python code at trace time);
+    the other ranks traced theirs and wait in its first collective, which
+    rank 1 never submits (Note [A trace that fails on one rank],
+    docs/tensorflow.md). Caught there, with the program going on to another
+    collective: the ranks wait on different names, so every rank fails at
+    GRADFLOW_TIMEOUT (4 s here) with the stall message naming both, and the
+    runtime stays usable. Uncaught: gradflow's excepthook aborts the job, and
+    the others' run fails quoting rank 1's exception within seconds (the
+    message tells the two apart: a timeout would give the stall message)."""
+    def step(x):
+        y = gtf.allreduce(x, op=gtf.Sum)
+        if R == 1:
+            raise RuntimeError(f"boom while tracing on rank {R}")
+        return gtf.allreduce(y, op=gtf.Sum)
+
+    x = tf.ones([3])
+    try:
+        tf.function(step)(x)
+        raise AssertionError("the run did not fail")
+    except RuntimeError as e:  # rank 1: its own trace error, caught
+        assert R == 1 and "boom while tracing" in str(e), e
+        try:
+            gtf.allreduce(np.ones(2, np.float32), name="after a failed trace")
+            raise AssertionError("'after a failed trace' completed")
+        except gtf.GradflowError as stall:
+            text = str(stall)
+    except tf.errors.OpError as e:  # the others: their run of the graph
+        assert R != 1, e
+        text = str(e)
+    assert "GRADFLOW_TIMEOUT" in text and "missing on ranks" in text, text[-600:]
+    print(f"trace failed on one rank, caught: stall error OK rank {R}", flush=True)
+    # The runtime is usable: every pending name failed on every rank.
+    total = gtf.allreduce(np.full(2, R + 1.0, np.float32), op=gtf.Sum, name="usable")
+    assert np.allclose(total.numpy(), N * (N + 1) / 2), total
+    if R == 1:
+        print(f"trace failed on one rank, uncaught: raising rank {R}", flush=True)
+        tf.function(step)(x)  # never returns: the exception ends this rank
+        raise AssertionError("the trace did not fail")
+    try:
+        tf.function(step)(x)
+        raise AssertionError("the run did not fail")
+    except (gtf.GradflowError, tf.errors.OpError) as e:
+        text = str(e)
+    assert "rank 1 failed" in text and "boom while tracing on rank 1" in text, text[-600:]
+    print(f"trace failed on one rank, uncaught: abort OK rank {R}", flush=True)
+
+
+if CASE == "trace":
+    trace_fails_on_one_rank()
+    sys.exit(1)  # as a program whose run failed (the runtime is aborted)
 
 t0 = time.monotonic()
 try:
