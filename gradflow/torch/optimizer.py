@@ -104,6 +104,8 @@ Invariants:
     place instead of dropping views (documented deviation). If something
     else replaces `param.grad` (e.g. `model.zero_grad()`), the hook copies
     the new gradient into its view and re-points `param.grad` (one copy).
+    A module converted once the pools exist (model.double(), channels_last)
+    gets its pools rebuilt (Note [Pool views replaced], optimizer_state.py).
   * Sparse gradients (embedding(sparse=True)) never enter a pool: they are
     densified (sparse_as_dense=True, then pooled like the rest) or reduced
     by allgathering indices and values, as Horovod does. Which parameters
@@ -116,7 +118,8 @@ Invariants:
     while frozen. Note [Late parameters]: a parameter of the optimizer that
     starts to require grad later (unfrozen for fine-tuning), and the
     trainable parameters of a group added by add_param_group() after
-    wrapping, are registered then and reduced like the others, on the copy
+    wrapping (or put into a group by hand: Note [Parameters swapped in]
+    in optimizer_state.py), are registered then and reduced like the others, on the copy
     path once the pool exists (its layout is fixed at step 1). Every rank
     must make the same change (add_param_group checks it; an unfreeze on
     some ranks only ends in Note [Bounded waits]'s error naming the tensor):
@@ -445,6 +448,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if s.callback_queued and torch._C._current_graph_task_id() == -1:
             _step.drop_interrupted(self)  # Note [A failed step]: a backward raised
         s.auto_synced = False  # a step reduced but not taken is over (GradScaler's skip)
+        if not s.fired:  # (mid-step, the step's first hook already checked)
+            _step.drop_stale_pools(self)  # Note [Pool views replaced] (optimizer_state.py)
         for pool in s.pools:
             if pool.out is None:
                 pool.buf.zero_()

@@ -63,6 +63,11 @@ class _State:
         self.range_of: Dict[int, Tuple[int, int, torch.Tensor]] = {}  # id -> (pool, range, view)
         self.out_of: Dict[int, torch.Tensor] = {}  # id -> view of its pool's G (residual in pool)
         self.pool_built = False
+        # What each pooled parameter and its views looked like when the pools
+        # were built (Note [Pool views replaced]).
+        self.pool_sig: List[tuple] = []            # (param, dtype, shape, strides)
+        self.pool_views: List[torch.Tensor] = []   # every pool view (P and G)
+        self.pool_ptrs: Tuple[list, list] = ([], [])  # their and the params' data_ptr()s
         self.fired = False                        # a hook ran since the last synchronize
         self.left: Dict[int, object] = {}         # id(param) -> weakref of the grad left there
         self.synchronized = False                 # synchronize() ran since the last hook
@@ -158,6 +163,67 @@ def register_late_parameters(self) -> List[int]:
     return added
 
 
+def register_new_parameters(self) -> None:
+    """Note [Parameters swapped in]: parameters found in the param groups
+    that the wrapper never saw (the user replaced a model's parameter,
+    `model.fc.weight = nn.Parameter(...)`, and put the new one in the
+    optimizer's group in place of the old) are handed to
+    register_late_parameters() as a parameter of add_param_group() would
+    be. Before, their gradients were never reduced: each rank stepped its
+    own (silent drift). The replaced parameter, no longer in a group, stays
+    registered and is reduced as zeros (the layout and names stay the same
+    on every rank); the optimizer no longer steps it."""
+    s = self._gradflow
+    known = None
+    for group in self.param_groups:
+        for p in group["params"]:
+            if id(p) in s.index:
+                continue
+            if known is None:
+                known = {id(q) for q in s.frozen}
+            if id(p) not in known:
+                known.add(id(p))
+                s.frozen.append(p)
+
+
+# Note [Pool views replaced]
+# --------------------------
+# A pooled param.grad is a view of the pool. torch code that converts a
+# module after the pools exist (model.double(), .half(), .to(bfloat16),
+# .to(memory_format=torch.channels_last)) sets `param.data` and
+# `param.grad.data` to new tensors: the view object then holds its own
+# storage, the hooks still marked the pool's range, so the core reduced the
+# pool's stale bytes while the optimizer applied the rank's local gradient
+# (found by the 2026-11-29 feature-combination audit: model.double() after
+# step 2 left the ranks' parameters different, silently; with CSC's residual
+# in the pool the next zero_grad() raised torch's dtype error). zero_grad()
+# and the first hook of each step compare each pooled parameter (dtype,
+# shape, strides) and view (storage address) with what the pools were built
+# for; on a change every rank that made it drops the pools as a failed
+# step does (Note [A failed step]): that step is dense, through the copy
+# path, and the pools are built again for the new dtypes and layouts. A
+# change on some ranks only fails its steps on every rank (the names differ:
+# the stall error of GRADFLOW_TIMEOUT), never trains apart.
+
+
+def pool_views_stale(s) -> bool:
+    """Note [Pool views replaced]: whether a pooled parameter or its pool
+    view changed since the pools were built. Storage addresses first (one
+    C call per tensor and check); a parameter given new storage (`p.data =
+    ...`) is looked at closer and is stale only if its dtype, shape or
+    strides changed."""
+    views, params = s.pool_ptrs
+    if _ptrs(s.pool_views) != views:
+        return True
+    now = _ptrs(sig[0] for sig in s.pool_sig)
+    if now != params:
+        for p, dtype, shape, stride in s.pool_sig:
+            if p.dtype != dtype or p.shape != shape or p.stride() != stride:
+                return True
+        s.pool_ptrs = (views, now)  # same kinds of tensor: the pools still fit them
+    return False
+
+
 def destroy_pools(ids: List[int], bufs: Tuple = (), handles: List[int] = (),
                    ps: int = 0) -> None:
     for h in handles:  # buckets still in flight keep their pool buffer alive
@@ -223,6 +289,7 @@ def build_pools(self) -> None:
     step-1 order (agreed by agree_layout()), one pool per dtype, and
     register the pools with the core. Parameters agreed sparse stay out."""
     s = self._gradflow
+    s.pool_sig, s.pool_views = [], []
     sparse = s.sparse
     first = s.layout_order
     order = list(first) + [i for i in range(len(s.params)) if i not in first]
@@ -249,6 +316,8 @@ def build_pools(self) -> None:
                     seen.copy_(p.grad)
                 p.grad = seen
                 s.range_of[id(p)] = (pool_index, r, view)
+                s.pool_sig.append((p, p.dtype, p.shape, p.stride()))
+                s.pool_views.extend([view] if out is None else [view, seen])
                 if out is not None:
                     s.out_of[id(p)] = seen
                 ranges.append(size)  # the padding travels as zeros (see clear_padding)
@@ -268,7 +337,12 @@ def build_pools(self) -> None:
                                                     tuple(q.buf for q in s.pools) +
                                                     tuple(q.out for q in s.pools if q.out is not None),
                                                     s.pool_handles, s.ps)
+    s.pool_ptrs = (_ptrs(s.pool_views), _ptrs(sig[0] for sig in s.pool_sig))
     s.pool_built = True
+
+
+def _ptrs(tensors) -> list:
+    return list(map(torch.Tensor.data_ptr, tensors))
 
 
 def _range_view(buf: torch.Tensor, off: int, n: int, p: torch.Tensor) -> torch.Tensor:
@@ -315,6 +389,7 @@ def rebind_after_elastic_reset(self) -> None:
     self._gradflow_finalizer.detach()
     self._gradflow_finalizer = weakref.finalize(self, destroy_pools, [])
     s.pools, s.range_of, s.out_of, s.pool_built, s.order = [], {}, {}, False, []
+    s.pool_sig, s.pool_views = [], []
     # Agreed again at the next synchronize(), newcomers included: from what
     # each rank sees then, as in a fresh optimizer's step 1.
     s.sparse, s.sparse_agreed, s.layout_order = {}, False, []

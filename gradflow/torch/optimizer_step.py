@@ -59,7 +59,8 @@ from . import sparse_join as _sparse_join
 from .optimizer_autotune import after_synchronize as _autotune_step
 from .optimizer_groups import GroupTracker, flush_groups
 from .optimizer_state import (agree_layout, build_pools, clear_padding, destroy_pools,
-                              register_late_parameters)
+                              pool_views_stale, register_late_parameters,
+                              register_new_parameters)
 
 def _sparse_zeros(p: torch.Tensor, sparse_dim: int) -> torch.Tensor:
     """The zero gradient of `p` as an empty sparse COO tensor with
@@ -76,6 +77,7 @@ def begin_step(opt) -> None:
     residual takes them and by S after the reduction, so the residual
     holds unscaled gradients and stays valid when the scaler moves S."""
     s = opt._gradflow
+    drop_stale_pools(opt)  # Note [Pool views replaced] (optimizer_state.py)
     scale = float(s.scaler.get_scale()) if s.scaler is not None and s.csc else 1.0
     if not (scale > 0 and scale != float("inf")):
         raise GradflowError(f"gradflow: grad_scaler's scale is {scale}; expected a finite "
@@ -116,6 +118,7 @@ def synchronize(opt) -> None:
         for p in s.deferred:  # overlap=False: backward is over, submit now
             opt._gradflow_submit(p)
         s.deferred.clear()
+        register_new_parameters(opt)  # swapped in since: Note [Parameters swapped in]
         if any(p.requires_grad for p in s.frozen):  # unfrozen since: Note [Late parameters]
             register_late_parameters(opt)
         if layout_pending(s):
@@ -301,6 +304,25 @@ def _drop_pools(opt) -> None:
     if tuner is not None:  # its pool ids are gone: this optimizer stops tuning (every rank alike)
         s.autotuner = None
         s.autotune_off = True
+
+
+def drop_stale_pools(opt) -> None:
+    """Note [Pool views replaced] (optimizer_state.py): if a pooled parameter
+    or its view changed since the pools were built, drop the pools (as
+    _drop_pools after a failed step: the next reduction is dense, through the
+    copy path, and builds them again). A gradient left with another dtype or
+    shape than its parameter (the pool view of a parameter converted while
+    it had no gradient) is dropped: autograd makes a new one."""
+    s = opt._gradflow
+    if not s.pool_built or not pool_views_stale(s):
+        return
+    _drop_pools(opt)
+    for p in s.params:
+        g = p.grad
+        if g is not None and (g.dtype != p.dtype or g.shape != p.shape or g.device != p.device):
+            p.grad = None
+    if any(p.device.type != "cpu" for p in s.params):  # the pool is CPU-only
+        s.use_pool = False
 
 
 def _clear_counts(s) -> None:

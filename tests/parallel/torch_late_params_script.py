@@ -10,6 +10,13 @@
 # Also a layer frozen after wrapping (Note [Frozen after wrapping]) for two
 # steps, then unfrozen: it stays put while frozen, as in plain torch (before:
 # a zero gradient, so momentum and weight decay moved it; max diff 0.14).
+# Also (2026-11-29 audit) a parameter swapped in after wrapping (model and
+# optimizer group both take a new nn.Parameter: Note [Parameters swapped in]
+# in optimizer_state.py; before, its gradient stayed local and the ranks
+# drifted apart on every path) and model.double() once the pools exist (Note
+# [Pool views replaced]; before, the pool path reduced the pool's stale
+# bytes and applied the local gradient: ranks apart; CSC raised torch's
+# dtype error at zero_grad()).
 import torch
 
 import gradflow.torch as hvd
@@ -69,6 +76,18 @@ def run(scenario: str, model, wrap, rank: int, size: int, per: int, bpps: int):
         steps(opt, 0, 3)
         model[0].weight.requires_grad_(True)
         steps(opt, 3, 3)
+    elif scenario == "swap a parameter":  # Note [Parameters swapped in]
+        opt = wrap(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+        steps(opt, 0, 2)
+        old, new = model[2].weight, torch.nn.Parameter(model[2].weight.detach() * 0.5)
+        model[2].weight = new
+        opt.param_groups[0]["params"] = [new if q is old else q for q in opt.param_groups[0]["params"]]
+        steps(opt, 2, 4)
+    elif scenario == "model.double()":  # Note [Pool views replaced]: converted with the pools built
+        opt = wrap(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+        steps(opt, 0, 2)
+        model.double()
+        train(model, opt, 4, rank, size, per, bpps, start=2, x=X.double(), y=Y)
     else:  # the first layer joins through add_param_group
         for p in model[0].parameters():
             p.requires_grad_(False)
@@ -89,7 +108,8 @@ def run(scenario: str, model, wrap, rank: int, size: int, per: int, bpps: int):
 
 
 for scenario in ("unfreeze", "add_param_group", "add frozen, unfreeze later",
-                 "freeze, unfreeze later", "freeze, unfreeze later, model.zero_grad()"):
+                 "freeze, unfreeze later", "freeze, unfreeze later, model.zero_grad()",
+                 "swap a parameter", "model.double()"):
     for path, kw in PATHS.items():
         bpps = kw.get("backward_passes_per_step", 1)
         m = mlp()

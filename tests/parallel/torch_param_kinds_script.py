@@ -9,14 +9,14 @@
 # autograd). Complex parameters and optimizer state broadcast from root.
 # Parameters on the meta device, op=Adasum on a complex parameter and
 # wrapping a DistributedOptimizer again are refused at construction, on
-# every rank.
+# every rank. A model converted to channels_last after the pools exist.
 import warnings
 
 import torch
 import torch.nn.functional as F
 
 import gradflow.torch as hvd
-from _torch_common import assert_close, assert_identical, expect_error, flat, ok
+from _torch_common import assert_close, assert_identical, expect_error, ok
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
@@ -62,11 +62,14 @@ def sgd(model):
     return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
 
-def reference(bpps: int):
-    """Plain torch: each step averages every rank's gradient of its batch(es)."""
-    ref = make()
+def reference(bpps: int, convert_at: int = -1):
+    """Plain torch: each step averages every rank's gradient of its batch(es);
+    the model goes channels_last before step `convert_at` (or from the start)."""
+    ref = make() if convert_at < 0 else Net()
     opt = sgd(ref)
     for step in range(STEPS):
+        if step == convert_at:
+            ref.to(memory_format=torch.channels_last)
         total = None
         for r in range(N):
             ref.zero_grad()
@@ -111,6 +114,30 @@ for path, kw, tol in PATHS:
             if p.is_complex() else (p.detach(), q.detach())
         assert_close(got.double(), exp.double(), f"{path}: {name}", tol)
     ok(f"complex, tied, non-contiguous and channels_last parameters: {path}")
+
+# Note [Pool views replaced] (optimizer_state.py): a model converted to
+# channels_last once the pools exist (after step 2). torch's conversion gives
+# param.grad new storage: before, the pool reduced its stale bytes while each
+# rank applied its own gradient (pool: ranks apart; CSC: identical but 0.13
+# off plain torch). Now the pools are rebuilt for the new strides.
+for path, kw, tol in PATHS[:1] + PATHS[3:4]:
+    model = Net()
+    opt = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters(), **kw)
+    for step in range(STEPS):
+        if step == 2:
+            model.to(memory_format=torch.channels_last)
+        opt.zero_grad()
+        loss_of(model, step, R).backward()
+        opt.step()
+    assert model.conv.weight.grad.stride() == model.conv.weight.stride()
+    assert_identical([torch.view_as_real(p.detach()) if p.is_complex() else p
+                      for p in model.parameters()], f"{path}: converted to channels_last")
+    want = reference(1, convert_at=2)
+    for (name, p), q in zip(model.named_parameters(), want.parameters()):
+        got, exp = (torch.view_as_real(p.detach()), torch.view_as_real(q.detach())) \
+            if p.is_complex() else (p.detach(), q.detach())
+        assert_close(got.double(), exp.double(), f"{path} converted: {name}", tol)
+    ok(f"model.to(channels_last) once the pools exist: {path}")
 
 # broadcast_parameters / broadcast_optimizer_state of complex parameters and
 # state (SGD momentum buffers): every rank ends with root's values, bitwise.
