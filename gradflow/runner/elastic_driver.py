@@ -114,6 +114,7 @@ class ElasticDriver(GenerationForming):
         self.joined: set = set()             # its ranks connected so far (0: port opened)
         self.members: List[Worker] = []      # the last formed generation, by rank
         self.resets = 0
+        self.counted_gen = -1                # the generation whose end was counted as a reset
         self.notified_gen = -1               # generation told about waiting newcomers
         self.finished = False                # a worker ended its training successfully
         # The first worker that failed once another had finished (a crash in
@@ -314,13 +315,28 @@ class ElasticDriver(GenerationForming):
             self._abort(f"{what} while generation {self.gen} was forming")
             return
         if w in self.members:
-            self.resets += 1
-            if self.reset_limit is not None and self.resets > self.reset_limit:
-                self._abort(f"{what}; that is reset {self.resets}, more than --reset-limit "
-                            f"{self.reset_limit}" + self._lost_text())
+            if not self._count_reset(what):
                 return
             self._tell_members(w, f"gradflowrun elastic: {what}")
         self._fill_slots()
+
+    def _count_reset(self, why: str) -> bool:
+        """Note [What --reset-limit counts]: one reset per generation that
+        ends and re-forms, whatever ended it (workers lost, hosts added or
+        removed), as Horovod counts its rendezvous after the first; several
+        workers lost together (a host with 2 slots) are one. Before
+        2026-11-29 each lost worker counted and a host change did not:
+        --reset-limit 1 ended a job at a 2-slot host's loss, which Horovod
+        survives. False (after ending the job) past the limit."""
+        if self.counted_gen == self.gen:
+            return True
+        self.counted_gen = self.gen
+        self.resets += 1
+        if self.reset_limit is not None and self.resets > self.reset_limit:
+            self._abort(f"{why}; that is reset {self.resets}, more than --reset-limit "
+                        f"{self.reset_limit}" + self._lost_text())
+            return False
+        return True
 
     def _tell_members(self, dead: Worker, message: str) -> None:
         """The failure notice to the running members of the dead worker's
@@ -349,20 +365,24 @@ class ElasticDriver(GenerationForming):
         for w in self._alive():
             if not w.dismiss:
                 by_host.setdefault(w.host, []).append(w)
+        # The generation they run in may still be forming (self.members is
+        # then the last one): told only the formed one, a worker whose host
+        # left during forming trained on to the end (2026-11-29).
+        group = self.forming or self.members
         removed: List[Worker] = []
         for host, ws in by_host.items():
-            ws.sort(key=lambda w: (w in self.members, -w.rank, -int(w.id)))
+            ws.sort(key=lambda w: (w in group, -w.rank, -int(w.id)))
             removed += ws[:max(0, len(ws) - known.get(host, 0))]
         if not removed:
             self.short_since = None
         elif not self._removal_leaves_enough(removed):
-            return
+            removed = []  # they stay; new slots are still filled
         for w in removed:
             w.dismiss = True
             if w.state == "ready":
                 w.send({"op": "exit"})
-        if any(w in self.members for w in removed):
-            for m in self.members:
+        if any(w in group for w in removed):
+            for m in group:
                 m.send({"op": "hosts_updated", "gen": self.gen, "removed": True})
         self._fill_slots()
 

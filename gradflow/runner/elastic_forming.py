@@ -61,6 +61,9 @@ class GenerationForming:
                             f"for {self.timeout:g} s (--elastic-timeout)" + self._lost_text())
             return
         self.below_min_since = None
+        if self.gen >= 0 and not self._count_reset(f"generation {self.gen} re-forms (hosts "
+                                                   "added or removed)"):
+            return  # Note [What --reset-limit counts] (elastic_driver.py)
         # Survivors first, in their old rank order (rank 0 holds the state
         # State.sync broadcasts), then newcomers in arrival order.
         ready.sort(key=lambda w: (w.rank < 0, w.rank, int(w.id)))

@@ -287,3 +287,51 @@ def test_a_discovery_script_that_lists_too_few_slots_waits_for_it(tmp_path, monk
         d._on_hosts(d.hosts.discover())
     assert d.aborted and "listed too few slots for 5 s (--elastic-timeout)" in d.aborted, d.aborted
     assert ws[0].sent[-1]["op"] == "abort"
+
+
+def test_reset_limit_counts_each_reformed_generation_once():
+    """Note [What --reset-limit counts]: as in Horovod, a generation that
+    ends counts once, whatever ended it. Two workers lost together (a host
+    with 2 slots) are one reset, not two (--reset-limit 1 ended the job
+    here); a re-formation for a host change counts too (it did not)."""
+    d = driver(min_np=1, max_np=4, reset_limit=1)
+    ws = [worker(d, i, gen=0, rank=i) for i in range(4)]
+    d.gen, d.members = 0, ws
+    d._on_exit(ws[3], 9)
+    d._on_exit(ws[2], 9)
+    assert d.resets == 1 and not d.aborted
+    for w in ws[:2]:
+        d._on_message(w, {"op": "ready", "gen": 0, "sync": True})
+    d._try_form()
+    assert d.gen == 1 and assignments(d)["1"]["size"] == 2 and d.resets == 1
+    for w in ws[:2]:  # formed; then hosts change: both re-form at their next commit
+        d._on_message(w, {"op": "formed", "gen": 1})
+        d._on_message(w, {"op": "ready", "gen": 1, "sync": False})
+    d._try_form()
+    assert d.gen == 1 and d.resets == 2 and d.aborted == (
+        "the elastic job ended: generation 1 re-forms (hosts added or removed); that is reset 2, "
+        "more than --reset-limit 1; lost: rank 3 (worker 3 on host localhost) exited with code 9 "
+        "(SIGKILL, if it was killed); rank 2 (worker 2 on host localhost) exited with code 9 "
+        "(SIGKILL, if it was killed), after it was told of a peer's failure")
+    assert all(w.sent[-1]["op"] == "abort" for w in ws[:2])
+
+
+def test_a_host_removed_while_its_generation_forms_is_told(tmp_path):
+    """A worker whose host leaves while its generation forms: the forming
+    members are told (hosts_updated), so they re-form without it at their
+    next commit. Only the last formed generation's members were told (none
+    here): the dismissed worker trained on to the end of the job."""
+    out = tmp_path / "hosts"
+    out.write_text("localhost:2\n127.0.0.1:1\n")
+    d = driver(min_np=2)
+    d.hosts = HostManager(discovery_script=f"cat {out}")
+    d.hosts.discover()
+    ws = [worker(d, i, state="ready") for i in range(3)]
+    ws[2].host = "127.0.0.1"
+    d._try_form()
+    assert d.forming == ws and d.gen == 0
+    out.write_text("localhost:2\n")
+    for _ in range(2):
+        d._on_hosts(d.hosts.discover())
+    assert ws[2].dismiss
+    assert all(w.sent[-1] == {"op": "hosts_updated", "gen": 0, "removed": True} for w in ws)
