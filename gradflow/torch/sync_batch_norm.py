@@ -1,7 +1,7 @@
 # gradflow/torch/sync_batch_norm.py — SyncBatchNorm for PyTorch (Horovod's
 # horovod.torch.SyncBatchNorm): batch norm whose training statistics are those
 # of the global batch (all ranks' local batches together). Owns the per-channel
-# statistics math and its autograd; the two collectives it needs (an allgather
+# statistics math and its autograd; the two collectives it needs (an allreduce
 # of per-rank moments in forward, an allreduce of two gradient sums in
 # backward) are gradflow.torch ops, so no communication logic lives here.
 """``SyncBatchNorm``: batch normalization over the global batch (``hvd.SyncBatchNorm``).
@@ -24,6 +24,9 @@ Semantics
   gradients, so every parameter (BN and upstream) then moves along the
   gradient of the mean of the ranks' losses — consistent across layers.
 
+* ``join()``: a rank that joined counts as an empty local batch (Note
+  [SyncBatchNorm under join]); Horovod's layer (an allgather) fails there.
+
 Unlike Horovod's, CPU tensors are supported (Horovod's needs CUDA kernels);
 statistics are combined in float64, in rank order, so every rank computes
 bitwise the same mean/variance. Calls are synchronous: every rank must run
@@ -45,8 +48,9 @@ import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..collectives import Sum
-from ..process_sets import ProcessSet, global_process_set, member_id, process_set_size
-from .ops import allgather_async, allreduce_async
+from ..process_sets import (ProcessSet, global_process_set, member_id, process_set_rank,
+                            process_set_size)
+from .ops import allreduce_async
 
 __all__ = ["SyncBatchNorm"]
 
@@ -77,9 +81,18 @@ def _global_moments(x: torch.Tensor, name: str, process_set: Optional[ProcessSet
     else:  # an empty local batch contributes nothing (but still takes part)
         mean = torch.zeros(c, dtype=acc)
         m2 = torch.zeros(c, dtype=acc)
-    mine = torch.stack([torch.full((c,), float(n), dtype=torch.float64), mean.double().cpu(),
-                        m2.double().cpu()]).unsqueeze(0)
-    every = allgather_async(mine, name=name, process_set=process_set).wait()  # (ranks, 3, C)
+    # Note [SyncBatchNorm under join]: each rank fills its own row of a
+    # (ranks, 3, C) tensor and the rows are summed: every other term is an
+    # exact zero, so this is the allgather it replaces, bit for bit. A rank
+    # that called join() contributes zeros, i.e. an empty local batch, so
+    # the ranks still training normalize over their own global batch (an
+    # allgather cannot run while a rank has joined: the layer raised there,
+    # on the training ranks only, while the joined ranks' join() returned).
+    every = torch.zeros(process_set_size(process_set, "SyncBatchNorm"), 3, c,
+                        dtype=torch.float64)
+    every[process_set_rank(process_set, "SyncBatchNorm")] = torch.stack(
+        [torch.full((c,), float(n), dtype=torch.float64), mean.double().cpu(), m2.double().cpu()])
+    every = allreduce_async(every, name=name, op=Sum, process_set=process_set).wait()
     counts, means, m2s = every[:, 0], every[:, 1], every[:, 2]
     total = counts[:, 0].sum()
     if total <= 1:

@@ -4,7 +4,8 @@
 # weight / bias gradients, for equal, unequal and empty local batches, fp32
 # and fp64; eval mode; convert_sync_batchnorm; training with
 # DistributedOptimizer against single-process training; errors on every rank;
-# process_set= (3+ ranks: two disjoint sets, each its own global batch).
+# process_set= (3+ ranks: two disjoint sets, each its own global batch);
+# join() with ranks running out of data at different steps.
 import torch
 import torch.nn.functional as F
 
@@ -158,6 +159,43 @@ assert_close(model[1].running_var, ref[1].running_var, "trained running_var", 1e
 model.eval(), ref.eval()
 assert_close(model(X[:50]).detach(), ref(X[:50]).detach(), "eval after training", 1e-5)
 ok("DistributedOptimizer training matches single process")
+
+# 4b. join(): rank r has 2 + r steps of data, then joins (Note [SyncBatchNorm
+# under join]). A joined rank counts as an empty local batch, so each step
+# equals single-process training on the active ranks' batches (gradients
+# averaged over all N ranks, as DistributedOptimizer does under join). Before:
+# the training ranks' forward raised (allgather refused while a rank has
+# joined), the joined ranks' join() returned as if nothing had happened.
+model = hvd.SyncBatchNorm.convert_sync_batchnorm(net())
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                               model.named_parameters())
+ref = net()
+ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+for step in range(N + 1):
+    idx = torch.randperm(X.shape[0], generator=torch.Generator().manual_seed(50 + step))[:sum(sizes)]
+    xb, yb = X[idx], Y[idx]
+    active = [r for r in range(N) if step < 2 + r]
+    if R in active:
+        opt.zero_grad()
+        F.cross_entropy(model(xb[lo:hi]), yb[lo:hi]).backward()
+        opt.step()
+    rows = torch.cat([torch.arange(*bounds(sizes, r)) for r in active])
+    ref_opt.zero_grad()
+    out, at = ref(xb[rows]), 0
+    loss = 0
+    for r in active:
+        a, b = bounds(sizes, r)
+        loss = loss + F.cross_entropy(out[at:at + b - a], yb[a:b])
+        at += b - a
+    (loss / N).backward()
+    ref_opt.step()
+    if step == 1 + R:
+        assert hvd.join() == N - 1
+hvd.broadcast_parameters(model.state_dict(), root_rank=N - 1)
+assert_identical(list(model.parameters()) + list(model.buffers())[:2], "join")
+assert_close(flat(model.parameters()), flat(ref.parameters()), "training under join", 1e-5)
+assert_close(model[1].running_mean, ref[1].running_mean, "running_mean under join", 1e-5)
+ok("join(): a joined rank is an empty local batch")
 
 # 5. errors: bad input raises on every rank (all ranks call alike), no hang
 bn = hvd.SyncBatchNorm(3)

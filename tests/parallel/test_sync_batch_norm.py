@@ -27,7 +27,7 @@ def test_torch_sync_batch_norm(n):
     # n=1 checks the single-rank fallback (plain F.batch_norm) against the same references;
     # from 3 ranks on, process_set= with two disjoint sets (4: two sets of two)
     out = run_mpi(n, "sync_bn_torch_script.py", timeout=300)
-    assert len(_oks(out, n)) == (7 if n >= 3 else 6), out.stdout
+    assert len(_oks(out, n)) == (8 if n >= 3 else 7), out.stdout
 
 
 TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_NUM_INTEROP_THREADS": "1",
