@@ -19,12 +19,37 @@ there each batch's "some rank is not finite" flag is reduced instead (one
 4-byte Sum) and, when set, every rank's gradients are made NaN, so all skip
 that batch alike. A 16-bit wire under a LossScaleOptimizer with k > 1
 raises ValueError: the k-th batch's reduction could overflow after the
-check and write inf into the weights."""
+check and write inf into the weights.
+
+Note [Residuals in unscaled units]: with backward_passes_per_step=1 the
+gradients reach the reduction scaled by the loss scale, and with CSC
+(sparse_ratio < 1) the core keeps each gradient's unsent part as a residual
+that it adds to the next step's gradient. Kept in scaled units, a residual
+from before a change of the scale (a halving after an overflow, a doubling
+every `dynamic_growth_steps` finite steps) was added at the wrong weight:
+2 ranks, LossScaleOptimizer(initial_scale=4, dynamic_growth_steps=2) in
+float32 around DistributedOptimizer(sparse_ratio=0.5), 12 steps: weights
+0.0251 off the same run without a loss scaler (found by the 2026-11-29
+combination audit; with k > 1 the reduction already saw unscaled
+gradients). So the gradients are divided by the scale before the reduction
+and multiplied by it after (`reduce_unscaled`): the residuals are in
+unscaled units, and the loss scaler's finite check and unscaling see what
+they saw before. The scale is a power of two, so on a 32-bit wire both
+steps are exact and a dense reduction's result is the same, bit for bit.
+Not on a 16-bit wire (Compression.fp16/bf16, GRADFLOW_WIRE_DTYPE), where
+keeping small gradients representable is the loss scale's point: there the
+residuals stay in scaled units. float32/float64 gradients only (a float16
+gradient would lose what the scale kept), and not the float8 variables
+Keras overwrites with their "gradient" (the loss scaler does not unscale
+those either)."""
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import keras
+
+from .. import _native
+from ..compression import wire_code
 
 _patched = False
 
@@ -42,7 +67,8 @@ def install() -> None:
         inner = getattr(self, "inner_optimizer", None)
         if not getattr(inner, "_gradflow_wrapped", False):
             return original(self, grads, trainable_variables)
-        grads = inner._gradflow_before_loss_scale(list(grads), trainable_variables)
+        grads = reduce_unscaled(self, inner, list(grads), trainable_variables,
+                                lambda g: inner._gradflow_before_loss_scale(g, trainable_variables))
         inner._gradflow_in_loss_scale = True
         try:
             return original(self, grads, trainable_variables)
@@ -54,6 +80,58 @@ def install() -> None:
     if not hasattr(cls, "lr"):
         cls.lr = property(_lr_get, _lr_set, doc=_lr_get.__doc__)
     _patched = True
+
+
+def _sixteen_bit_wire(opt: Any) -> bool:
+    """Whether `opt` (a gradflow DistributedOptimizer) reduces on a 16-bit wire."""
+    wire = wire_code(opt.compression)
+    return wire > 0 or (wire < 0 and _native.config()["wire_dtype"] in ("fp16", "bf16"))
+
+
+def reduce_unscaled(scaler: Any, opt: Any, grads: List[Any], trainable_variables: Any,
+                    reduce: Callable[[List[Any]], List[Any]]) -> List[Any]:
+    """`reduce(grads)` for gradients scaled by LossScaleOptimizer `scaler`'s
+    loss scale, done on the unscaled gradients where that is exact, then
+    scaled back (Note [Residuals in unscaled units]). `opt`: the gradflow
+    optimizer whose settings say how it reduces."""
+    variables = list(trainable_variables if trainable_variables is not None
+                     else (scaler._trainable_variables if scaler.built else []))
+    if opt.backward_passes_per_step != 1 or _sixteen_bit_wire(opt) or \
+            len(variables) != len(grads):
+        return reduce(grads)
+    which = [i for i, (g, v) in enumerate(zip(grads, variables))
+             if g is not None and _float32_or_64(g)
+             and not scaler._overwrite_variable_with_gradient(v)]
+    if not which:
+        return reduce(grads)
+    if not scaler.built:  # its first apply() (which builds it, as here) is still to come
+        with keras.name_scope(scaler.name, caller=scaler):
+            scaler.build(variables)
+        scaler.built = True
+    scale = scaler.dynamic_scale
+    grads = list(grads)
+    for i in which:
+        grads[i] = _scaled(grads[i], scale, keras.ops.divide)
+    grads = list(reduce(grads))
+    for i in which:
+        if grads[i] is not None:
+            grads[i] = _scaled(grads[i], scale, keras.ops.multiply)
+    return grads
+
+
+def _float32_or_64(grad: Any) -> bool:
+    dtype = getattr(getattr(grad, "values", grad), "dtype", None)
+    return keras.backend.standardize_dtype(dtype) in ("float32", "float64")
+
+
+def _scaled(grad: Any, scale: Any, how: Callable[[Any, Any], Any]) -> Any:
+    """`how(grad, scale)` in grad's dtype; a tf.IndexedSlices stays one."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf  # the backend: already loaded
+        if isinstance(grad, tf.IndexedSlices):
+            values = how(grad.values, keras.ops.cast(scale, grad.values.dtype))
+            return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
+    return how(grad, keras.ops.cast(scale, grad.dtype))
 
 
 def _lr_get(self: Any) -> Any:

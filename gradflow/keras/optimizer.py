@@ -147,19 +147,29 @@ class _DistributedMixin:
         if self._gradflow_in_loss_scale:  # reduced by _gradflow_before_loss_scale already
             return super().apply(grads, trainable_variables)
         held = max_overwritten(self, grads, trainable_variables)  # Note [Overwritten variables]
+        if isinstance(self, keras.optimizers.LossScaleOptimizer):
+            # Horovod's order, DistributedOptimizer(LossScaleOptimizer(opt)):
+            # scaled gradients (Note [Residuals in unscaled units], loss_scale.py).
+            grads = _loss_scale.reduce_unscaled(
+                self, self, grads, trainable_variables,
+                lambda g: self._gradflow_reduce_in_apply(g, trainable_variables))
+        else:
+            grads = self._gradflow_reduce_in_apply(grads, trainable_variables)
+        for i, g in held.items():
+            grads[i] = g
+        return super().apply(grads, trainable_variables)
+
+    def _gradflow_reduce_in_apply(self, grads: List[Any], trainable_variables=None) -> List[Any]:
         if (self.backward_passes_per_step == 1 and not self._gradflow_local_ids and
                 keras.backend.backend() == "torch"):
             # The common eager step: the presence Sum travels with the
             # gradients instead of before them (_reduce_eager_numpy).
-            grads = _reduce_eager_numpy(grads, self._gradflow_names(len(grads), trainable_variables),
-                                        self, self._gradflow_presence(grads, trainable_variables))
-        else:
-            grads = self._gradflow_zeros_where_others_have_gradients(grads, trainable_variables)
-            if self.backward_passes_per_step == 1:
-                grads = self._gradflow_reduce_step(grads, trainable_variables)
-        for i, g in held.items():
-            grads[i] = g
-        return super().apply(grads, trainable_variables)
+            return _reduce_eager_numpy(grads, self._gradflow_names(len(grads), trainable_variables),
+                                       self, self._gradflow_presence(grads, trainable_variables))
+        grads = self._gradflow_zeros_where_others_have_gradients(grads, trainable_variables)
+        if self.backward_passes_per_step == 1:
+            grads = self._gradflow_reduce_step(grads, trainable_variables)
+        return grads
 
     def _gradflow_zeros_where_others_have_gradients(self, grads: List[Any],
                                                    trainable_variables=None) -> List[Any]:

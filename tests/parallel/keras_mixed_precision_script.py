@@ -9,7 +9,8 @@
 # halved once everywhere, and the weights equal (fp16 tolerance) a run
 # whose data lacks that batch on every rank. Also float8 (model.quantize):
 # its scales and amax histories Max-reduced across ranks (Note [Overwritten
-# variables]). Exits non-zero on failure.
+# variables]). And CSC under a LossScaleOptimizer: residuals in unscaled units
+# (Note [Residuals in unscaled units]). Exits non-zero on failure.
 import sys
 
 from _tf_common import keras, tf  # noqa: F401,E402  (before TensorFlow loads)
@@ -132,3 +133,44 @@ shared = gtf.allgather_object(keras.ops.convert_to_numpy(model.layers[1].kernel_
 assert all(e == shared[0] for e in shared), "float8: a shared layer's scale differs"
 if R == 0:
     print(f"ok float8 state of a local layer stays local, {keras.backend.backend()}", flush=True)
+
+# Note [Residuals in unscaled units] (gradflow/keras/loss_scale.py): with CSC
+# the core keeps each gradient's unsent part; under a LossScaleOptimizer it
+# used to be kept in scaled units, so a change of the scale re-weighted it
+# (2 ranks: 0.0251 off). float32 with a scale that doubles every 2 steps
+# (exact: powers of two) must now train bitwise as without a loss scaler,
+# around gradflow's optimizer and inside it (Horovod's order).
+rng = np.random.default_rng(100 + R)
+XS, YS = rng.normal(size=(12 * 8, 10)).astype(np.float32), rng.integers(0, 3, 12 * 8)
+
+
+def csc_fit(mode: str) -> np.ndarray:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(64, activation="relu"),
+                              keras.layers.Dense(3)])
+    sgd = keras.optimizers.SGD(0.1, momentum=0.5)
+
+    def scaler(o):
+        return keras.optimizers.LossScaleOptimizer(o, initial_scale=4.0, dynamic_growth_steps=2)
+
+    if mode == "inside":
+        opt = hvd.DistributedOptimizer(scaler(sgd), sparse_ratio=0.5, name=f"csc.{mode}")
+    else:
+        opt = hvd.DistributedOptimizer(sgd, sparse_ratio=0.5, name=f"csc.{mode}")
+        opt = scaler(opt) if mode == "around" else opt
+    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(XS, YS, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    if mode != "plain":
+        assert float(keras.ops.convert_to_numpy(opt.dynamic_scale)) == 4.0 * 2 ** 6, mode
+    return np.concatenate([keras.ops.convert_to_numpy(v).ravel() for v in model.trainable_variables])
+
+
+plain = csc_fit("plain")
+for mode in ("around", "inside"):
+    w = csc_fit(mode)
+    every = gtf.allgather_object(w.tobytes())
+    assert all(e == every[0] for e in every), f"CSC under a loss scaler, {mode}: ranks differ"
+    assert np.array_equal(w, plain), \
+        f"CSC under a loss scaler, {mode}: {np.abs(w - plain).max()} off the run without one"
+    if R == 0:
+        print(f"ok CSC residuals unscaled, {keras.backend.backend()}, {mode}", flush=True)
