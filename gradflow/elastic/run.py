@@ -6,17 +6,33 @@ state.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from .._basics import HorovodInternalError, HostsUpdatedInterrupt
 from . import worker as _worker
 
 
-def _peer_lost() -> bool:
+# Note [A stall is no lost peer]: the coordinator fails a stalled collective
+# (GRADFLOW_TIMEOUT, GRADFLOW_STALL_SHUTDOWN_TIME) on every rank in one
+# cycle, with a message saying so; it is the program's error (a commit() on
+# some ranks only), like a shape mismatch, and every rank re-raises it. But
+# the rank that raises first exits, the driver tells the others a peer died,
+# and a rank slower to reach the check below (a loaded host) found the
+# notice there: it rolled back and asked for a generation while its peer's
+# exit had ended the one it needed (2 workers, --min-np 2: a 600 s hang, the
+# --elastic-timeout; helper-29 saw it once in 19 runs). The error itself
+# decides: a stall is re-raised whatever arrived after it.
+STALL_MARK = "failing it on every rank"
+
+
+def _peer_lost(error: Optional[BaseException] = None) -> bool:
     """Whether this generation really lost a peer (the driver said so, or
     communication failed fatally). Other GradflowErrors (a shape mismatch, a
-    refused input) would fail again after every reset: they are re-raised."""
+    refused input, a stall) would fail again after every reset: they are
+    re-raised."""
     from .. import _native  # noqa: PLC0415
+    if error is not None and STALL_MARK in str(error):
+        return False  # Note [A stall is no lost peer]
     link = _worker.current()
     return (link is not None and link.failure is not None) or _native.failed_fatally()
 
@@ -33,8 +49,8 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[...,
                 if not skip_sync:
                     state.sync()
                 return func(state, *args, **kwargs)
-            except HorovodInternalError:
-                if not _peer_lost():
+            except HorovodInternalError as e:
+                if not _peer_lost(e):
                     raise
                 state.restore()
                 skip_sync = False

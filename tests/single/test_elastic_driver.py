@@ -335,3 +335,58 @@ def test_a_host_removed_while_its_generation_forms_is_told(tmp_path):
         d._on_hosts(d.hosts.discover())
     assert ws[2].dismiss
     assert all(w.sent[-1] == {"op": "hosts_updated", "gen": 0, "removed": True} for w in ws)
+
+
+def test_below_min_np_with_no_worker_to_come_ends_at_once(monkeypatch, capsys):
+    """Note [Below --min-np for good]: 2 workers on a fixed host list
+    (-np 2, --min-np 2); rank 0 exits 1 (here: of a stall its peer also
+    got, which the peer, told of the exit first, took for a lost peer) and
+    rank 1 asks for a generation. localhost is blacklisted for the rest of
+    the job: no worker can ever join it. The job used to wait the whole
+    --elastic-timeout (600 s by default: a hang); it ends at once, naming
+    what was lost. With a cooldown, or a discovery script, a worker may
+    still come: it waits as before, until --elastic-timeout."""
+    import gradflow.runner.elastic_driver as ed
+    clock = [1000.0]
+    monkeypatch.setattr(ed.time, "monotonic", lambda: clock[0])
+
+    def lose_rank_0(d):
+        w0, w1 = (worker(d, i, gen=0, rank=i) for i in range(2))
+        d.gen, d.members = 0, [w0, w1]
+        d._on_exit(w0, 1)
+        d._on_message(w1, {"op": "ready", "gen": 0, "sync": True})
+        d._try_form()
+        return w1
+
+    d = driver(np=2, min_np=2, max_np=2, elastic_timeout=600)
+    d.hosts = HostManager(static={"localhost": 2})
+    w1 = lose_rank_0(d)
+    assert d.aborted == (
+        "the elastic job ended: 1 worker(s) ready, fewer than --min-np 2, and no other can ever "
+        "start (a fixed host list, every host with a free slot blacklisted for the rest of the "
+        "job); lost: rank 0 (worker 0 on host localhost) exited with code 1")
+    assert w1.sent[-1]["op"] == "abort" and d._exit_code() == 1
+    # A free slot on another host that is not blacklisted: a worker starts there.
+    d = driver(np=2, min_np=2, max_np=3, elastic_timeout=600)
+    d.hosts = HostManager(static={"localhost": 2, "otherhost": 1})
+    lose_rank_0(d)
+    assert not d.aborted
+    for kw in ({"cooldown_range": (1.0, 2.0)}, {"discovery_script": "echo localhost:2"}):
+        d = driver(np=2, min_np=2, max_np=2, elastic_timeout=600)
+        d.hosts = HostManager(static=None if "discovery_script" in kw else {"localhost": 2}, **kw)
+        d.hosts.discover()
+        lose_rank_0(d)
+        assert not d.aborted, kw
+        clock[0] += 601
+        d._try_form()
+        assert d.aborted and "for 600 s (--elastic-timeout)" in d.aborted, kw
+    # Both workers gone: nobody waits, the job ends by itself ("every worker failed").
+    d = driver(np=2, min_np=2, max_np=2, elastic_timeout=600)
+    d.hosts = HostManager(static={"localhost": 2})
+    w0, w1 = (worker(d, i, gen=0, rank=i) for i in range(2))
+    d.gen, d.members = 0, [w0, w1]
+    d._on_exit(w0, 1)
+    d._on_exit(w1, 1)
+    d._try_form()
+    assert not d.aborted and d._exit_code() == 1
+    assert "every worker failed" in capsys.readouterr().err

@@ -104,3 +104,41 @@ def test_a_rollback_drops_the_interrupted_steps_gradients():
     assert all(p.grad is None for p in list(model.parameters()) + [extra])
     backward()  # the first step after the rollback sees only its own gradients
     assert all(torch.equal(p.grad, c) for p, c in zip(model.parameters(), clean))
+
+
+@pytest.mark.parametrize("stall", [True, False])
+def test_a_stall_is_reraised_even_after_a_peer_failure_notice(monkeypatch, stall):
+    """Note [A stall is no lost peer]: the coordinator fails a stalled
+    collective on every rank (a commit() on some ranks only). The first rank
+    to raise exits; the driver tells the others, and a rank slower to reach
+    the run loop's check found the notice there: it rolled back and asked
+    for a generation that its peer's exit had made impossible (2 workers,
+    --min-np 2: a 600 s hang). The stall is re-raised whatever came after
+    it. An error the notice caused (the interrupted wait) still rolls back."""
+    from gradflow._basics import HorovodInternalError
+    link = FakeLink()
+    link.failure = "gradflowrun elastic: rank 0 (worker 0 on host localhost) exited with code 1"
+    monkeypatch.setattr(worker_mod, "_link", link)
+    stall_text = ("gradflow stall: 'gradflow.elastic.host_updates' (allreduce) has waited 8 s; "
+                  "submitted by ranks [ 1 ], missing on ranks [ 0 ]; every rank has waited 8 s "
+                  "for collectives that no rank can complete (names that differ between ranks?):"
+                  " failing it on every rank (GRADFLOW_TIMEOUT)")
+    error = HorovodInternalError(stall_text if stall else
+                                 "gradflow: stopped waiting for the other ranks in allreduce "
+                                 "'g2': " + link.failure)
+    state, resets, attempts = FakeState(), [], []
+
+    def train(state):
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise error
+        return "done"
+
+    wrapped = run_mod.run_fn(train, lambda: resets.append(1))
+    if stall:
+        with pytest.raises(HorovodInternalError, match="failing it on every rank"):
+            wrapped(state)
+        assert state.calls == ["sync"] and not resets
+    else:
+        assert wrapped(state) == "done"
+        assert state.calls == ["sync", "restore", "on_reset", "sync"] and resets == [1]
