@@ -7,14 +7,16 @@ between two collectives (measured: 23 of 24 runs; a busy machine may delay
 the victim's wake-up past the collective), "idle" while the others wait for it in negotiation (only
 GRADFLOW_TIMEOUT or gradflowrun's failure notice ends that wait), "busy"
 while the others compute outside gradflow (gradflowrun's grace period stops
-them), "alloc<D>" (two-sync: the victim submits the first allreduce on
-the second window and dies D s later, so that its death may land inside the
-window's creation, an MPI call without deadline on the survivors: Note
-[Blocking MPI calls] in native/mpi_comm.h); "alloc-exit<D>" the same with
-os._exit(3) in place of SIGKILL (plain mpiexec: hydra kills every rank after
-a signal death, even with -disable-auto-cleanup). argv[3] is the reduction, "sum" (default) or "adasum". Prints "rank
-V: SIGKILL at <epoch>" and "rank R raised at <epoch> after T s ...": the
-test checks the times and exit codes."""
+them), "alloc" (two-sync: the victim's loop thread dies inside the creation
+of the second window, by the first allreduce on it, while the others are in
+that MPI call without deadline: Note [Blocking MPI calls] in
+native/mpi_comm.h; the library of $GRADFLOW_TEST_WINDOW_FAULT_LIB,
+die_in_window_creation.c, stands in for MPI's window creation); "alloc-exit"
+the same with _exit(3) in place of SIGKILL (plain mpiexec: hydra kills every
+rank after a signal death, even with -disable-auto-cleanup). argv[3] is the
+reduction, "sum" (default) or "adasum". Prints "rank V: SIGKILL at <epoch>"
+and "rank R raised at <epoch> after T s ...": the test checks the times and
+exit codes."""
 import os
 import signal
 import sys
@@ -23,7 +25,14 @@ import time
 
 import numpy as np
 
-import gradflow as gf
+# Before gradflow loads MPI: RTLD_GLOBAL, so that the extension binds to this
+# library's MPI_Win_allocate[_shared] (die_in_window_creation.c).
+FAULT_LIB = os.environ.get("GRADFLOW_TEST_WINDOW_FAULT_LIB")
+if FAULT_LIB:
+    import ctypes
+    FAULT = ctypes.CDLL(FAULT_LIB, mode=ctypes.RTLD_GLOBAL)
+
+import gradflow as gf  # noqa: E402
 
 VICTIM = int(sys.argv[1]) if len(sys.argv) > 1 else 1
 MODE = sys.argv[2] if len(sys.argv) > 2 else "mid"
@@ -32,9 +41,11 @@ BIG = 16 << 20  # float32 elements: 64 MiB
 
 gf.init()
 R = gf.rank()
-EXIT_3 = MODE.startswith("alloc-exit")
-ALLOC_DELAY = float(MODE[10 if EXIT_3 else 5:]) if MODE.startswith("alloc") else None
-x = np.ones(BIG if MODE in ("mid", "inside") or ALLOC_DELAY is not None else 4, np.float32)
+EXIT_3 = MODE == "alloc-exit"
+ALLOC = MODE in ("alloc", "alloc-exit")
+if ALLOC and not FAULT_LIB:
+    raise SystemExit("alloc modes need GRADFLOW_TEST_WINDOW_FAULT_LIB (tests/parallel/_window_fault.py)")
+x = np.ones(BIG if MODE in ("mid", "inside") or ALLOC else 4, np.float32)
 gf.allreduce(x, op=OP, name="warmup")  # everyone is up (and the big path is warm)
 gf.barrier()
 
@@ -84,10 +95,11 @@ try:
     while time.time() - t0 < 300:  # the victim never finishes this loop
         if R == VICTIM and MODE == "inside":
             time.sleep(0.2)
+        if R == VICTIM and ALLOC and i == 0:  # op.0: the second window's first use
+            # Its loop thread dies 200 ms into that creation (the others
+            # passed create_window's barrier with it and are inside).
+            FAULT.gf_window_fault_arm(2 if EXIT_3 else 1, 200, R)
         h = gf.allreduce_async(x, op=OP, name=f"op.{i}")
-        if R == VICTIM and ALLOC_DELAY is not None:  # op.0: the second window's first use
-            time.sleep(ALLOC_DELAY)
-            die()
         if R == VICTIM and MODE == "inside":
             time.sleep(quarter_allreduce)  # its loop thread is in the exchanges
             die()

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from _launch import HERE, gradflowrun, launcher, run_mpi
+from _window_fault import fault_env
 
 # Under Open MPI (scripts/openmpi_check.sh) gradflowrun's openmpi launcher
 # passes orte_abort_on_non_zero_status 0 and orte_allowed_exit_without_sync 1
@@ -60,14 +61,14 @@ ALGO_WAIT = {"recursive-doubling": "in recursive-doubling allreduce",
              "adasum": "in adasum allreduce"}
 
 
-def sigkill_run(n, victim, mode, algo):
+def sigkill_run(n, victim, mode, algo, env=None):
     how = [] if algo == "adasum" else ["--allreduce-algo", algo]
     op = ["adasum"] if algo == "adasum" else []
     # A survivor the grace period has to stop prints its Python stacks first
     # (runner/notice.py STACKS_ENV): the one CI failure here had a silent one.
     r = gradflowrun("-np", str(n), *how, sys.executable,
                     os.path.join(HERE, "sigkill_rank_script.py"), str(victim), mode, *op,
-                    env={"GRADFLOWRUN_STACKS_ON_STOP": "1"})
+                    env={"GRADFLOWRUN_STACKS_ON_STOP": "1", **(env or {})})
     return r, time.time()
 
 
@@ -141,61 +142,44 @@ def check_sigkill(r, ended, n, victim, mode):
 # period killed them (the Open MPI CI flake of [3-1-mid-two-sync]; MPICH: 3
 # runs in 4 with a kill 20 ms after the submit) or, without gradflowrun, for
 # good. Now gradflowrun's notice, or a waiter at GRADFLOW_TIMEOUT, gives
-# that call up (Note [Blocking MPI calls], native/mpi_comm.h). The delay
-# (victim's submit to death) that lands inside depends on the machine
-# (MPICH here: 20-35 ms, Open MPI 30-50 ms), so it is searched: each run is
-# checked in full, and a death the survivors met before the call (in
-# negotiation or create_window's barrier) makes the next delay longer, one
-# met after it shorter, until a survivor names the call.
-def window_creation_runs(run_once, called):
-    """run_once(delay) -> survivors' stdout (checked by the caller); stops
-    when `called` is in it; fails after 8 runs."""
-    lo, hi, delay, seen = 0.0, None, 0.025, []
-    for _ in range(8):
-        out = run_once(delay)
-        if called in out:
-            return
-        said = "; ".join(re.findall(r"raised .*", out))
-        seen.append(f"{delay * 1e3:.1f} ms: {said}")
-        if "in negotiation" in said or "in create_window" in said:
-            lo = delay  # died before the call
-        else:
-            hi = delay
-        delay = (lo + hi) / 2 if hi is not None else delay * 2
-    pytest.fail("no death inside the window's creation:\n" + "\n".join(seen))
-
-
+# that call up (Note [Blocking MPI calls], native/mpi_comm.h). The victim's
+# loop thread dies inside the call itself (die_in_window_creation.c through
+# MPI's profiling interface: _window_fault.py), 200 ms after the others
+# entered it: every run lands there. These tests once timed the death from
+# Python (a sleep after the submit) and searched the delay; the delay that
+# landed inside moved with the load (MPICH, 2 cores: 20-60 ms, overlapping
+# deaths before the call and after it), so a search could run out of tries.
 def test_sigkill_inside_window_creation():
-    def run_once(delay):
-        r, ended = sigkill_run(3, 1, f"alloc{delay:.4f}", "two-sync")
-        check_sigkill(r, ended, 3, 1, "mid")
-        return r.stdout
-
-    window_creation_runs(run_once, "in allreduce op.0: gradflow: stopped waiting for the other "
-                                   "ranks in MPI_Win_allocate_shared (two-sync window creation): "
-                                   "gradflowrun reports that rank 1 was killed by SIGKILL\n")
+    r, ended = sigkill_run(3, 1, "alloc", "two-sync", env=fault_env())
+    report = f"stdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}"
+    assert re.search(r"^\[1\]<stdout>: rank 1: SIGKILL at [\d.]+ \(inside window creation\)$",
+                     r.stdout, re.M), report
+    check_sigkill(r, ended, 3, 1, "mid")
+    for rank in (0, 2):
+        assert re.search(rf"^\[{rank}\]<stdout>: rank {rank} raised .* in allreduce op\.0: "
+                         r"gradflow: stopped waiting for the other ranks in "
+                         r"MPI_Win_allocate_shared \(two-sync window creation\): gradflowrun "
+                         "reports that rank 1 was killed by SIGKILL$", r.stdout, re.M), report
 
 
 def test_exit_inside_window_creation_without_gradflowrun():
     """Plain mpiexec, nothing tells the survivors: a waiter gives the call
-    up at GRADFLOW_TIMEOUT (3 s) and they exit 1. os._exit(3): hydra kills
+    up at GRADFLOW_TIMEOUT (3 s) and they exit 1. _exit(3): hydra kills
     every rank after a signal death, even with -disable-auto-cleanup."""
     if launcher() == "openmpi":
         pytest.skip("hydra's -disable-auto-cleanup (gradflowrun's openmpi launcher: above)")
-
-    def run_once(delay):
-        out = run_mpi(3, "sigkill_rank_script.py", "1", f"alloc-exit{delay:.4f}", timeout=90,
-                      env={"GRADFLOW_TIMEOUT": "3", "GRADFLOW_ALLREDUCE_ALGO": "two-sync"},
-                      expect_fail=True, mpi_args=("-disable-auto-cleanup",))
-        for rank in (0, 2):
-            assert re.search(rf"^rank {rank} raised .* in allreduce op\.0: gradflow: ",
-                             out.stdout, re.M), out.stdout + out.stderr
-        assert out.stderr.count("exiting with code 1 without MPI_Finalize") == 2, out.stderr
-        return out.stdout
-
-    window_creation_runs(run_once, "in allreduce op.0: gradflow: timed out after 3 s in "
-                                   "MPI_Win_allocate_shared (two-sync window creation) waiting "
-                                   "for the other ranks")
+    out = run_mpi(3, "sigkill_rank_script.py", "1", "alloc-exit", timeout=90,
+                  env={"GRADFLOW_TIMEOUT": "3", "GRADFLOW_ALLREDUCE_ALGO": "two-sync",
+                       **fault_env()},
+                  expect_fail=True, mpi_args=("-disable-auto-cleanup",))
+    report = out.stdout + out.stderr
+    assert re.search(r"^rank 1: exit 3 at [\d.]+ \(inside window creation\)$", out.stdout,
+                     re.M), report
+    for rank in (0, 2):
+        assert re.search(rf"^rank {rank} raised .* in allreduce op\.0: gradflow: timed out after "
+                         r"3 s in MPI_Win_allocate_shared \(two-sync window creation\) waiting "
+                         "for the other ranks", out.stdout, re.M), report
+    assert out.stderr.count("exiting with code 1 without MPI_Finalize") == 2, report
 
 
 @pytest.mark.parametrize("exit_code", [3, 0, "end"])
