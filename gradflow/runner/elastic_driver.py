@@ -130,6 +130,7 @@ class ElasticDriver(GenerationForming):
         self.below_min_since: Optional[float] = None
         self.short_since: Optional[float] = None   # Note [A removal below --min-np waits]
         self.discovery_error = ""            # the discovery script's error last said
+        self.cooldowns_seen: Dict[str, float] = {}  # host -> the cooldown end acted on
         self.server = socket.create_server(("0.0.0.0", 0))
         port = self.server.getsockname()[1]
         self.address = f"{advertise or '127.0.0.1'}:{port}"
@@ -431,6 +432,7 @@ class ElasticDriver(GenerationForming):
                     self._handle(self.events.get(timeout=0.2))
                 except queue.Empty:
                     pass
+                self._after_cooldowns()
                 self._try_form()
                 self._check_forming()
                 self._notify_newcomers()
@@ -444,6 +446,22 @@ class ElasticDriver(GenerationForming):
         finally:
             self.server.close()
         return self._exit_code()
+
+    def _after_cooldowns(self) -> None:
+        """Note [A cooldown ends on a fixed host list]: a host whose
+        --blacklist-cooldown-range cooldown has ended gets workers again.
+        Only the discovery poller (every second) and a worker's exit
+        filled free slots, so on a fixed host list (-H/-np, no discovery
+        script) the host never came back: a -np 2 --min-np 2 job that lost
+        a worker waited --elastic-timeout and ended (2026-11-29)."""
+        if self.hosts.script is not None:
+            return  # the discovery poller fills the slots
+        now = time.monotonic()
+        ended = {h: t for h, t in self.hosts.blacklisted_until.items()
+                 if t <= now and self.cooldowns_seen.get(h) != t}
+        if ended:
+            self.cooldowns_seen.update(ended)
+            self._fill_slots()
 
     def _exit_code(self) -> int:
         """gradflowrun's exit status once every worker has exited: 0 only

@@ -390,3 +390,38 @@ def test_below_min_np_with_no_worker_to_come_ends_at_once(monkeypatch, capsys):
     d._try_form()
     assert not d.aborted and d._exit_code() == 1
     assert "every worker failed" in capsys.readouterr().err
+
+
+def test_a_host_list_host_gets_workers_again_after_its_cooldown(monkeypatch):
+    """Note [A cooldown ends on a fixed host list]: -np 2 --min-np 2
+    --blacklist-cooldown-range 2 4, worker 1 SIGKILLed: localhost is out
+    for 2 s, then its free slot must be filled again. Only the discovery
+    poller and a worker's exit filled slots: with no discovery script the
+    job waited --elastic-timeout and ended (seen end to end: 34 s, exit 1,
+    with --elastic-timeout 30; now a worker 2 joins and the job exits 0)."""
+    import gradflow.runner.elastic_driver as ed
+    clock = [1000.0]
+    monkeypatch.setattr(ed.time, "monotonic", lambda: clock[0])
+    fills = []
+    d = driver(np=2, min_np=2, max_np=2)
+    d.hosts = HostManager(static={"localhost": 2}, cooldown_range=(2.0, 4.0))
+    d._fill_slots = lambda: fills.append(clock[0])
+    w0, w1 = (worker(d, i, gen=0, rank=i) for i in range(2))
+    d.gen, d.members = 0, [w0, w1]
+    d._on_exit(w1, 9)
+    assert fills == [1000.0]  # (the exit's own fill: the host is still out)
+    clock[0] += 1.5
+    d._after_cooldowns()
+    assert fills == [1000.0]
+    clock[0] += 1
+    d._after_cooldowns()
+    d._after_cooldowns()
+    assert fills == [1000.0, 1002.5]  # once per cooldown end
+    # With a discovery script its poller fills the slots every second.
+    d = driver(np=2, min_np=2, max_np=2)
+    d.hosts = HostManager(discovery_script="echo localhost:2", cooldown_range=(2.0, 4.0))
+    d._fill_slots = lambda: fills.append(-1)
+    d.hosts.blacklist("localhost")
+    clock[0] += 10
+    d._after_cooldowns()
+    assert -1 not in fills
