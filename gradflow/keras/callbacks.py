@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import collectives as _c
 from .._runtime import GradflowError, rank, size
+from ..process_sets import global_process_set
 from ..settings_check import native_sparse_ratio
 from .hyperparameter_check import restart_crc_of
 from .optimizer import is_distributed
@@ -148,11 +149,31 @@ class MetricAverageCallback(keras.callbacks.Callback):
     log the same keys with the same shapes; where they differ (validation
     data on some ranks only) every rank raises ValueError naming each
     rank's keys, before anything is averaged. `device` is accepted and
-    ignored (GPU placement)."""
+    ignored (GPU placement).
 
-    def __init__(self, device: str = ""):
+    Over which ranks (gradflow-only keyword `process_set`): by default the
+    members of the process set the model's DistributedOptimizer reduces
+    over (a LossScaleOptimizer is looked through), else all ranks. Horovod
+    averages over all ranks, so two models trained side by side on two
+    process sets each logged (and each set's ReduceLROnPlateau,
+    EarlyStopping and checkpoints decided on) the mean of both sets'
+    metrics: 4 ranks, sets {0, 2} and {1, 3}, every rank logged loss 4.74
+    (found by the 2026-11-29 combination audit)."""
+
+    def __init__(self, device: str = "", *, process_set=None):
         super().__init__()
         self.device = device  # no-op on CPU
+        self.process_set = process_set  # None: the optimizer's (_members)
+
+    def _members(self):
+        """The process set to average over (see the class docstring)."""
+        if self.process_set is not None:
+            return self.process_set
+        opt = getattr(self.model, "optimizer", None)
+        if not is_distributed(opt):
+            opt = getattr(opt, "inner_optimizer", None)
+        members = getattr(opt, "process_set", None) if is_distributed(opt) else None
+        return None if members is global_process_set else members  # None: as before
 
     def on_epoch_end(self, epoch: int, logs: Optional[Dict] = None) -> None:
         if logs is None:
@@ -160,11 +181,13 @@ class MetricAverageCallback(keras.callbacks.Callback):
         keys = sorted(k for k, v in logs.items()
                       if np.issubdtype(np.asarray(v).dtype, np.number))
         shapes = [np.shape(logs[k]) for k in keys]
-        self._check_same_keys(keys, shapes)
+        members = self._members()
+        self._check_same_keys(keys, shapes, members)
         if not keys:
             return
         flat = np.concatenate([np.asarray(logs[k], np.float64).ravel() for k in keys])
-        averaged = _c.allreduce(flat, _c.Average, name="MetricAverageCallback")
+        averaged = _c.allreduce(flat, _c.Average, name="MetricAverageCallback",
+                                process_set=members)
         at = 0
         for k, shape in zip(keys, shapes):
             n = int(np.prod(shape))
@@ -173,18 +196,19 @@ class MetricAverageCallback(keras.callbacks.Callback):
             at += n
 
     @staticmethod
-    def _check_same_keys(keys, shapes) -> None:
-        """Same keys and shapes on every rank, or ValueError on every rank
+    def _check_same_keys(keys, shapes, members=None) -> None:
+        """Same keys and shapes on every member, or ValueError on every one
         (an allreduce of a different layout would average unrelated values,
         or fail with a message that does not name the metrics)."""
         mine = ", ".join(f"{k}{list(s) if s else ''}" for k, s in zip(keys, shapes))
         # Once per epoch: two small collectives are nothing next to an epoch.
         every = _c.allgather_pickled(mine, "MetricAverageCallback.keys.size",
-                                     "MetricAverageCallback.keys", None, pickle.dumps,
+                                     "MetricAverageCallback.keys", members, pickle.dumps,
                                      pickle.loads, "MetricAverageCallback")
         if all(k == mine for k in every):
             return
-        lines = "; ".join(f"rank {r}: [{k}]" for r, k in enumerate(every))
+        ranks = getattr(members, "ranks", None) or range(len(every))
+        lines = "; ".join(f"rank {r}: [{k}]" for r, k in zip(ranks, every))
         raise ValueError("gradflow: MetricAverageCallback: the ranks log different metrics, so "
                          f"they cannot be averaged ({lines}); give every rank the same "
                          "metrics and validation data")

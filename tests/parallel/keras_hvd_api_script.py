@@ -4,7 +4,8 @@
 # values vs numpy, load_model round trip (state restored, training continues
 # bitwise like the original), PartialDistributedOptimizer (local layers differ
 # between ranks, shared ones identical; one step checked against numpy),
-# broadcast_global_variables' error. Exits non-zero on failure.
+# broadcast_global_variables' error; MetricAverageCallback over the
+# optimizer's process set. Exits non-zero on failure.
 import os
 import shutil
 import tempfile
@@ -262,7 +263,41 @@ def check_wrapper_corners():
         shutil.rmtree(os.path.dirname(path))
 
 
+def check_metric_average_over_the_optimizers_set():
+    """MetricAverageCallback averages over the process set of the model's
+    DistributedOptimizer (2 ranks: {0} and {1}; 3: {0, 2} and {1}), plain
+    or under a LossScaleOptimizer; process_set= overrides it. Before
+    2026-11-29 over all ranks, mixing the two sets' metrics."""
+    even = hvd.add_process_set([r for r in range(N) if r % 2 == 0])
+    odd = hvd.add_process_set([r for r in range(N) if r % 2 == 1])
+    ps = even if R % 2 == 0 else odd
+    rng = np.random.default_rng(50 + R)
+    x = (rng.normal(size=(16, 5)) * (1 + 10 * R)).astype(np.float32)
+    y = rng.normal(size=(16, 2)).astype(np.float32)
+
+    class Last(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            self.loss = logs["loss"]
+
+    for wrap, average, members in ((lambda o: o, None, ps.ranks),
+                                   (keras.optimizers.LossScaleOptimizer, None, ps.ranks),
+                                   (lambda o: o, hvd.MetricAverageCallback(
+                                       process_set=hvd.global_process_set), list(range(N)))):
+        model = make_model(3)
+        model.compile(optimizer=wrap(hvd.DistributedOptimizer(keras.optimizers.SGD(0.0),
+                                                              process_set=ps)), loss="mse")
+        last = Last()
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False,
+                  callbacks=[average or hvd.MetricAverageCallback(), last])
+        own = gtf.allgather_object(float(model.evaluate(x, y, batch_size=8, verbose=0)))
+        close(last.loss, np.mean([own[r] for r in members]), f"metric average over {members}",
+              tol=1e-5)
+    hvd.remove_process_set(odd)
+    hvd.remove_process_set(even)
+
+
 check_values()
+check_metric_average_over_the_optimizers_set()
 check_wrapper_corners()
 check_load_model()
 check_partial_step()

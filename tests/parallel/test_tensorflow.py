@@ -47,7 +47,9 @@ def test_tf_default_named_tapes_keep_their_own_residuals(ranks):
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_keras_horovod_functions(ranks):
     """horovod.tensorflow.keras's value collectives, load_model round trip and
-    PartialDistributedOptimizer."""
+    PartialDistributedOptimizer; MetricAverageCallback over the process set
+    of the model's DistributedOptimizer (before: all ranks, the sets'
+    metrics mixed)."""
     out = run_mpi(ranks, "keras_hvd_api_script.py", env=TF_ENV, timeout=300)
     assert out.stdout.count("keras hvd api OK") == ranks, out.stdout
 
