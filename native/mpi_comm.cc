@@ -167,11 +167,29 @@ MpiComm::MpiComm(uintptr_t comm_handle, double timeout_seconds)
   MPI_Comm_size(cross, &cross_size_);
   MPI_Comm_free(&local);
   MPI_Comm_free(&cross);
-  // min and max of local_size over all ranks (max as min of the negation).
-  int sizes[2] = {local_size_, -local_size_};
-  mpi_check(MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MIN, c), "MPI_Allreduce",
+  // A member outside this process's MPI_COMM_WORLD (shared_windows()). Every
+  // rank of a communicator spanning several worlds sees one, but the flag is
+  // agreed below anyway.
+  int other_world = 0;
+  {
+    MPI_Group mine = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+    MPI_Comm_group(c, &mine);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    std::vector<int> ranks(size_), in_world(size_);
+    for (int i = 0; i < size_; ++i) ranks[i] = i;
+    mpi_check(MPI_Group_translate_ranks(mine, size_, ranks.data(), world, in_world.data()),
+              "MPI_Group_translate_ranks", "MpiComm()");
+    for (int w : in_world) other_world |= w == MPI_UNDEFINED;
+    MPI_Group_free(&mine);
+    MPI_Group_free(&world);
+  }
+  // min and max of local_size over all ranks (max as min of the negation),
+  // and whether any rank saw another world (max as min of the negation).
+  int sizes[3] = {local_size_, -local_size_, -other_world};
+  mpi_check(MPI_Allreduce(MPI_IN_PLACE, sizes, 3, MPI_INT, MPI_MIN, c), "MPI_Allreduce",
             "MpiComm() (node sizes)");
   homogeneous_ = sizes[0] == -sizes[1];
+  one_world_ = sizes[2] == 0;
 }
 
 MpiComm::~MpiComm() { release_communicator(); }
@@ -311,6 +329,12 @@ void MpiComm::wait_all(RequestList& reqs, const char* what, WaitStyle style) {
   L.clear();
 }
 
+namespace {
+std::atomic<bool> g_threads_left_inside_mpi{false};
+}  // namespace
+
+bool threads_left_inside_mpi() { return g_threads_left_inside_mpi.load(); }
+
 std::string MpiComm::abandon_blocking_call(bool overdue_only) {
   BlockingCallState& b = *blocking_;
   if (b.phase.load() != 1) return "";
@@ -322,6 +346,7 @@ std::string MpiComm::abandon_blocking_call(bool overdue_only) {
     return "";
   int inside = 1;
   if (!b.phase.compare_exchange_strong(inside, 2)) return "";  // it returned meanwhile
+  g_threads_left_inside_mpi.store(true);
   mark_broken();
   // Overdue: "timed out after ..."; after interrupt_waits(): its reason.
   return timeout_message(timeout_s_, what ? what : "an MPI call", "the other ranks");
@@ -333,7 +358,7 @@ std::unique_ptr<RmaWindow> MpiComm::create_window(size_t bytes, bool prefer_shar
   // Window creation is a blocking collective; a deadline barrier first makes
   // sure every rank has arrived so a dead peer cannot hang us inside it.
   barrier("create_window");
-  bool shared = prefer_shared && all_on_one_node();
+  bool shared = prefer_shared && shared_windows();
   return make_mpi_window(*this, impl_->comm, bytes, shared);
 }
 

@@ -93,6 +93,13 @@ class MpiComm {
   int cross_rank() const { return cross_rank_; }
   int cross_size() const { return cross_size_; }
   bool all_on_one_node() const { return local_size_ == size_; }
+  // Shared-memory windows (MPI_Win_allocate_shared) are possible: every rank
+  // on one node and of one MPI_COMM_WORLD. Workers of an elastic job (each
+  // its own mpiexec, joined by connect/accept) share a node by
+  // MPI_COMM_TYPE_SHARED, but MPICH refuses them a shared window ("processes
+  // are not in the same shared memory domain"): the two-sync allreduce failed
+  // on every generation. Agreed by all ranks at construction.
+  bool shared_windows() const { return all_on_one_node() && one_world_; }
   // Every node runs the same number of ranks (Horovod's is_homogeneous);
   // agreed by all ranks at construction.
   bool homogeneous() const { return homogeneous_; }
@@ -170,6 +177,7 @@ class MpiComm {
   int rank_ = 0, size_ = 1;
   int local_rank_ = 0, local_size_ = 1, cross_rank_ = 0, cross_size_ = 1;
   bool homogeneous_ = true;
+  bool one_world_ = true;
   double timeout_s_ = 60.0;
   std::atomic<bool> broken_{false};
   friend class BlockingCall;
@@ -208,5 +216,12 @@ void interrupt_waits(const std::string& why);
 // Undo interrupt_waits() for the next runtime (elastic training re-forms the
 // communicator after a peer died); only while no runtime exists.
 void clear_interrupt();
+// Some thread of this process was given up inside an MPI call without
+// deadline (Note [Blocking MPI calls]) and may still run inside MPI, on a
+// communicator of a runtime long shut down (elastic training re-forms and
+// finishes after it). MPI_Finalize must not run then: it tore MPI down under
+// that thread (MPICH/UCX: SIGSEGV at exit of both survivors of a worker
+// SIGKILLed inside MPI_Win_allocate, after they had finished training).
+bool threads_left_inside_mpi();
 
 }  // namespace gradflow

@@ -274,6 +274,10 @@ PYBIND11_MODULE(_native, m) {
         "Make every pending and later wait of this process fail at once with `why` (a peer "
         "is known dead, e.g. gradflowrun saw it killed); the runtime then fails fatally.");
 
+  m.def("threads_left_inside_mpi", [] { return threads_left_inside_mpi(); },
+        "True if a loop thread of this process was given up inside an MPI call (Note "
+        "[Blocking MPI calls]): the exit path must then skip MPI_Finalize.");
+
   m.def("clear_interrupt",
         [] {
           if (current_or_null())

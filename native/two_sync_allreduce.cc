@@ -92,7 +92,7 @@ TwoSyncAllreduce::~TwoSyncAllreduce() {
 }
 
 bool TwoSyncAllreduce::uses_shared_memory() const {
-  return impl_->prefer_shared && impl_->comm.all_on_one_node();
+  return impl_->prefer_shared && impl_->comm.shared_windows();
 }
 
 void TwoSyncAllreduce::allreduce(void* buf, size_t count, DataType dt, ReduceOp op,

@@ -45,6 +45,13 @@ environment:
   ELASTIC_SAMPLES      if set, log a "batch" event per step: epoch, step, the
                        reset count and the dataset indices this rank trained on
                        (the test checks ElasticSampler's coverage with them)
+  ELASTIC_DIE_IN_WINDOW  "WORKER:STEP" (with GRADFLOW_ALLREDUCE_ALGO=two-sync
+                       and GRADFLOW_TEST_WINDOW_FAULT_LIB): before step STEP
+                       every rank allreduces a 1 MiB tensor (the two-sync
+                       windows grow: a new window is created) and worker
+                       WORKER's loop thread dies inside that creation
+                       (die_in_window_creation.c), the others waiting in
+                       MPI_Win_allocate_shared; the logged "big" sum is checked
 
 Each rank's final parameters are hashed; the test checks that every rank of
 the last generation ends with the same hash and that the accuracy is close
@@ -57,11 +64,17 @@ import signal
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
+# Before gradflow loads MPI (RTLD_GLOBAL: the extension binds to it).
+FAULT = None
+if os.environ.get("GRADFLOW_TEST_WINDOW_FAULT_LIB"):
+    import ctypes
+    FAULT = ctypes.CDLL(os.environ["GRADFLOW_TEST_WINDOW_FAULT_LIB"], mode=ctypes.RTLD_GLOBAL)
 
-import gradflow.torch as hvd
-import gradflow.torch.elastic as elastic
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import gradflow.torch as hvd  # noqa: E402
+import gradflow.torch.elastic as elastic  # noqa: E402
 
 torch.set_num_threads(1)
 WORKER = os.environ.get("GRADFLOW_ELASTIC_WORKER", "?")
@@ -80,6 +93,8 @@ DIE_AFTER_FINISH, _, DIE_WHERE = os.environ.get("ELASTIC_DIE_AFTER_FINISH", "").
 GATE = os.environ.get("ELASTIC_GATE", "")
 KILL_AT_GATE = os.environ.get("ELASTIC_KILL_AT_GATE") == WORKER
 EXIT_AT_GATE = os.environ.get("ELASTIC_EXIT_AT_GATE") == WORKER
+WINDOW_WORKER, _, WINDOW_STEP = os.environ.get("ELASTIC_DIE_IN_WINDOW", "").partition(":")
+WINDOW_STEP = int(WINDOW_STEP) if WINDOW_STEP else None
 
 
 def log(**event):
@@ -158,6 +173,8 @@ def main():
                 if state.step in KILLS or (KILL_AT_GATE and os.path.exists(GATE)):
                     log(event="kill", step=state.step)
                     os.kill(os.getpid(), signal.SIGKILL)
+                if state.step == WINDOW_STEP:
+                    big_allreduce()
                 opt.zero_grad()
                 # "state": the loop reads the state's scaler each step (it
                 # must stay the object the optimizer holds across syncs)
@@ -221,6 +238,19 @@ def main():
         time.sleep(2)
         sys.stderr.write(f"worker {WORKER}: failing after training, code {code}\n")
         sys.exit(int(code))
+
+
+def big_allreduce():
+    """ELASTIC_DIE_IN_WINDOW: a 1 MiB allreduce grows the two-sync windows;
+    the chosen worker dies inside the new window's creation."""
+    if WORKER == WINDOW_WORKER:
+        log(event="kill", step=WINDOW_STEP, where="window")
+        FAULT.gf_window_fault_arm(1, 200, hvd.rank())  # SIGKILL 200 ms into the call
+    x = torch.arange(1 << 18, dtype=torch.float32) * (hvd.rank() + 1)
+    out = hvd.allreduce(x, op=hvd.Sum, name="big")
+    n = hvd.size()
+    ok = torch.equal(out, torch.arange(1 << 18, dtype=torch.float32) * (n * (n + 1) // 2))
+    log(event="big", size=n, rank=hvd.rank(), ok=ok)
 
 
 def params_hash(model):

@@ -396,6 +396,43 @@ def test_removed_host_is_dismissed_and_the_rest_go_on(tmp_path):
     assert "exited with code" not in out, out  # nobody failed
 
 
+def test_two_sync_worker_killed_inside_window_creation(tmp_path):
+    """GRADFLOW_ALLREDUCE_ALGO=two-sync, worker 2 SIGKILLed inside the
+    creation of a window (a 1 MiB allreduce before step 30 grows them; the
+    death through die_in_window_creation.c): the survivors' loop threads,
+    inside MPI_Win_allocate on the old communicator, are given up (Note
+    [Blocking MPI calls]); they roll back, re-form and finish identical. Two
+    defects before: the two-sync allreduce failed on every generation of any
+    elastic job (MPICH refuses a shared-memory window to workers of separate
+    MPI worlds: "processes are not in the same shared memory domain"; the
+    job reset until "Too many communicators"), and with that fixed both
+    survivors died of SIGSEGV at exit (MPI_Finalize under the thread left in
+    MPI). Measured: the same parameters, bit for bit, as a SIGKILL at the top
+    of step 30 (ELASTIC_KILL=2:30) with two-sync."""
+    from _window_fault import fault_env
+    r = gradflowrun(["--min-np", "2", "-np", "3", "--max-np", "3"], tmp_path, ELASTIC_EPOCHS=4,
+                    ELASTIC_DIE_IN_WINDOW="2:30", GRADFLOW_ALLREDUCE_ALGO="two-sync",
+                    **fault_env())
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "rank 2 (worker 2 on host localhost) exited with code 9 (SIGKILL" in out, out
+    for rank in (0, 1):
+        assert (f"[gradflow rank {rank}] ERROR: gradflow: stopped waiting for the other ranks in "
+                "MPI_Win_allocate (two-sync window creation): gradflowrun elastic: rank 2 "
+                "(worker 2 on host localhost) exited with code 9") in out, out
+    assert "generation 1: 2 worker(s)" in out, out
+    res = results(tmp_path)
+    check_identical(res, 2)
+    ev = events(tmp_path)
+    assert [e for e in ev if e["event"] == "kill"][0]["where"] == "window", ev
+    big = [e for e in ev if e["event"] == "big"]  # done again by the re-formed group, exact
+    assert sorted(e["rank"] for e in big) == [0, 1] and all(e["ok"] and e["size"] == 2
+                                                            for e in big), big
+    after = [e for e in ev if e["event"] == "step" and e["size"] == 2]
+    assert after and min(e["step"] for e in after) <= 31, ev  # rolled back to the last commit
+    assert res[0]["acc"] > 0.85, res  # 4 epochs: 0.91 (fault-free, 3 workers: 0.92)
+
+
 @pytest.mark.parametrize("variant", ["csc", "bpps2"])
 def test_sigkill_with_pool_csc_fp16_or_accumulation(tmp_path, variant):
     """Recovery where features meet: the DistributedOptimizer with CSC and the
