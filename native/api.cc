@@ -129,26 +129,27 @@ int Runtime::set_rank_of(int global_rank) const {
   return -1;
 }
 
-bool Runtime::failed_fatally() {
-  if (loop_ && loop_->failed_fatally()) return true;
+bool Runtime::any_loop(const std::function<bool(BackgroundLoop&)>& f) {
+  if (loop_ && f(*loop_)) return true;
   if (sets_)
     for (auto& e : sets_->set_engines())
-      if (e->failed_fatally()) return true;
+      if (e->any_loop(f)) return true;
   return false;
+}
+
+bool Runtime::failed_fatally() {
+  return any_loop([](BackgroundLoop& l) { return l.failed_fatally(); });
 }
 
 void Runtime::give_up_blocked_calls() {
-  if (loop_) loop_->give_up_if_blocked(false);
-  if (sets_)
-    for (auto& e : sets_->set_engines()) e->give_up_blocked_calls();
+  any_loop([](BackgroundLoop& l) {
+    l.give_up_if_blocked(false);
+    return false;  // every engine's
+  });
 }
 
 bool Runtime::abandoned() {
-  if (loop_ && loop_->abandoned()) return true;
-  if (sets_)
-    for (auto& e : sets_->set_engines())
-      if (e->abandoned()) return true;
-  return false;
+  return any_loop([](BackgroundLoop& l) { return l.abandoned(); });
 }
 
 void Runtime::check_config_matches_everywhere() {

@@ -177,6 +177,9 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   int64_t in_set_errors(const std::function<int64_t()>& f) const;  // errors name the set
   int64_t submit_checked(const SubmitArgs& args);
   int set_rank_of(int global_rank) const;  // -1 if not a member
+  // f on this engine's loop, then (global engine) on each set engine's,
+  // until it returns true: failed_fatally, abandoned, give_up_blocked_calls.
+  bool any_loop(const std::function<bool(BackgroundLoop&)>& f);
 
   std::string config_error_;  // set before cfg_ is initialised (declared first)
   Config cfg_;
