@@ -16,12 +16,14 @@ from . import worker as _worker
 # (GRADFLOW_TIMEOUT, GRADFLOW_STALL_SHUTDOWN_TIME) on every rank in one
 # cycle, with a message saying so; it is the program's error (a commit() on
 # some ranks only), like a shape mismatch, and every rank re-raises it. But
-# the rank that raises first exits, the driver tells the others a peer died,
-# and a rank slower to reach the check below (a loaded host) found the
-# notice there: it rolled back and asked for a generation while its peer's
-# exit had ended the one it needed (2 workers, --min-np 2: a 600 s hang, the
-# --elastic-timeout; helper-29 saw it once in 19 runs). The error itself
-# decides: a stall is re-raised whatever arrived after it.
+# the rank that raises first tells the others to stop (its excepthook's
+# abort: their runtime fails fatally) and exits (the driver then tells them
+# a peer died); a rank that reaches the check below even 1.4 ms later
+# (measured) found either there: it rolled back and asked for a generation
+# its peer's exit had made impossible (2 workers, --min-np 2: a wait of
+# --elastic-timeout, 600 s; 1 in 19 runs for helper-29, 1 in 6 with a
+# discovery script here). The error itself decides: a stall is re-raised
+# whatever arrived after it.
 STALL_MARK = "failing it on every rank"
 
 
