@@ -23,17 +23,22 @@ from . import worker as _worker
 # its peer's exit had made impossible (2 workers, --min-np 2: a wait of
 # --elastic-timeout, 600 s; 1 in 19 runs for helper-29, 1 in 6 with a
 # discovery script here). The error itself decides: a stall is re-raised
-# whatever arrived after it.
+# whatever arrived after it, and so is any error the ranks agreed on (the
+# GradflowError's `job_wide`: a shape or dtype mismatch, different list
+# lengths, step tags; before, only the stall text was recognised and a
+# mismatch raced the same way). Through a TensorFlow op the exception
+# arrives as a tf.errors.OpError that keeps the message but not
+# `job_wide`: there the stall text is what is recognised.
 STALL_MARK = "failing it on every rank"
 
 
 def _peer_lost(error: Optional[BaseException] = None) -> bool:
     """Whether this generation really lost a peer (the driver said so, or
-    communication failed fatally). Other GradflowErrors (a shape mismatch, a
-    refused input, a stall) would fail again after every reset: they are
-    re-raised."""
+    communication failed fatally) when `error` was raised. An error every
+    rank got alike (`job_wide`: a shape mismatch, a stall) would fail again
+    after every reset: it is re-raised whatever arrived after it."""
     from .. import _native  # noqa: PLC0415
-    if error is not None and STALL_MARK in str(error):
+    if error is not None and (getattr(error, "job_wide", False) or STALL_MARK in str(error)):
         return False  # Note [A stall is no lost peer]
     link = _worker.current()
     return (link is not None and link.failure is not None) or _native.failed_fatally()

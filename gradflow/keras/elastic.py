@@ -52,7 +52,7 @@ def _as_internal_error(func):
         except HorovodInternalError:
             raise
         except Exception as e:  # noqa: BLE001 - filtered by _peer_lost below
-            if _is_tf_error(e) and _peer_lost():
+            if _is_tf_error(e) and _peer_lost(e):
                 raise HorovodInternalError(f"gradflow elastic: a peer was lost during "
                                            f"model.fit ({type(e).__name__})") from e
             raise

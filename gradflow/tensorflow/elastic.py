@@ -46,7 +46,7 @@ def _as_internal_error(func):
         try:
             return func(state, *args, **kwargs)
         except tf.errors.OpError as e:
-            if _peer_lost():
+            if _peer_lost(e):
                 raise HorovodInternalError(f"gradflow elastic: a peer was lost inside a "
                                            f"TensorFlow op ({type(e).__name__})") from e
             raise

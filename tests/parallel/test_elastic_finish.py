@@ -55,3 +55,27 @@ def test_a_stall_ends_the_job_even_if_a_rank_hears_of_its_peer_exit_first():
         assert f"rank {rank} raised: gradflow stall: '{name}' (allreduce)" in out, out
     assert "generation 1" not in out and "finished (unexpected)" not in out, out
     assert "every worker failed" in out, out
+
+
+def test_a_job_wide_error_ends_the_job_with_a_discovery_script(tmp_path):
+    """The same race with an error the coordinator decides at once for every
+    rank (a shape mismatch; the GradflowError is `job_wide`) and a discovery
+    script, so the driver cannot know that no worker will come: rank 1,
+    told of rank 0's exit before its error reached elastic.run, rolled back
+    and the driver waited --elastic-timeout (here 60 s; 600 s by default).
+    Now every rank re-raises its own error and the job ends in seconds."""
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost:2\n")
+    script.chmod(0o755)
+    cmd = [sys.executable, "-m", "gradflow.runner.launch", "--start-timeout", "60",
+           "--min-np", "2", "--max-np", "2", "--host-discovery-script", str(script),
+           "--elastic-timeout", "60", sys.executable,
+           os.path.join(HERE, "elastic_partial_commit_script.py")]
+    env = rank_env()
+    env["ELASTIC_MISMATCH"] = "1"
+    r = subprocess.run(cmd, env=env, cwd=run_cwd(), capture_output=True, text=True, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    for rank in (0, 1):
+        assert f"rank {rank} raised: gradflow: mismatched allreduce 'mismatched'" in out, out
+    assert "generation 1" not in out and "finished (unexpected)" not in out, out

@@ -80,12 +80,12 @@ def test_run_maps_only_peer_loss_to_internal_error(monkeypatch):
         return elastic._as_internal_error(func)
 
     tf_error = tf.errors.UnknownError(None, None, "HorovodInternalError: peer gone")
-    monkeypatch.setattr(elastic, "_peer_lost", lambda: True)
+    monkeypatch.setattr(elastic, "_peer_lost", lambda error=None: True)
     with pytest.raises(HorovodInternalError):
         raises(tf_error)(None)
     with pytest.raises(ValueError):  # not a TF op error: a bug in the user's code
         raises(ValueError("bad"))(None)
-    monkeypatch.setattr(elastic, "_peer_lost", lambda: False)
+    monkeypatch.setattr(elastic, "_peer_lost", lambda error=None: False)
     with pytest.raises(tf.errors.UnknownError):  # no peer lost: fails as it is
         raises(tf_error)(None)
 
