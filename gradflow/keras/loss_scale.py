@@ -99,24 +99,23 @@ def reduce_unscaled(scaler: Any, opt: Any, grads: List[Any], trainable_variables
     if opt.backward_passes_per_step != 1 or _sixteen_bit_wire(opt) or \
             len(variables) != len(grads):
         return reduce(grads)
-    which = [i for i, (g, v) in enumerate(zip(grads, variables))
-             if g is not None and _float32_or_64(g)
-             and not scaler._overwrite_variable_with_gradient(v)]
-    if not which:
+    # By variable, not by gradient: a gradient None here that another rank
+    # has comes back reduced (zeros from this rank, Note [None on some
+    # ranks]) and must be scaled back here as there.
+    which = [not scaler._overwrite_variable_with_gradient(v) for v in variables]
+    if not any(which):
         return reduce(grads)
     if not scaler.built:  # its first apply() (which builds it, as here) is still to come
         with keras.name_scope(scaler.name, caller=scaler):
             scaler.build(variables)
         scaler.built = True
     scale = scaler.dynamic_scale
-    grads = list(grads)
-    for i in which:
-        grads[i] = _scaled(grads[i], scale, keras.ops.divide)
-    grads = list(reduce(grads))
-    for i in which:
-        if grads[i] is not None:
-            grads[i] = _scaled(grads[i], scale, keras.ops.multiply)
-    return grads
+
+    def each(gs: List[Any], how: Callable[[Any, Any], Any]) -> List[Any]:
+        return [_scaled(g, scale, how) if g is not None and w and _float32_or_64(g) else g
+                for g, w in zip(gs, which)]
+
+    return each(list(reduce(each(list(grads), keras.ops.divide))), keras.ops.multiply)
 
 
 def _float32_or_64(grad: Any) -> bool:
