@@ -38,6 +38,7 @@ import io
 import os
 import pickle
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -127,6 +128,18 @@ def _command(workdir: str, num_proc: int, hosts: Optional[str], hostfile: Option
         argv.append("--verbose")
     argv += list(extra_args)
     return argv + [executable or sys.executable, "-m", "gradflow.runner.run_task", workdir]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End gradflowrun and its job: SIGTERM (gradflowrun stops its ranks in
+    stages, within ~6 s); a second Ctrl-C meanwhile, or 30 s without an
+    exit, sends SIGINT, gradflowrun's "skip the grace period"."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except BaseException:  # noqa: BLE001 - a second Ctrl-C, or the timeout
+        proc.send_signal(signal.SIGINT)
+        proc.wait()
 
 
 def _results(workdir: str, num_proc: int, returncode: int) -> List[Any]:
@@ -224,16 +237,15 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dic
         err_fd = _own_stream(sys.stderr, sys.__stderr__)
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE if out_fd is None else out_fd,
                                 stderr=subprocess.PIPE if err_fd is None else err_fd)
-        pumps = [threading.Thread(target=_forward, args=(pipe, to), daemon=True)
-                 for pipe, to in ((proc.stdout, lambda: sys.stdout),
-                                  (proc.stderr, lambda: sys.stderr)) if pipe is not None]
-        for t in pumps:
-            t.start()
-        try:
+        try:  # from Popen on, a Ctrl-C anywhere must end the job
+            pumps = [threading.Thread(target=_forward, args=(pipe, to), daemon=True)
+                     for pipe, to in ((proc.stdout, lambda: sys.stdout),
+                                      (proc.stderr, lambda: sys.stderr)) if pipe is not None]
+            for t in pumps:
+                t.start()
             returncode = proc.wait()
         except BaseException:  # Ctrl-C: end the job (gradflowrun forwards it to the ranks)
-            proc.terminate()
-            proc.wait()
+            _stop(proc)
             raise
         for t in pumps:
             t.join()
