@@ -50,8 +50,10 @@ def test_horovod_run_in_compatibility_mode():
 def test_ctrl_c_in_the_driver_ends_the_ranks():
     """A notebook's interrupt reaches the driver only: the job must end,
     its ranks with it, and KeyboardInterrupt comes back."""
+    env = rank_env()
+    env["PYTHONFAULTHANDLER"] = "1"  # for _stuck_job_report
     proc = subprocess.Popen([sys.executable, os.path.join(HERE, "run_func_script.py"), "sleep"],
-                            env=rank_env(), cwd=run_cwd(), stdout=subprocess.PIPE,
+                            env=env, cwd=run_cwd(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         pids = []
@@ -66,17 +68,9 @@ def test_ctrl_c_in_the_driver_ends_the_ranks():
             _, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             # Seen once in CI (2026-11-29 16:43, loaded machine; never here
-            # in 20 runs): say what was still running and what the driver said.
-            tree = subprocess.run(["ps", "-eo", "pid,ppid,pgid,stat,etimes,args"],
-                                  capture_output=True, text=True).stdout
-            alive = "\n".join(line for line in tree.splitlines()
-                               if "run_func" in line or "run_task" in line or "mpiexec" in line
-                               or "hydra" in line or "gradflow.runner" in line)
-            proc.kill()
-            _, err = proc.communicate(timeout=30)
-            raise AssertionError(f"the driver did not end within 60 s of SIGINT "
-                                 f"(returncode {proc.returncode}); still running:\n{alive}\n"
-                                 f"driver stderr:\n{err[-3000:]}")
+            # in 20 runs): say what still runs and where each Python process
+            # of the job is (PYTHONFAULTHANDLER: SIGABRT dumps its threads).
+            raise AssertionError(_stuck_job_report(proc)) from None
     finally:
         proc.kill()
     assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-3000:]
@@ -84,6 +78,40 @@ def test_ctrl_c_in_the_driver_ends_the_ranks():
     while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.2)  # gradflowrun stopped them; give the exits a moment
     assert not any(_running(pid) for pid in pids), f"rank processes {pids} still run"
+
+
+def _stuck_job_report(proc) -> str:
+    """What still runs under the driver `proc`, and every Python process's
+    stacks there (SIGABRT, faulthandler), then everything is killed."""
+    rows = [line.split(None, 3) for line in subprocess.run(
+        ["ps", "-ww", "-eo", "pid,ppid,etimes,args"], capture_output=True, text=True).stdout.splitlines()[1:]]
+    children = {}
+    for pid, ppid, _, _ in rows:
+        children.setdefault(int(ppid), []).append(int(pid))
+    job, todo = [], [proc.pid]
+    while todo:
+        job.append(todo.pop())
+        todo.extend(children.get(job[-1], []))
+    alive = "\n".join(" ".join(r) for r in rows if int(r[0]) in job)
+    for pid in job:
+        if any(int(r[0]) == pid and "python" in r[3] for r in rows):
+            _signal_quietly(pid, signal.SIGABRT)
+    time.sleep(2)
+    for pid in job:
+        _signal_quietly(pid, signal.SIGKILL)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired as e:
+        err = str(e.stderr)
+    return (f"the driver did not end within 60 s of SIGINT; still running:\n{alive}\n"
+            f"stderr (stacks after SIGABRT):\n{err[-6000:]}")
+
+
+def _signal_quietly(pid, sig):
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass
 
 
 def _running(pid):
